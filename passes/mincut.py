@@ -184,9 +184,7 @@ def _build_network(problem: CutProblem) -> tuple[csr_array, int]:
     first[1:] = keys[1:] != keys[:-1]
     keys, cap_arr = keys[first], cap_arr[first]
     assert cap_arr.max(initial=0) <= INT32_MAX
-    graph = csr_array(
-        (cap_arr.astype(np.int32), (keys // size, keys % size)), shape=(size, size)
-    )
+    graph = csr_array((cap_arr.astype(np.int32), (keys // size, keys % size)), shape=(size, size))
     return graph, inf
 
 

@@ -1,0 +1,224 @@
+"""The torch.compile backend: Inductor, with fxremat's partitioner plugged in through ``custom_partitioner_fn``.
+
+``FxrematPartitioner.uuid()`` is part of AOTAutograd's and Inductor's cache keys: it hashes our source files and
+every option, so changing either never reuses a stale cached partition (TORCH_NOTES: returning None does not
+bypass the cache).  A warm cache never calls the partitioner, so each report is also stored under a key of the
+Dynamo graph and our uuid, and re-emitted on a cache hit.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import json
+import logging
+import os
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx as fx
+from fxremat_passes import _torch_private as tp
+
+from .options import Options
+from .partition import PartitionRequest, partition
+from .report import CutReport
+
+log = logging.getLogger(__name__)
+
+_PACKAGE_DIRS = (Path(__file__).resolve().parent, Path(tp.__file__).resolve().parent)
+_graph_counter = itertools.count()
+_warned_unsupported = False
+
+
+@functools.lru_cache(maxsize=1)
+def source_hash() -> str:
+    files = sorted(str(p) for d in _PACKAGE_DIRS for p in d.glob("*.py"))
+    return tp.get_hash_for_files(tuple(files)).hex()
+
+
+def report_store_dir() -> Path:
+    """Next to Inductor's own cache, so that reports live exactly as long as the partitions they describe."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return Path(cache_dir()) / "fxremat_reports"
+
+
+class FxrematPartitioner(tp.CustomPartitionerFn):
+    """What Inductor calls with each joint graph."""
+
+    def __init__(self, options: Options, on_report) -> None:
+        self.options = options
+        self._on_report = on_report
+        self.current_key: str | None = None
+
+    def __deepcopy__(self, memo):
+        # Inductor deep-copies its config (which holds us) to hash it; the cache key comes from uuid(), and the
+        # copy must still report to the same backend, so a copy is this very object.
+        return self
+
+    def uuid(self) -> str:
+        text = f"{source_hash()}|{self.options.cache_key()}|{torch.__version__}"
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def __call__(self, gm: fx.GraphModule, joint_inputs, **kwargs: Any):
+        request = PartitionRequest(
+            joint=gm,
+            joint_inputs=joint_inputs,
+            num_fwd_outputs=kwargs["num_fwd_outputs"],
+            static_lifetime_input_indices=kwargs.get("static_lifetime_input_indices"),
+            graph_id=f"graph_{next(_graph_counter)}",
+        )
+        fw, bw, report = partition(request, self.options)
+        self._on_report(report, self.current_key)
+        return fw, bw
+
+
+def make_partition_fn(options: Options, sink: list[CutReport]):
+    """A plain ``partition_fn`` for ``aot_function``/``aot_module`` (tests, tools): no Inductor involved."""
+    partitioner = FxrematPartitioner(options, lambda report, key: sink.append(report))
+
+    def partition_fn(gm, joint_inputs, **kwargs):
+        return partitioner(gm, joint_inputs, **kwargs)
+
+    return partition_fn
+
+
+def _dynamo_graph_key(gm: fx.GraphModule, example_inputs, uuid: str) -> str:
+    parts = [uuid, gm.code]
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor):
+            parts.append(f"T{tuple(x.shape)}{x.dtype}{x.requires_grad}{tuple(x.stride())}{x.device}")
+        else:
+            parts.append(repr(type(x)))
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
+
+
+class FxrematBackend:
+    """``torch.compile(model, backend=fxremat.backend(...))``.  ``.reports``: one CutReport per joint graph."""
+
+    def __init__(self, options: Options, inductor_config: dict[str, Any] | None = None) -> None:
+        self.options = options
+        self.inductor_config = dict(inductor_config or {})
+        self.reports: list[CutReport] = []
+        self._lock = threading.Lock()
+        self._partitioner = FxrematPartitioner(options, self._record)
+
+    def __repr__(self) -> str:
+        return f"fxremat.backend({self.options})"
+
+    def _record(self, report: CutReport, key: str | None) -> None:
+        with self._lock:
+            self.reports.append(report)
+        if key is not None:
+            try:
+                path = report_store_dir() / f"{key}.json"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(report.to_json())
+            except OSError as error:  # a report must never break training
+                log.warning("fxremat: could not store report: %s", error)
+        self._write_report_dir(report)
+
+    def _write_report_dir(self, report: CutReport) -> None:
+        if not self.options.report_dir:
+            return
+        try:
+            directory = Path(self.options.report_dir)
+            directory.mkdir(parents=True, exist_ok=True)
+            name = f"{report.graph_id}-{os.getpid()}-{len(self.reports)}.json"
+            (directory / name).write_text(report.to_json())
+        except OSError as error:
+            warnings.warn(f"fxremat: could not write report to {self.options.report_dir}: {error}", stacklevel=2)
+
+    def __call__(self, gm: fx.GraphModule, example_inputs, **kwargs: Any):
+        from torch._inductor.compile_fx import compile_fx
+
+        global _warned_unsupported
+        reason = tp.unsupported_torch_reason()
+        if reason is not None:
+            if not _warned_unsupported:
+                warnings.warn(reason, stacklevel=2)
+                _warned_unsupported = True
+            return compile_fx(gm, example_inputs, config_patches=self.inductor_config or None)
+        key = _dynamo_graph_key(gm, example_inputs, self._partitioner.uuid())
+        before = len(self.reports)
+        self._partitioner.current_key = key
+        patches = {**self.inductor_config, "custom_partitioner_fn": self._partitioner}
+        try:
+            compiled = compile_fx(gm, example_inputs, config_patches=patches)
+        finally:
+            self._partitioner.current_key = None
+        if len(self.reports) == before:
+            self._reemit_cached_report(key)
+        return compiled
+
+    def _reemit_cached_report(self, key: str) -> None:
+        """A warm compile cache skipped the partitioner: re-emit the report stored when it did run."""
+        path = report_store_dir() / f"{key}.json"
+        if not path.exists():
+            return  # an inference graph, or a graph without backward: no joint graph, no report
+        try:
+            report = CutReport.from_dict(json.loads(path.read_text())).with_changes(from_cache=True)
+        except (OSError, ValueError, TypeError) as error:
+            log.warning("fxremat: stored report %s unreadable: %s", path, error)
+            return
+        with self._lock:
+            self.reports.append(report)
+        self._write_report_dir(report)
+
+
+def backend(**options: Any) -> FxrematBackend:
+    """A configured fxremat backend: ``torch.compile(model, backend=fxremat.backend(memory_price=20))``.
+
+    Options (see ``fxremat.Options``): memory_budget, memory_price, device, solver, compare_default, strict,
+    report_dir.  Bad values raise ValueError/TypeError here, naming what is allowed.
+    """
+    return FxrematBackend(Options.create(**options))
+
+
+_string_backends: dict[str, FxrematBackend] = {}
+
+
+def _inductor_config_names() -> set[str]:
+    import torch._inductor.config as inductor_config
+
+    return set(inductor_config._config.keys()) if hasattr(inductor_config, "_config") else set()
+
+
+def backend_from_compile_args(mode: str | None = None, options: dict[str, Any] | None = None) -> FxrematBackend:
+    """What ``torch.compile(model, backend="fxremat", mode=..., options={...})`` means: keys of ``options`` that
+    are fxremat options configure fxremat; the rest are Inductor config patches, as with backend="inductor"."""
+    import dataclasses
+
+    options = dict(options or {})
+    ours = {f.name for f in dataclasses.fields(Options)}
+    fx_opts = {k: v for k, v in options.items() if k in ours}
+    inductor = {k: v for k, v in options.items() if k not in ours}
+    known_inductor = _inductor_config_names()
+    unknown = sorted(k for k in inductor if known_inductor and k not in known_inductor)
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {unknown} for backend='fxremat'; fxremat options are {sorted(ours)}, "
+            "anything else must be an Inductor config name"
+        )
+    if mode is not None:
+        from torch._inductor import list_mode_options
+
+        inductor = {**list_mode_options(mode), **inductor}
+    key = repr((mode, sorted(options.items(), key=lambda kv: kv[0])))
+    if key not in _string_backends:
+        _string_backends[key] = FxrematBackend(Options.create(**fx_opts), inductor)
+    return _string_backends[key]
+
+
+def fxremat_backend(gm: fx.GraphModule, example_inputs, mode: str | None = None, options: dict | None = None):
+    """The ``torch_dynamo_backends`` entry point behind ``torch.compile(model, backend="fxremat")``."""
+    return backend_from_compile_args(mode, options)(gm, example_inputs)
+
+
+def string_backend_reports() -> list[CutReport]:
+    """Reports of every graph compiled through ``backend="fxremat"`` in this process."""
+    return [r for b in _string_backends.values() for r in b.reports]

@@ -1,0 +1,106 @@
+"""Small example models: the demo, the tests, the benchmarks and ``tools/`` all build them from here."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int = 64, hidden: int = 256) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class Block(nn.Module):
+    """A pre-LN transformer block; ``attention="sdpa"`` uses scaled_dot_product_attention, ``"softmax"`` spells
+    attention out with an explicit softmax."""
+
+    def __init__(self, dim: int = 64, heads: int = 4, attention: str = "sdpa", dropout: float = 0.0) -> None:
+        super().__init__()
+        if attention not in ("sdpa", "softmax"):
+            raise ValueError(f"attention={attention!r}; use 'sdpa' or 'softmax'")
+        self.heads, self.attention = heads, attention
+        self.ln1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.ln2 = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, 4 * dim)
+        self.fc2 = nn.Linear(4 * dim, dim)
+        self.drop = nn.Dropout(dropout)
+
+    def _attend(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        if self.attention == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            scores = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5)
+            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            y = scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+    def forward(self, x):
+        x = x + self.drop(self._attend(self.ln1(x)))
+        return x + self.drop(self.fc2(F.gelu(self.fc1(self.ln2(x)))))
+
+
+class Stack(nn.Module):
+    def __init__(self, depth: int = 2, dim: int = 64, heads: int = 4, attention: str = "sdpa") -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*[Block(dim, heads, attention) for _ in range(depth)])
+
+    def forward(self, x):
+        return self.blocks(x)
+
+
+class ConvNet(nn.Module):
+    def __init__(self, channels: int = 16) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, channels, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(channels)
+        self.head = nn.Linear(channels, 10)
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = F.relu(self.bn2(self.conv2(x)))
+        return self.head(x.mean((2, 3)))
+
+
+class DropoutMLP(nn.Module):
+    """``y = dropout(x * w)``: the gradient implied by the compiled forward's own mask is ``sum(y / w)``."""
+
+    def __init__(self, dim: int = 64, p: float = 0.5) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.rand(dim) + 0.5)
+        self.p = p
+
+    def forward(self, x):
+        return F.dropout(x * self.w, self.p, training=self.training)
+
+
+def example(name: str, batch: int = 4, seq: int = 32, dim: int = 64):
+    """(model, example inputs) for a named example."""
+    if name == "mlp":
+        return MLP(dim, 4 * dim), (torch.randn(batch * seq, dim),)
+    if name == "block_sdpa":
+        return Block(dim, attention="sdpa"), (torch.randn(batch, seq, dim),)
+    if name == "block_softmax":
+        return Block(dim, attention="softmax"), (torch.randn(batch, seq, dim),)
+    if name == "stack":
+        return Stack(2, dim), (torch.randn(batch, seq, dim),)
+    if name == "convnet":
+        return ConvNet(), (torch.randn(batch, 3, 16, 16),)
+    if name == "dropout":
+        return DropoutMLP(dim), (torch.randn(batch * seq, dim),)
+    raise ValueError(f"unknown example {name!r}; one of {EXAMPLES}")
+
+
+EXAMPLES = ("mlp", "block_sdpa", "block_softmax", "stack", "convnet", "dropout")

@@ -1,0 +1,68 @@
+"""Independent measurements of a training step (not taken from our own report): saved bytes through
+``torch.autograd.graph.saved_tensors_hooks``, and gradient comparisons with a tolerance scaled to each gradient.
+
+Used by the tests, the demo and the benchmarks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SavedTensors:
+    count: int
+    nbytes: int  # distinct storages, graph inputs excluded
+    input_count: int  # saved tensors whose storage belongs to an excluded input
+
+
+def measure_saved(step_forward: Callable[[], object], exclude: Iterable[torch.Tensor]) -> tuple[object, SavedTensors]:
+    """Run ``step_forward()`` under saved-tensor hooks; count what autograd keeps for backward.
+
+    Saved bytes are the distinct storages of the packed tensors, excluding the storages of ``exclude``
+    (parameters, buffers, inputs): the same definition as ``CutReport.saved_bytes``.
+    """
+    excluded = {t.untyped_storage().data_ptr() for t in exclude if isinstance(t, torch.Tensor)}
+    seen: dict[int, int] = {}
+    count = 0
+    inputs = 0
+
+    def pack(t: torch.Tensor):
+        nonlocal count, inputs
+        count += 1
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr in excluded:
+            inputs += 1
+        elif ptr not in seen:
+            seen[ptr] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = step_forward()
+    return out, SavedTensors(count=count, nbytes=sum(seen.values()), input_count=inputs)
+
+
+def max_relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |actual - expected| / max |expected|: a mean loss makes gradients ~1e-3, where a fixed atol passes
+    anything, so every comparison is scaled to the gradient's own magnitude."""
+    scale = expected.detach().abs().max().item()
+    diff = (actual.detach() - expected.detach()).abs().max().item()
+    if scale == 0.0:
+        return diff
+    return diff / scale
+
+
+def gradient_errors(model: torch.nn.Module, reference: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Relative error of each parameter's ``.grad`` against ``reference[name]``."""
+    errors = {}
+    for name, p in model.named_parameters():
+        if name in reference:
+            if p.grad is None:
+                errors[name] = float("inf")
+            else:
+                errors[name] = max_relative_error(p.grad, reference[name])
+    return errors

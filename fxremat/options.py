@@ -1,0 +1,175 @@
+"""Options: one frozen, validated object, passed explicitly.  Environment variables are read here and nowhere else.
+
+Bad input fails at ``fxremat.backend(...)`` time with a message that names the option and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from fxremat_passes.costs import PROFILES, DeviceProfile
+
+ENV_REPORT_DIR = "FXREMAT_REPORT_DIR"
+
+SOLVERS = ("mincut",)
+# Default price of memory, in byte-transfer times per byte kept (lambda = memory_price / bandwidth).
+# TORCH_NOTES: lambda = 1e-9 s/byte at 10 GB/s (= 10 transfer times) beat PyTorch's cut on every model tried by
+# the prototype, with a cliff just above; the benchmark issue re-derives it from benchmarks/RESULTS.md.
+DEFAULT_MEMORY_PRICE = 10.0
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+def parse_bytes(text: str) -> int:
+    """'512MiB' -> 536870912, '2GB' -> 2000000000, '1024' -> 1024."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ValueError(
+            f"memory_budget={text!r} is not a size; use a number of bytes with an optional unit "
+            "(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), e.g. '512MiB'"
+        )
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def normalise_budget(value: Any) -> float | int | None:
+    """None | float fraction in [0, 1] | int bytes >= 0.  ``bool`` is rejected (True is not a budget)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise TypeError(
+            "memory_budget must be None, a float in [0, 1], an int number of bytes, or a size string "
+            "like '512MiB'; got a bool"
+        )
+    if isinstance(value, float):
+        if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+            raise ValueError(
+                f"memory_budget={value!r}: a float budget is a fraction in [0, 1] (0 = fewest saved bytes, "
+                "1 = the default plan); for an absolute budget pass an int of bytes or a string like '512MiB'"
+            )
+        return value
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"memory_budget={value!r}: an absolute budget must be >= 0 bytes")
+        return value
+    if isinstance(value, str):
+        return parse_bytes(value)
+    raise TypeError(
+        f"memory_budget must be None, a float in [0, 1], an int number of bytes, or a size string like '512MiB'; "
+        f"got {type(value).__name__}"
+    )
+
+
+def resolve_device(value: Any) -> DeviceProfile | str:
+    if isinstance(value, DeviceProfile):
+        return value
+    if isinstance(value, str):
+        name = value.lower()
+        if name == "auto" or name in PROFILES:
+            return name
+        raise ValueError(
+            f"device={value!r} is not a known profile; use 'auto', one of {sorted(PROFILES)}, "
+            "or a fxremat.DeviceProfile"
+        )
+    raise TypeError(
+        f"device must be 'auto', a profile name {sorted(PROFILES)} or a DeviceProfile; got {type(value).__name__}"
+    )
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything that changes a partition (and so is part of the compile-cache key).
+
+    memory_budget    None = the default plan; float in [0, 1]; int bytes; "512MiB".
+    memory_price     byte-transfer times charged per byte kept for backward (>= 0; higher saves less).
+    device           cost profile: "auto" (the graph's device: CUDA by name, else fixed CPU constants), a profile
+                     name, or a DeviceProfile.
+    solver           "mincut".
+    compare_default  also run PyTorch's default partitioner on a copy for the report (off for production runs).
+    strict           raise instead of falling back to PyTorch's partitioner when a pass fails.
+    report_dir       also write every report as JSON here (default: $FXREMAT_REPORT_DIR).
+    """
+
+    memory_budget: float | int | None = None
+    memory_price: float = DEFAULT_MEMORY_PRICE
+    device: DeviceProfile | str = "auto"
+    solver: str = "mincut"
+    compare_default: bool = True
+    strict: bool = False
+    report_dir: str | None = None
+
+    @classmethod
+    def create(cls, **kwargs: Any) -> Options:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"unknown fxremat option(s) {unknown}; allowed: {sorted(names)}")
+        values = dict(kwargs)
+        if "memory_budget" in values:
+            values["memory_budget"] = normalise_budget(values["memory_budget"])
+            if values["memory_budget"] not in (None, 1.0):
+                # Budgets below the default plan arrive with the budget issue (#4): refuse rather than ignore.
+                raise NotImplementedError(
+                    "memory_budget other than None/1.0 is not implemented yet; use memory_price to trade memory "
+                    "for recompute"
+                )
+        if "memory_price" in values:
+            price = values["memory_price"]
+            if isinstance(price, bool) or not isinstance(price, (int, float)):
+                raise TypeError(f"memory_price must be a number >= 0, got {type(price).__name__}")
+            if not math.isfinite(price) or price < 0:
+                raise ValueError(f"memory_price={price!r} must be a finite number >= 0")
+            values["memory_price"] = float(price)
+        if "device" in values:
+            values["device"] = resolve_device(values["device"])
+        if "solver" in values and values["solver"] not in SOLVERS:
+            raise ValueError(f"solver={values['solver']!r} is not known; use one of {list(SOLVERS)}")
+        for flag in ("compare_default", "strict"):
+            if flag in values and not isinstance(values[flag], bool):
+                raise TypeError(f"{flag} must be True or False, got {values[flag]!r}")
+        if "report_dir" not in values:
+            values["report_dir"] = os.environ.get(ENV_REPORT_DIR) or None
+        elif values["report_dir"] is not None and not isinstance(values["report_dir"], (str, os.PathLike)):
+            raise TypeError(f"report_dir must be a path or None, got {type(values['report_dir']).__name__}")
+        if values.get("report_dir") is not None:
+            values["report_dir"] = os.fspath(values["report_dir"])
+        return cls(**values)
+
+    def cache_key(self) -> str:
+        """Every field, in a stable text form: part of the partitioner's uuid(), so that changing any option
+        never reuses a stale cached partition."""
+        parts = []
+        for f in dataclasses.fields(self):
+            if f.name == "report_dir":  # where reports are written does not change a partition
+                continue
+            value = getattr(self, f.name)
+            parts.append(f"{f.name}={value!r}")
+        return ";".join(parts)
+
+    def profile_for(self, device_type: str | None, device_name: str | None = None) -> DeviceProfile:
+        if isinstance(self.device, DeviceProfile):
+            return self.device
+        if self.device != "auto":
+            return PROFILES[self.device]
+        if device_type == "cuda" and device_name:
+            lowered = device_name.lower()
+            for key in ("h200", "h100", "a100"):
+                if key in lowered:
+                    return PROFILES[key]
+            return PROFILES["h100"]
+        return PROFILES["cpu"]

@@ -1,0 +1,231 @@
+"""The partition function: the passes in order, the PyTorch baseline for the report, and the fallback.
+
+    prepare -> classify -> annotate_costs -> build_flow_problem -> solve_min_cut -> split -> describe
+
+Any exception inside our passes: one warning naming the graph and the cause, then PyTorch's default partitioner
+(with its own defaults) for that graph, and ``fallback_reason`` in the report; ``strict=True`` raises instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+from fxremat_passes import _torch_private as tp
+from fxremat_passes.costs import DeviceProfile, annotate_costs
+from fxremat_passes.describe import describe_split
+from fxremat_passes.flow_problem import CutWeights, build_flow_problem
+from fxremat_passes.mincut import solve_min_cut
+from fxremat_passes.roles import Policy, Role, classify, recompute_tag
+
+from .options import Options
+from .report import CutReport, describe_fields, never_recomputed_counts
+
+log = logging.getLogger(__name__)
+
+PASSES = ("prepare", "classify", "annotate_costs", "build_flow_problem", "solve_min_cut", "split", "describe")
+
+# Test-only: called with each pass name before it runs; raising from it simulates a bug in that pass.
+_fault_hook: Callable[[str], None] | None = None
+
+
+@contextlib.contextmanager
+def inject_fault(pass_name: str, error: Exception | None = None) -> Iterator[None]:
+    """Make ``pass_name`` raise (tests of the fallback path)."""
+    if pass_name not in PASSES:
+        raise ValueError(f"unknown pass {pass_name!r}; one of {PASSES}")
+    global _fault_hook
+
+    def hook(name: str) -> None:
+        if name == pass_name:
+            raise error or RuntimeError(f"injected fault in {pass_name}")
+
+    previous, _fault_hook = _fault_hook, hook
+    try:
+        yield
+    finally:
+        _fault_hook = previous
+
+
+def _enter(pass_name: str) -> None:
+    if _fault_hook is not None:
+        _fault_hook(pass_name)
+
+
+class FxrematFallbackWarning(UserWarning):
+    """fxremat could not partition a graph and used PyTorch's default partitioner for it."""
+
+
+@dataclass(frozen=True)
+class PartitionRequest:
+    joint: fx.GraphModule
+    joint_inputs: object
+    num_fwd_outputs: int
+    static_lifetime_input_indices: list[int] | None
+    graph_id: str
+
+
+def graph_device(joint: fx.GraphModule) -> tuple[str | None, str | None]:
+    for node in joint.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.device.type != "meta":
+            if val.device.type == "cuda" and torch.cuda.is_available():
+                return "cuda", torch.cuda.get_device_name(val.device)
+            return val.device.type, None
+    return None, None
+
+
+def _why_recomputed(node: fx.Node, role: Role) -> str:
+    if recompute_tag(node) == Policy.MUST_RECOMPUTE:
+        return "tagged MUST_RECOMPUTE"
+    if recompute_tag(node) == Policy.PREFER_RECOMPUTE:
+        return "tagged PREFER_RECOMPUTE, and cheaper"
+    return "cheaper to recompute than to keep"
+
+
+def _baseline(request: PartitionRequest, profile: DeviceProfile) -> dict:
+    start = time.perf_counter()
+    try:
+        joint = tp.copy_graph_module(request.joint)
+        fw, bw = tp.pytorch_default_partition(
+            joint,
+            request.joint_inputs,
+            num_fwd_outputs=request.num_fwd_outputs,
+            static_lifetime_input_indices=request.static_lifetime_input_indices,
+        )
+        described = describe_split(fw, bw, request.num_fwd_outputs, profile)
+    except Exception as error:  # the baseline is informative only; never let it break a compile
+        log.warning("PyTorch's default partitioner failed on %s: %s", request.graph_id, error)
+        return dict(baseline_error=f"{type(error).__name__}: {error}")
+    return dict(
+        baseline_saved_bytes=described.saved_bytes,
+        baseline_recompute_flops=described.recompute_flops,
+        baseline_est_recompute_seconds=described.recompute_seconds,
+        baseline_saved=described.saved,
+        baseline_seconds=time.perf_counter() - start,
+    )
+
+
+def _fxremat_partition(request: PartitionRequest, options: Options, profile: DeviceProfile):
+    """Our passes, in order.  Returns (forward, backward, report fields)."""
+    joint = request.joint
+    _enter("prepare")
+    joint = tp.prepare_joint_graph(joint)
+    _enter("classify")
+    roles = classify(
+        joint,
+        num_fwd_outputs=request.num_fwd_outputs,
+        static_lifetime_input_indices=request.static_lifetime_input_indices,
+    )
+    fields: dict = dict(
+        never_recomputed=never_recomputed_counts(
+            {n: r for n, r in roles.no_recompute.items() if roles.role[n] is not Role.INPUT}
+        ),
+        tag_conflicts=tuple((n.name, why) for n, why in roles.tag_conflicts.items()),
+    )
+    if not roles.has_backward:
+        # Nothing for backward to read: the plain split (PyTorch does the same).
+        fw, bw = tp.default_partition(
+            joint,
+            request.joint_inputs,
+            num_fwd_outputs=request.num_fwd_outputs,
+            static_lifetime_input_indices=request.static_lifetime_input_indices,
+        )
+        return fw, bw, fields
+    _enter("annotate_costs")
+    costs = annotate_costs(joint.graph, profile)
+    _enter("build_flow_problem")
+    weights = CutWeights(memory_price=options.memory_price / profile.mem_bandwidth)
+    flow = build_flow_problem(roles, costs, weights, profile)
+    _enter("solve_min_cut")
+    solution = solve_min_cut(flow.problem)
+    fields["solve_seconds"] = solution.solve_seconds
+    saved_nodes = [flow.nodes[i] for i in solution.saved]
+    recomputed_nodes = [flow.nodes[i] for i in solution.recomputed]
+    for node in recomputed_nodes:
+        if node in roles.no_recompute and roles.role[node] is not Role.BACKWARD_ONLY:
+            raise AssertionError(f"solver recomputed a banned node: {node.format_node()}")
+    fields["recompute_reasons"] = tuple(
+        (n.name, _why_recomputed(n, roles.role[n])) for n in recomputed_nodes if roles.role[n] is Role.FORWARD
+    )
+    _enter("split")
+    saved_sym = [n for n in saved_nodes if tp.is_sym_node(n)]
+    saved_values = [n for n in saved_nodes if not tp.is_sym_node(n)]
+    fw, bw = tp.split_with_saved_values(
+        joint,
+        saved_values,
+        saved_sym,
+        num_fwd_outputs=request.num_fwd_outputs,
+        static_lifetime_input_nodes=roles.static_inputs,
+    )
+    return fw, bw, fields
+
+
+def partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModule, fx.GraphModule, CutReport]:
+    start = time.perf_counter()
+    device_type, device_name = graph_device(request.joint)
+    profile = options.profile_for(device_type, device_name)
+    common = dict(
+        graph_id=request.graph_id,
+        num_joint_nodes=len(request.joint.graph.nodes),
+        device_profile=profile.name,
+        memory_price=options.memory_price,
+        memory_budget=options.memory_budget,
+        torch_version=torch.__version__,
+    )
+    baseline = _baseline(request, profile) if options.compare_default else {}
+    fallback_reason = None
+    fields: dict = {}
+    pristine = tp.copy_graph_module(request.joint)  # the fallback must see the graph as it came
+    try:
+        fw, bw, fields = _fxremat_partition(request, options, profile)
+        _enter("describe")
+        described = describe_split(fw, bw, request.num_fwd_outputs, profile)
+    except Exception as error:
+        if options.strict:
+            raise
+        fallback_reason = f"{type(error).__name__}: {error}"
+        request = PartitionRequest(
+            pristine,
+            request.joint_inputs,
+            request.num_fwd_outputs,
+            request.static_lifetime_input_indices,
+            request.graph_id,
+        )
+        fields = {}
+    if fallback_reason is not None:
+        warnings.warn(
+            f"fxremat: partitioning {request.graph_id} failed ({fallback_reason}); using PyTorch's default "
+            "partitioner for this graph. Pass strict=True to fxremat.backend to raise instead.",
+            FxrematFallbackWarning,
+            stacklevel=2,
+        )
+        fw, bw = tp.pytorch_default_partition(
+            request.joint,
+            request.joint_inputs,
+            num_fwd_outputs=request.num_fwd_outputs,
+            static_lifetime_input_indices=request.static_lifetime_input_indices,
+        )
+        described = describe_split(fw, bw, request.num_fwd_outputs, profile)
+    report = CutReport(
+        **common,
+        **describe_fields(described),
+        **fields,
+        **baseline,
+        partition_seconds=time.perf_counter() - start - baseline.get("baseline_seconds", 0.0),
+        fallback_reason=fallback_reason,
+    )
+    log.debug(
+        "partition %s: saved %d bytes (default %s), %.3fs",
+        request.graph_id,
+        report.saved_bytes,
+        report.baseline_saved_bytes,
+        report.partition_seconds,
+    )
+    return fw, bw, report

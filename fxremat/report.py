@@ -1,0 +1,194 @@
+"""CutReport: what fxremat chose for one joint graph, as data; formatters are separate functions.
+
+Build the record first (``CutReport``), then format it (``format_text``, ``CutReport.to_dict``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from fxremat_passes.describe import RecomputedNode, SavedValue, SplitDescription
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class CutReport:
+    """One compiled joint graph.
+
+    ``saved_bytes``: activation bytes kept for backward (distinct storages, graph inputs excluded).
+    ``baseline_*``: the same figures for PyTorch's default ``min_cut_rematerialization_partition`` on a copy of
+    the same joint graph (None when ``compare_default=False`` or when it failed).
+    ``fallback_reason``: None unless fxremat fell back to PyTorch's partitioner for this graph.
+    """
+
+    graph_id: str
+    num_joint_nodes: int
+    saved_bytes: int
+    recompute_flops: int
+    est_recompute_seconds: float
+    saved: tuple[SavedValue, ...]
+    recomputed: tuple[RecomputedNode, ...]
+    saved_symbols: tuple[str, ...] = ()
+    recompute_reasons: tuple[tuple[str, str], ...] = ()  # (node name, why it is recomputed)
+    never_recomputed: tuple[tuple[str, int], ...] = ()  # (reason, how many nodes)
+    tag_conflicts: tuple[tuple[str, str], ...] = ()  # (node name, what the tag asked and why safety won)
+    baseline_saved_bytes: int | None = None
+    baseline_recompute_flops: int | None = None
+    baseline_est_recompute_seconds: float | None = None
+    baseline_saved: tuple[SavedValue, ...] = ()
+    baseline_seconds: float | None = None
+    baseline_error: str | None = None
+    solve_seconds: float = 0.0
+    partition_seconds: float = 0.0
+    device_profile: str = "cpu"
+    memory_price: float = 0.0
+    memory_budget: float | int | None = None
+    fallback_reason: str | None = None
+    from_cache: bool = False
+    torch_version: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["schema_version"] = SCHEMA_VERSION
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CutReport:
+        data = dict(data)
+        data.pop("schema_version", None)
+        data["saved"] = tuple(SavedValue(**{**r, "shape": tuple(r["shape"])}) for r in data.get("saved", ()))
+        data["baseline_saved"] = tuple(
+            SavedValue(**{**r, "shape": tuple(r["shape"])}) for r in data.get("baseline_saved", ())
+        )
+        data["recomputed"] = tuple(RecomputedNode(**r) for r in data.get("recomputed", ()))
+        for key in ("saved_symbols",):
+            data[key] = tuple(data.get(key, ()))
+        for key in ("recompute_reasons", "never_recomputed", "tag_conflicts"):
+            data[key] = tuple(tuple(x) for x in data.get(key, ()))
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def with_changes(self, **changes: Any) -> CutReport:
+        return dataclasses.replace(self, **changes)
+
+
+def describe_fields(description: SplitDescription) -> dict[str, Any]:
+    return dict(
+        saved_bytes=description.saved_bytes,
+        recompute_flops=description.recompute_flops,
+        est_recompute_seconds=description.recompute_seconds,
+        saved=description.saved,
+        recomputed=description.recomputed,
+        saved_symbols=description.saved_symbols,
+    )
+
+
+def never_recomputed_counts(reasons: dict[Any, str]) -> tuple[tuple[str, int], ...]:
+    return tuple(sorted(Counter(reasons.values()).items()))
+
+
+# --- formatting ----------------------------------------------------------------------------------------------------
+
+
+def format_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    if a is None or b is None or b == 0:
+        return "-"
+    return f"{a / b:.2f}x"
+
+
+def summary_rows(report: CutReport) -> list[list[str]]:
+    return [
+        [
+            "saved bytes",
+            format_bytes(report.saved_bytes),
+            format_bytes(report.baseline_saved_bytes),
+            _ratio(report.saved_bytes, report.baseline_saved_bytes),
+        ],
+        [
+            "recompute FLOPs",
+            f"{report.recompute_flops:,}",
+            "-" if report.baseline_recompute_flops is None else f"{report.baseline_recompute_flops:,}",
+            _ratio(report.recompute_flops, report.baseline_recompute_flops),
+        ],
+        [
+            "est. recompute time",
+            f"{report.est_recompute_seconds * 1e6:.1f} us",
+            "-"
+            if report.baseline_est_recompute_seconds is None
+            else f"{report.baseline_est_recompute_seconds * 1e6:.1f} us",
+            _ratio(report.est_recompute_seconds, report.baseline_est_recompute_seconds),
+        ],
+        [
+            "partition time",
+            f"{report.partition_seconds * 1e3:.1f} ms",
+            "-" if report.baseline_seconds is None else f"{report.baseline_seconds * 1e3:.1f} ms",
+            "-",
+        ],
+    ]
+
+
+def format_text(report: CutReport, max_rows: int = 20) -> str:
+    from tabulate import tabulate
+
+    lines = [
+        f"fxremat cut report: {report.graph_id} ({report.num_joint_nodes} joint nodes, "
+        f"device profile {report.device_profile})"
+    ]
+    if report.fallback_reason:
+        lines.append(f"FELL BACK to PyTorch's default partitioner: {report.fallback_reason}")
+    lines.append(tabulate(summary_rows(report), headers=["", "fxremat", "PyTorch default", "ratio"]))
+    saved = sorted(report.saved, key=lambda r: (-r.nbytes * r.counted, r.name))
+    if saved:
+        lines.append("")
+        lines.append(f"saved for backward ({len(saved)} tensors; inputs and repeated storages not counted):")
+        rows = [
+            [
+                r.name,
+                r.op,
+                "x".join(map(str, r.shape)),
+                r.dtype,
+                format_bytes(r.nbytes),
+                "" if r.counted else "not counted",
+            ]
+            for r in saved[:max_rows]
+        ]
+        lines.append(tabulate(rows, headers=["value", "op", "shape", "dtype", "bytes", ""]))
+        if len(saved) > max_rows:
+            lines.append(f"... and {len(saved) - max_rows} more")
+    if report.recomputed:
+        why = dict(report.recompute_reasons)
+        lines.append("")
+        lines.append(f"recomputed in backward ({len(report.recomputed)} nodes):")
+        ordered = sorted(report.recomputed, key=lambda r: (-r.flops, r.name))
+        rows = [[r.name, r.op, f"{r.flops:,}", why.get(r.name, "")] for r in ordered[:max_rows]]
+        lines.append(tabulate(rows, headers=["node", "op", "FLOPs", "why"]))
+        if len(ordered) > max_rows:
+            lines.append(f"... and {len(ordered) - max_rows} more")
+    if report.never_recomputed:
+        lines.append("")
+        lines.append(
+            "never recomputed: " + "; ".join(f"{reason} ({count})" for reason, count in report.never_recomputed)
+        )
+    for name, conflict in report.tag_conflicts:
+        lines.append(f"tag overridden on {name}: {conflict}")
+    return "\n".join(lines)

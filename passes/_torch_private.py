@@ -1,0 +1,202 @@
+"""Every private PyTorch API fxremat touches, in one place, behind one version check.
+
+These helpers are what PyTorch's own partitioner uses to turn a chosen saved set into forward and backward graphs
+that meet AOTAutograd's contract (output order, SymInts last, RNG threading); reusing them keeps our split exactly
+as Inductor expects.  They are private and move between releases: ``check_torch_version()`` gates them, and
+``tests/passes/test_torch_private.py`` imports each one so that a torch upgrade fails loudly in CI rather than
+in a user's training run.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+# The torch releases whose private partitioner helpers we have tested against (pyproject pins the same range).
+SUPPORTED_TORCH = ((2, 13), (2, 14))
+
+
+def torch_version_tuple(version: str | None = None) -> tuple[int, int]:
+    match = re.match(r"(\d+)\.(\d+)", version or torch.__version__)
+    if not match:
+        return (0, 0)
+    return (int(match.group(1)), int(match.group(2)))
+
+
+def unsupported_torch_reason(version: str | None = None) -> str | None:
+    """None if this torch is one we test; otherwise a sentence saying why fxremat will step aside."""
+    found = torch_version_tuple(version)
+    if found in SUPPORTED_TORCH:
+        return None
+    allowed = ", ".join(f"{a}.{b}" for a, b in SUPPORTED_TORCH)
+    return (
+        f"fxremat is tested with torch {allowed}; found {version or torch.__version__}. "
+        "Using PyTorch's default partitioner instead."
+    )
+
+
+# --- imports of private helpers (fail here, not deep inside a compile) ----------------------------------------
+from torch._functorch import config as functorch_config  # noqa: E402
+from torch._functorch.compile_utils import fx_graph_cse, raise_getitems  # noqa: E402
+from torch._functorch.partitioners import (  # noqa: E402
+    _extract_fwd_bwd_modules,
+    _extract_fwd_bwd_outputs,
+    _must_be_in_backward,
+    _must_be_in_forward,
+    default_partition,
+    force_save_bw_mutation_src,
+    force_save_collectives,
+    force_save_effectful_ops,
+    min_cut_rematerialization_partition,
+    reordering_to_mimic_autograd_engine,
+    thread_graphsafe_rng_from_hops,
+)
+from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_files  # noqa: E402
+from torch.fx.experimental.proxy_tensor import is_sym_node  # noqa: E402
+from torch.fx.experimental.symbolic_shapes import optimization_hint  # noqa: E402
+from torch.utils.checkpoint import CheckpointPolicy  # noqa: E402
+
+__all__ = [
+    "CheckpointPolicy",
+    "CustomPartitionerFn",
+    "SUPPORTED_TORCH",
+    "default_partition",
+    "extract_fwd_bwd_outputs",
+    "fx_graph_cse",
+    "get_hash_for_files",
+    "is_sym_node",
+    "must_be_in_backward",
+    "size_hint",
+    "must_be_in_forward",
+    "prepare_joint_graph",
+    "pytorch_default_partition",
+    "split_with_saved_values",
+    "unsupported_torch_reason",
+]
+
+
+# Size used for an unbacked (data-dependent) SymInt that has no hint: the same order as PyTorch's partitioner.
+UNBACKED_SIZE_FALLBACK = 4096
+
+
+def size_hint(value) -> int:
+    """A concrete int for a size that may be a SymInt, read through the shape environment's hint so that no
+    guard is installed (comparing SymInts would specialise the graph and recompile)."""
+    if isinstance(value, torch.SymInt):
+        return int(optimization_hint(value, fallback=UNBACKED_SIZE_FALLBACK))
+    return int(value)
+
+
+def must_be_in_backward(node: torch.fx.Node) -> bool:
+    return bool(_must_be_in_backward(node))
+
+
+def must_be_in_forward(node: torch.fx.Node) -> bool:
+    return bool(_must_be_in_forward(node))
+
+
+def extract_fwd_bwd_outputs(joint: torch.fx.GraphModule, num_fwd_outputs: int):
+    """(forward outputs, backward outputs) of the joint graph, as nodes (None for a missing gradient)."""
+    fwd_outputs, bwd_outputs, _, _ = _extract_fwd_bwd_outputs(joint, num_fwd_outputs=num_fwd_outputs)
+    return list(fwd_outputs), list(bwd_outputs)
+
+
+def _must_recompute(node: torch.fx.Node) -> bool:
+    return node.meta.get("recompute") in (CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.PREFER_RECOMPUTE)
+
+
+def _save_checkpoint_boundaries(joint: torch.fx.GraphModule) -> None:
+    """What PyTorch's ``cleanup_recompute_tags`` does, tolerant of graphs traced without Dynamo (no
+    ``ac_graph_id``, where PyTorch's version raises a TypeError): the last value of a checkpointed region that
+    feeds the next region is saved, and so is a region output with a backward hook (FSDP2 + AC cycle)."""
+    for node in joint.graph.nodes:
+        if not _must_recompute(node):
+            continue
+        region = node.meta.get("ac_graph_id")
+        for user in node.users:
+            user_region = user.meta.get("ac_graph_id")
+            if (
+                _must_recompute(user)
+                and isinstance(region, int)
+                and isinstance(user_region, int)
+                and user_region > region
+            ):
+                node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+        if node.meta.get("has_backward_hook", False) and not any(_must_recompute(u) for u in node.users):
+            node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+
+
+def prepare_joint_graph(joint: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """The clean-up PyTorch's min-cut partitioner does before it decides anything, so that both partitioners
+    see the same graph: dead code out, CSE, checkpoint-tag clean-up, and MUST_SAVE marks on collectives,
+    effectful ops and sources of backward mutations (never recomputing those is a safety rule)."""
+    joint.graph.eliminate_dead_code()
+    joint.recompile()
+    if functorch_config.cse:
+        joint.graph = fx_graph_cse(joint.graph)
+        joint.recompile()
+    _save_checkpoint_boundaries(joint)
+    if not functorch_config.unsafe_allow_optimization_of_collectives:
+        force_save_collectives(joint)
+    force_save_effectful_ops(joint)
+    force_save_bw_mutation_src(joint)
+    return joint
+
+
+def split_with_saved_values(
+    joint: torch.fx.GraphModule,
+    saved_values: list[torch.fx.Node],
+    saved_sym_nodes: list[torch.fx.Node],
+    *,
+    num_fwd_outputs: int,
+    static_lifetime_input_nodes,
+) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+    """Forward graph returning ``saved_values`` (and SymInts last), backward graph computing everything else it
+    needs from them: PyTorch's own extraction, so the AOTAutograd contract holds by construction."""
+    from torch.utils._ordered_set import OrderedSet
+
+    fw, bw = _extract_fwd_bwd_modules(
+        joint,
+        saved_values,
+        saved_sym_nodes=saved_sym_nodes,
+        saved_opaque_nodes=[],
+        num_fwd_outputs=num_fwd_outputs,
+        static_lifetime_input_nodes=OrderedSet(static_lifetime_input_nodes),
+    )
+    bw = reordering_to_mimic_autograd_engine(bw)
+    fw = raise_getitems(fw)
+    bw = raise_getitems(bw)
+    fw = thread_graphsafe_rng_from_hops(fw, is_backward=False)
+    bw = thread_graphsafe_rng_from_hops(bw, is_backward=True)
+    return fw, bw
+
+
+def pytorch_default_partition(
+    joint: torch.fx.GraphModule,
+    joint_inputs,
+    *,
+    num_fwd_outputs: int,
+    static_lifetime_input_indices: list[int] | None,
+) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+    """PyTorch's ``min_cut_rematerialization_partition`` with its own defaults, whatever the user set globally
+    (an ``activation_memory_budget`` a user set for PyTorch must not leak into our baseline or fallback)."""
+    with functorch_config.patch(activation_memory_budget=1.0):
+        return min_cut_rematerialization_partition(
+            joint,
+            joint_inputs,
+            compiler="inductor",
+            num_fwd_outputs=num_fwd_outputs,
+            static_lifetime_input_indices=static_lifetime_input_indices,
+        )
+
+
+def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A structural copy that shares node metadata objects (FakeTensors are not deep-copied)."""
+    import copy
+    import warnings
+
+    with warnings.catch_warnings():
+        # deepcopy of the graph's pytree codegen trips a FutureWarning about LeafSpec inside torch itself
+        warnings.simplefilter("ignore", FutureWarning)
+        return torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))

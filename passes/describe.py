@@ -1,0 +1,111 @@
+"""describe_split: what a (forward, backward) pair actually keeps and recomputes, read off the final graphs.
+
+The same function describes fxremat's split and PyTorch's, so both sides of every comparison use one definition:
+saved bytes are the distinct storages of the tensors forward hands to backward, excluding every graph input's
+storage (parameters, buffers, user inputs) — what ``torch.autograd.graph.saved_tensors_hooks`` sees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+from .costs import DeviceProfile, alias_root, node_cost, symbolic_nbytes
+from .ops import qualified_name
+
+
+@dataclass(frozen=True)
+class SavedValue:
+    name: str
+    op: str
+    shape: tuple[int | str, ...]
+    dtype: str
+    nbytes: int  # hinted
+    nbytes_expr: str  # symbolic, e.g. "4*s0*768"
+    storage: str  # the node owning the storage this value keeps alive
+    counted: bool  # False for graph inputs and for a second view of an already counted storage
+    source: str | None  # user source line, when known
+
+
+@dataclass(frozen=True)
+class RecomputedNode:
+    name: str
+    op: str
+    flops: int
+    est_seconds: float
+
+
+@dataclass(frozen=True)
+class SplitDescription:
+    saved: tuple[SavedValue, ...]
+    saved_symbols: tuple[str, ...]
+    recomputed: tuple[RecomputedNode, ...]
+    saved_bytes: int
+    recompute_flops: int
+    recompute_seconds: float
+
+
+def _source_line(node: fx.Node) -> str | None:
+    trace = node.meta.get("stack_trace")
+    if not trace:
+        return None
+    lines = [line.strip() for line in trace.strip().splitlines() if line.strip().startswith("File ")]
+    return lines[-1] if lines else None
+
+
+def _shape(val) -> tuple[int | str, ...]:
+    return tuple(int(s) if not isinstance(s, torch.SymInt) else str(s) for s in val.shape)
+
+
+def saved_outputs(fw: fx.GraphModule, num_fwd_outputs: int) -> list[fx.Node]:
+    output = next(n for n in reversed(fw.graph.nodes) if n.op == "output")
+    return [a for a in output.args[0][num_fwd_outputs:] if isinstance(a, fx.Node)]
+
+
+def describe_split(
+    fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, profile: DeviceProfile
+) -> SplitDescription:
+    saved_rows: list[SavedValue] = []
+    symbols: list[str] = []
+    counted_roots: set[str] = set()
+    saved_bytes = 0
+    for node in saved_outputs(fw, num_fwd_outputs):
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            symbols.append(node.name)
+            continue
+        root = alias_root(node)
+        storage_bytes = node_cost(root, profile).nbytes
+        counted = root.op != "placeholder" and root.name not in counted_roots
+        if counted:
+            counted_roots.add(root.name)
+            saved_bytes += storage_bytes
+        saved_rows.append(
+            SavedValue(
+                name=node.name,
+                op=qualified_name(node) if node.op == "call_function" else node.op,
+                shape=_shape(val),
+                dtype=str(val.dtype).removeprefix("torch."),
+                nbytes=node_cost(node, profile).nbytes,
+                nbytes_expr=symbolic_nbytes(val),
+                storage=root.name,
+                counted=counted,
+                source=_source_line(node),
+            )
+        )
+    forward_names = {n.name for n in fw.graph.nodes if n.op == "call_function"}
+    recomputed: list[RecomputedNode] = []
+    for node in bw.graph.nodes:
+        if node.op == "call_function" and node.name in forward_names:
+            cost = node_cost(node, profile)
+            recomputed.append(RecomputedNode(node.name, qualified_name(node), cost.flops, cost.recompute_seconds))
+    return SplitDescription(
+        saved=tuple(saved_rows),
+        saved_symbols=tuple(symbols),
+        recomputed=tuple(recomputed),
+        saved_bytes=saved_bytes,
+        recompute_flops=sum(r.flops for r in recomputed),
+        recompute_seconds=sum(r.est_seconds for r in recomputed),
+    )

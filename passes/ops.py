@@ -1,0 +1,268 @@
+"""The one op table: every FX node gets an ``OpClass``, from ``torch.Tag`` where one exists and from a few named
+sets where it does not.  Nobody else matches op names."""
+
+from __future__ import annotations
+
+import enum
+import operator
+
+import torch
+import torch.fx as fx
+
+aten = torch.ops.aten
+
+
+def _packets(*names: str) -> frozenset:
+    """aten op packets by name; names this torch does not have are skipped (tables outlive op renames)."""
+    return frozenset(p for p in (getattr(aten, n, None) for n in names) if p is not None)
+
+
+class OpClass(enum.Enum):
+    PLACEHOLDER = "placeholder"
+    OUTPUT = "output"
+    GETITEM = "getitem"  # picks one item of a multi-output node: free
+    SYMBOLIC = "symbolic"  # SymInt arithmetic (operator.*, sym_size): free, never "unknown"
+    VIEW = "view"  # aliases its input: no compute, no new storage
+    CREATION = "creation"  # full/zeros/ones/arange/empty: writes only
+    POINTWISE = "pointwise"  # elementwise; fuses into its consumer
+    COPY = "copy"  # layout/dtype copies, cat: memory-bound, fusible
+    REDUCTION = "reduction"  # sum/amax/var_mean: reads much, writes little
+    NORM = "norm"  # layer/batch/group norm and softmax: a few passes over the input
+    MATMUL = "matmul"
+    CONVOLUTION = "convolution"
+    ATTENTION = "attention"
+    GATHER = "gather"  # embedding/index/gather/scatter
+    RANDOM = "random"  # draws random numbers: never recomputed
+    SEED = "seed"  # generates RNG seeds: never recomputed
+    COLLECTIVE = "collective"  # communicates with other ranks: never recomputed
+    MUTATION = "mutation"  # writes into an argument: never recomputed
+    GENERIC = "generic"  # an aten/prims op outside these tables: priced as memory-bound, recomputable
+    OPAQUE = "opaque"  # custom ops, HOPs, anything not aten/prims: treated as expensive and never recomputed
+
+
+MATMUL_OPS = _packets("mm", "addmm", "bmm", "baddbmm", "matmul", "_int_mm")
+CONVOLUTION_OPS = _packets("convolution", "_convolution", "convolution_backward", "cudnn_convolution")
+ATTENTION_OPS = _packets(
+    "scaled_dot_product_attention",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_attention_math",
+    "_flash_attention_forward",
+    "_efficient_attention_forward",
+    "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_flash_attention_for_cpu_backward",
+    "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_cudnn_attention_backward",
+)
+NORM_OPS = _packets(
+    "native_layer_norm",
+    "native_group_norm",
+    "native_batch_norm",
+    "_native_batch_norm_legit",
+    "_native_batch_norm_legit_functional",
+    "_native_batch_norm_legit_no_training",
+    "_softmax",
+    "_log_softmax",
+    "_safe_softmax",
+    "native_layer_norm_backward",
+    "native_group_norm_backward",
+    "native_batch_norm_backward",
+    "_softmax_backward_data",
+    "_log_softmax_backward_data",
+    "rms_norm",
+    "_fused_rms_norm",
+)
+GATHER_OPS = _packets(
+    "embedding",
+    "embedding_dense_backward",
+    "index",
+    "index_select",
+    "gather",
+    "scatter",
+    "scatter_add",
+    "index_put",
+    "_unsafe_index",
+    "_unsafe_index_put",
+    "take_along_dim",
+    "select_scatter",
+    "slice_scatter",
+    "index_add",
+)
+CREATION_OPS = _packets(
+    "full",
+    "zeros",
+    "ones",
+    "empty",
+    "empty_strided",
+    "arange",
+    "scalar_tensor",
+    "full_like",
+    "zeros_like",
+    "ones_like",
+    "empty_like",
+    "new_zeros",
+    "new_ones",
+    "new_full",
+    "new_empty",
+    "lift_fresh_copy",
+    "iota",
+)
+COPY_OPS = _packets("_to_copy", "clone", "cat", "constant_pad_nd", "copy", "clamp", "where", "stack")
+SEED_OPS = frozenset({"prims.inductor_seeds"})
+# Ops whose "random" tag comes only from an optional dropout argument (TORCH_NOTES: the SDPA tag trap).
+DROPOUT_ARG_OPS = _packets(
+    "scaled_dot_product_attention",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_attention_math",
+)
+# Elementwise ops that cost several FLOPs per element (exp, log, tanh, erf, ...): their recompute is pricier.
+TRANSCENDENTAL_OPS = _packets(
+    "exp",
+    "exp2",
+    "expm1",
+    "log",
+    "log2",
+    "log1p",
+    "tanh",
+    "tanh_backward",
+    "sigmoid",
+    "sigmoid_backward",
+    "erf",
+    "erfinv",
+    "gelu",
+    "gelu_backward",
+    "silu",
+    "silu_backward",
+    "sin",
+    "cos",
+    "pow",
+    "rsqrt",
+    "sqrt",
+    "reciprocal",
+    "div",
+    "softplus",
+    "mish",
+    "elu",
+)
+SYMBOLIC_TARGETS = frozenset(
+    {
+        operator.add,
+        operator.sub,
+        operator.mul,
+        operator.floordiv,
+        operator.truediv,
+        operator.mod,
+        operator.neg,
+        operator.pow,
+        operator.eq,
+        operator.ne,
+        operator.lt,
+        operator.le,
+        operator.gt,
+        operator.ge,
+        torch.sym_max,
+        torch.sym_min,
+        torch.sym_not,
+        torch.sym_float,
+        torch.sym_int,
+        torch.sym_sqrt,
+    }
+)
+
+
+def packet(node: fx.Node):
+    """The OpOverloadPacket of an aten/prims call, or None."""
+    target = node.target
+    return getattr(target, "overloadpacket", None)
+
+
+def qualified_name(node: fx.Node) -> str:
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target.namespace}.{target._schema.name.split('::')[-1]}"
+    return getattr(target, "__name__", str(target))
+
+
+def get_arg(node: fx.Node, name: str, default=None):
+    """The value of a named schema argument, positional or keyword."""
+    if name in node.kwargs:
+        return node.kwargs[name]
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return default
+    for index, argument in enumerate(schema.arguments):
+        if argument.name == name:
+            if index < len(node.args) and not argument.kwarg_only:
+                return node.args[index]
+            return default
+    return default
+
+
+def has_tag(node: fx.Node, tag: torch.Tag) -> bool:
+    return tag in getattr(node.target, "tags", ())
+
+
+def is_collective(node: fx.Node) -> bool:
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and target.namespace in ("_c10d_functional", "c10d_functional")
+
+
+def op_class(node: fx.Node) -> OpClass:
+    if node.op == "placeholder":
+        return OpClass.PLACEHOLDER
+    if node.op == "output":
+        return OpClass.OUTPUT
+    if node.op != "call_function":
+        return OpClass.OPAQUE
+    target = node.target
+    if target is operator.getitem:
+        return OpClass.GETITEM
+    if target in SYMBOLIC_TARGETS or target in (aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default):
+        return OpClass.SYMBOLIC
+    if not isinstance(target, torch._ops.OpOverload):
+        return OpClass.OPAQUE
+    if is_collective(node):
+        return OpClass.COLLECTIVE
+    if qualified_name(node) in SEED_OPS:
+        return OpClass.SEED
+    pkt = target.overloadpacket
+    if has_tag(node, torch.Tag.nondeterministic_seeded):
+        if pkt in DROPOUT_ARG_OPS and not get_arg(node, "dropout_p", 0.0):
+            return OpClass.ATTENTION
+        return OpClass.RANDOM
+    if target._schema.is_mutable:
+        return OpClass.MUTATION
+    if target.is_view:
+        return OpClass.VIEW
+    if pkt in MATMUL_OPS:
+        return OpClass.MATMUL
+    if pkt in CONVOLUTION_OPS:
+        return OpClass.CONVOLUTION
+    if pkt in ATTENTION_OPS:
+        return OpClass.ATTENTION
+    if pkt in NORM_OPS:
+        return OpClass.NORM
+    if pkt in GATHER_OPS:
+        return OpClass.GATHER
+    if pkt in CREATION_OPS:
+        return OpClass.CREATION
+    if has_tag(node, torch.Tag.reduction):
+        return OpClass.REDUCTION
+    if pkt in COPY_OPS:
+        return OpClass.COPY
+    if has_tag(node, torch.Tag.pointwise) or qualified_name(node) == "prims.inductor_random":
+        return OpClass.POINTWISE
+    if target.namespace in ("aten", "prims"):
+        return OpClass.GENERIC
+    return OpClass.OPAQUE
+
+
+# Classes whose recompute we never consider, whatever it would save: safety, not cost.
+NEVER_RECOMPUTE = frozenset({OpClass.RANDOM, OpClass.SEED, OpClass.COLLECTIVE, OpClass.MUTATION, OpClass.OPAQUE})
+# Classes that Inductor fuses into their consumer (so a recompute costs FLOPs, not a round trip to memory).
+FUSIBLE = frozenset({OpClass.VIEW, OpClass.POINTWISE, OpClass.COPY, OpClass.CREATION, OpClass.GETITEM})

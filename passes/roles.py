@@ -1,0 +1,194 @@
+"""classify: the role of every node of a joint forward+backward graph, what backward needs, and what may never be
+recomputed (and why).  The one place that knows how AOTAutograd names placeholders."""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+from . import _torch_private as tp
+from .ops import OpClass, op_class
+
+log = logging.getLogger(__name__)
+
+Policy = tp.CheckpointPolicy
+
+
+class Role(enum.Enum):
+    INPUT = "input"  # primals and forward RNG seeds/offsets: exist in forward, alive anyway
+    TANGENT = "tangent"  # tangents and backward RNG seeds: backward's own inputs
+    FORWARD = "forward"  # needed to compute the forward outputs
+    BACKWARD = "backward"  # depends on a tangent (or is tagged for backward): runs in backward, period
+    BACKWARD_ONLY = "backward_only"  # tangent-free, but only backward uses it: runs once, in either graph
+    OUTPUT = "output"
+
+
+def placeholder_role(node: fx.Node) -> Role:
+    """AOTAutograd recognises roles by placeholder name, and so do we (TORCH_NOTES: keep the names)."""
+    name = str(node.target)
+    if name.startswith("tangents") or name in ("bwd_seed", "bwd_base_offset"):
+        return Role.TANGENT
+    return Role.INPUT  # primals_*, fwd_seed, fwd_base_offset
+
+
+@dataclass(frozen=True)
+class GraphRoles:
+    """Roles of one joint graph.
+
+    ``needed``: the non-backward nodes that backward reads directly (plus tangent-free gradients), in graph order.
+    ``no_recompute``: node -> why it may never be recomputed.  ``no_save``: node -> why it may never be saved.
+    ``tag_conflicts``: node -> what a user tag asked that a safety rule overrode.
+    """
+
+    role: dict[fx.Node, Role]
+    needed: tuple[fx.Node, ...]
+    static_inputs: frozenset[fx.Node]
+    op_class: dict[fx.Node, OpClass]
+    no_recompute: dict[fx.Node, str]
+    no_save: dict[fx.Node, str]
+    tag_conflicts: dict[fx.Node, str]
+
+    def nodes_with(self, *roles: Role) -> list[fx.Node]:
+        return [n for n, r in self.role.items() if r in roles]
+
+    @property
+    def has_backward(self) -> bool:
+        return bool(self.needed)
+
+
+def recompute_tag(node: fx.Node):
+    return node.meta.get("recompute")
+
+
+def _never_recompute_reason(node: fx.Node, cls: OpClass, role: Role) -> str | None:
+    if role is Role.INPUT:
+        return "graph input"
+    if cls is OpClass.RANDOM:
+        return "random op: recomputing would draw new random numbers"
+    if cls is OpClass.SEED:
+        return "RNG seed generation: recomputing would change the random stream"
+    if cls is OpClass.COLLECTIVE:
+        return "collective: ranks could decide differently and hang"
+    if cls is OpClass.MUTATION:
+        return "mutates an argument"
+    if cls is OpClass.OPAQUE:
+        return "opaque op (custom op or higher-order op): cost unknown"
+    if tp.must_be_in_forward(node):
+        return "tagged to run in forward"
+    if recompute_tag(node) == Policy.MUST_SAVE:
+        return "tagged MUST_SAVE (by the user or by PyTorch's safety marks)"
+    return None
+
+
+def _value_cannot_be_saved(node: fx.Node) -> str | None:
+    val = node.meta.get("val")
+    if isinstance(val, (tuple, list)):
+        return "multi-output node: its items are saved instead"
+    if val is None and "val" not in node.meta:
+        return "no value metadata"
+    if isinstance(val, torch.SymFloat):
+        return "SymFloat"
+    if val is not None and not isinstance(val, (torch.Tensor, torch.SymInt, int, bool)):
+        return f"non-tensor value ({type(val).__name__})"
+    return None
+
+
+def classify(
+    joint: fx.GraphModule, *, num_fwd_outputs: int, static_lifetime_input_indices: list[int] | None
+) -> GraphRoles:
+    start = time.perf_counter()
+    graph = joint.graph
+    nodes = list(graph.nodes)
+    classes = {n: op_class(n) for n in nodes}
+
+    # Backward: everything downstream of a tangent or of a node tagged for backward.
+    backward: set[fx.Node] = set()
+    for node in nodes:
+        if node.op == "placeholder" and placeholder_role(node) is Role.TANGENT:
+            backward.add(node)
+        elif node.op != "output" and (tp.must_be_in_backward(node) or any(a in backward for a in node.all_input_nodes)):
+            backward.add(node)
+
+    fwd_outputs, bwd_outputs = tp.extract_fwd_bwd_outputs(joint, num_fwd_outputs)
+    # Forward: ancestors of the forward outputs.
+    forward: set[fx.Node] = set()
+    stack = [o for o in fwd_outputs if isinstance(o, fx.Node)]
+    while stack:
+        node = stack.pop()
+        if node in forward:
+            continue
+        forward.add(node)
+        stack.extend(node.all_input_nodes)
+
+    role: dict[fx.Node, Role] = {}
+    for node in nodes:
+        if node.op == "output":
+            role[node] = Role.OUTPUT
+        elif node.op == "placeholder":
+            role[node] = placeholder_role(node)
+        elif node in backward:
+            role[node] = Role.BACKWARD
+        elif node in forward:
+            role[node] = Role.FORWARD
+        else:
+            role[node] = Role.BACKWARD_ONLY
+
+    needed: set[fx.Node] = set()
+    for node in nodes:
+        if role[node] is Role.BACKWARD:
+            needed.update(a for a in node.all_input_nodes if role[a] not in (Role.BACKWARD, Role.TANGENT))
+    for out in bwd_outputs:
+        if isinstance(out, fx.Node) and role[out] not in (Role.BACKWARD, Role.TANGENT):
+            needed.add(out)
+    order = {n: i for i, n in enumerate(nodes)}
+
+    primals = [n for n in nodes if n.op == "placeholder" and str(n.target).startswith("primals")]
+    static = frozenset(primals[i] for i in (static_lifetime_input_indices or []) if i < len(primals))
+
+    no_recompute: dict[fx.Node, str] = {}
+    no_save: dict[fx.Node, str] = {}
+    conflicts: dict[fx.Node, str] = {}
+    for node in nodes:
+        r = role[node]
+        if r in (Role.OUTPUT, Role.BACKWARD, Role.TANGENT):
+            continue
+        cls = classes[node]
+        reason = _never_recompute_reason(node, cls, r)
+        if r is Role.BACKWARD_ONLY and reason is not None and not tp.must_be_in_forward(node):
+            reason = None  # it runs once either way; computing it in backward is not a recompute
+        tag = recompute_tag(node)
+        if tag == Policy.MUST_RECOMPUTE and r is not Role.INPUT:
+            if reason is not None:
+                conflicts[node] = f"tagged MUST_RECOMPUTE, but never recomputed: {reason}"
+            else:
+                no_save[node] = "tagged MUST_RECOMPUTE"
+        if reason is not None:
+            no_recompute[node] = reason
+        cannot_save = _value_cannot_be_saved(node)
+        if cannot_save is not None:
+            no_save[node] = cannot_save
+
+    result = GraphRoles(
+        role=role,
+        needed=tuple(sorted(needed, key=order.__getitem__)),
+        static_inputs=static,
+        op_class=classes,
+        no_recompute=no_recompute,
+        no_save=no_save,
+        tag_conflicts=conflicts,
+    )
+    log.debug(
+        "classify: %d nodes, %d forward, %d backward, %d needed by backward, %d never recomputed, %.4fs",
+        len(nodes),
+        len(forward),
+        len(backward),
+        len(needed),
+        len(no_recompute),
+        time.perf_counter() - start,
+    )
+    return result

@@ -1,0 +1,79 @@
+"""Shared helpers: run a model through AOTAutograd with a chosen partitioner and no-op compilers (milliseconds, no
+Inductor), capture joint graphs, and compare gradients with eager."""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+
+import pytest
+
+# A private, empty Inductor cache for the whole test session: warm caches from earlier runs must not hide
+# partitioner calls (the cache-hit path is tested on purpose, in its own test).
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="fxremat-tests-inductor-"))
+
+import torch  # noqa: E402
+from functorch.compile import aot_module, make_boxed_func  # noqa: E402
+
+import fxremat  # noqa: E402
+from fxremat.measure import measure_saved  # noqa: E402
+from fxremat.options import Options  # noqa: E402
+
+
+def _noop_compiler(gm, example_inputs):
+    return make_boxed_func(gm.forward)
+
+
+def run_aot(model, inputs, partition_fn, loss=lambda out: out.sum()):
+    """One training step of ``model`` through aot_module with ``partition_fn``; returns (output, grads, saved)."""
+    compiled = aot_module(model, fw_compiler=_noop_compiler, bw_compiler=_noop_compiler, partition_fn=partition_fn)
+    model.zero_grad(set_to_none=True)
+    exclude = [*model.parameters(), *model.buffers(), *inputs]
+    out, saved = measure_saved(lambda: compiled(*inputs), exclude)
+    loss(out).backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out, grads, saved
+
+
+def run_fxremat_aot(model, inputs, **options):
+    reports: list = []
+    out, grads, saved = run_aot(model, inputs, fxremat.make_partition_fn(Options.create(**options), reports))
+    return out, grads, saved, reports
+
+
+def eager_grads(model, inputs, loss=lambda out: out.sum()):
+    model = copy.deepcopy(model)
+    model.zero_grad(set_to_none=True)
+    out = model(*inputs)
+    loss(out).backward()
+    return out, {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def capture_joint(model, inputs):
+    """The joint graph AOTAutograd hands a partitioner, plus its kwargs (num_fwd_outputs, ...)."""
+    captured = {}
+
+    def partition_fn(gm, joint_inputs, **kwargs):
+        captured["gm"] = copy.deepcopy(gm)
+        captured["kwargs"] = kwargs
+        from torch._functorch.partitioners import default_partition
+
+        return default_partition(gm, joint_inputs, **kwargs)
+
+    run_aot(model, inputs, partition_fn)
+    return captured["gm"], captured["kwargs"]
+
+
+def assert_grads_close(actual: dict, expected: dict, rtol: float = 1e-4) -> None:
+    from fxremat.measure import max_relative_error
+
+    assert set(actual) == set(expected), (sorted(actual), sorted(expected))
+    errors = {n: max_relative_error(actual[n], expected[n]) for n in expected}
+    bad = {n: e for n, e in errors.items() if not e <= rtol}
+    assert not bad, f"gradients differ from eager (max relative error > {rtol}): {bad}"
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
