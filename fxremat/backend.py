@@ -60,6 +60,11 @@ class FxrematPartitioner(tp.CustomPartitionerFn):
         # copy must still report to the same backend, so a copy is this very object.
         return self
 
+    def __reduce__(self):
+        # AOTAutograd pickles the Inductor config to build its cache key (and compile workers may unpickle it):
+        # pickle only the options, never the backend that collects reports (it holds a lock).
+        return (_rebuild_partitioner, (self.options,))
+
     def uuid(self) -> str:
         text = f"{source_hash()}|{self.options.cache_key()}|{torch.__version__}"
         return hashlib.sha256(text.encode()).hexdigest()
@@ -75,6 +80,10 @@ class FxrematPartitioner(tp.CustomPartitionerFn):
         fw, bw, report = partition(request, self.options)
         self._on_report(report, self.current_key)
         return fw, bw
+
+
+def _rebuild_partitioner(options: Options) -> FxrematPartitioner:
+    return FxrematPartitioner(options, lambda report, key: None)
 
 
 def make_partition_fn(options: Options, sink: list[CutReport]):

@@ -62,9 +62,9 @@ class Stack(nn.Module):
 class ConvNet(nn.Module):
     def __init__(self, channels: int = 16) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(3, channels, 3, padding=1)
+        self.conv1 = nn.Conv2d(3, channels, 3, padding=1, bias=False)  # BatchNorm follows
         self.bn1 = nn.BatchNorm2d(channels)
-        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(channels)
         self.head = nn.Linear(channels, 10)
 

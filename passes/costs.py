@@ -23,7 +23,7 @@ import torch.fx as fx
 import torch.utils.flop_counter as flop_counter
 
 from . import _torch_private as tp
-from .ops import FUSIBLE, TRANSCENDENTAL_OPS, OpClass, op_class, packet, qualified_name
+from .ops import FUSIBLE, PARTIAL_READ_OPS, TRANSCENDENTAL_OPS, OpClass, op_class, packet, qualified_name
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +233,12 @@ def compute_node_cost(node: fx.Node, profile: DeviceProfile, classes: dict[fx.No
         flops, moved, est = 0, 0, 0.0
     else:
         flops = count_flops(node, cls)
-        moved = nbytes + sum(value_nbytes(a.meta.get("val")) for a in node.all_input_nodes)
+        inputs = node.all_input_nodes
+        if packet(node) in PARTIAL_READ_OPS and inputs:
+            # reads as many source bytes as it writes, plus the indices (not the whole source tensor)
+            moved = 2 * nbytes + sum(value_nbytes(a.meta.get("val")) for a in inputs[1:])
+        else:
+            moved = nbytes + sum(value_nbytes(a.meta.get("val")) for a in inputs)
         est = profile.seconds(flops, moved, dtype)
     recompute = flops / profile.peak_flops(dtype) if cls in FUSIBLE else est
     root = alias_root(node, classes)

@@ -90,6 +90,8 @@ GATHER_OPS = _packets(
     "slice_scatter",
     "index_add",
 )
+# Gathers read only the rows they pick from their first argument, not all of it.
+PARTIAL_READ_OPS = _packets("embedding", "index", "index_select", "gather", "_unsafe_index", "take_along_dim")
 CREATION_OPS = _packets(
     "full",
     "zeros",
