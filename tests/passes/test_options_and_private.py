@@ -1,0 +1,136 @@
+"""Options validation (bad input names the option and what is allowed), the cache key, and the private-API module."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import fxremat
+from fxremat.backend import FxrematPartitioner, backend_from_compile_args
+from fxremat.options import Options, parse_bytes
+from fxremat_passes import _torch_private as tp
+from fxremat_passes.costs import DeviceProfile
+
+# (keyword arguments, exception type, text the message must contain)
+BAD_OPTIONS = [
+    (dict(memory_budget=-1), ValueError, ">= 0"),
+    (dict(memory_budget="abc"), ValueError, "512MiB"),
+    (dict(memory_budget=True), TypeError, "bool"),
+    (dict(memory_budget=1.5), ValueError, "[0, 1]"),
+    (dict(memory_budget=float("nan")), ValueError, "[0, 1]"),
+    (dict(memory_budget=[1]), TypeError, "memory_budget"),
+    (dict(memory_price=-1.0), ValueError, "memory_price"),
+    (dict(memory_price=math.inf), ValueError, "memory_price"),
+    (dict(memory_price="high"), TypeError, "memory_price"),
+    (dict(device="tpu9"), ValueError, "device"),
+    (dict(device=3), TypeError, "device"),
+    (dict(solver="magic"), ValueError, "solver"),
+    (dict(strict="yes"), TypeError, "strict"),
+    (dict(compare_default=1), TypeError, "compare_default"),
+    (dict(report_dir=5), TypeError, "report_dir"),
+    (dict(no_such_option=1), TypeError, "no_such_option"),
+]
+
+
+@pytest.mark.parametrize("kwargs,error,text", BAD_OPTIONS, ids=[str(k) for k, _, _ in BAD_OPTIONS])
+def test_bad_options_fail_at_backend_time(kwargs, error, text):
+    with pytest.raises(error) as info:
+        fxremat.backend(**kwargs)
+    assert text in str(info.value)
+
+
+def test_unknown_compile_options_name_both_option_sets():
+    with pytest.raises(ValueError, match="fxremat options are"):
+        backend_from_compile_args(None, {"definitely_not_an_option": 1})
+
+
+def test_compile_options_split_between_fxremat_and_inductor():
+    b = backend_from_compile_args(None, {"memory_price": 4.0, "max_autotune": False})
+    assert b.options.memory_price == 4.0
+    assert b.inductor_config == {"max_autotune": False}
+
+
+@pytest.mark.parametrize("text,expected", [("512MiB", 512 * 2**20), ("2GB", 2 * 10**9), ("1024", 1024), ("1.5KiB", 1536)])
+def test_parse_bytes(text, expected):
+    assert parse_bytes(text) == expected
+
+
+def test_budget_of_default_plan_is_accepted():
+    assert fxremat.backend(memory_budget=1.0).options.memory_budget == 1.0
+    assert fxremat.backend(memory_budget=None).options.memory_budget is None
+
+
+def test_report_dir_from_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("FXREMAT_REPORT_DIR", str(tmp_path))
+    assert Options.create().report_dir == str(tmp_path)
+    assert Options.create(report_dir=None).report_dir is None
+
+
+def test_device_profiles():
+    assert Options.create(device="h100").profile_for("cpu").name == "h100"
+    assert Options.create().profile_for("cpu").name == "cpu"
+    assert Options.create().profile_for("cuda", "NVIDIA H200").name == "h200"
+    custom = DeviceProfile("mine", (("default", 1e12),), 1e11)
+    assert Options.create(device=custom).profile_for("cuda", "NVIDIA A100").name == "mine"
+    with pytest.raises(ValueError, match="default"):
+        DeviceProfile("bad", (("float32", 1e12),), 1e11)
+
+
+def test_uuid_covers_every_option():
+    """Changing any option changes the cache key (a stale cached partition is a silent wrong choice)."""
+    base = Options.create()
+    variants = [
+        Options.create(memory_price=3.0),
+        Options.create(device="a100"),
+        Options.create(compare_default=False),
+        Options.create(strict=True),
+        Options.create(memory_budget=1.0),
+    ]
+    uuids = {FxrematPartitioner(o, print).uuid() for o in [base, *variants]}
+    assert len(uuids) == 1 + len(variants)
+    assert FxrematPartitioner(Options.create(), print).uuid() == FxrematPartitioner(base, print).uuid()
+
+
+def test_partitioner_pickles_without_its_report_sink():
+    import pickle
+
+    b = fxremat.backend(memory_price=5.0)
+    clone = pickle.loads(pickle.dumps(b._partitioner))
+    assert clone.uuid() == b._partitioner.uuid()
+
+
+def test_private_helpers_import_and_version_gate():
+    for name in tp.__all__:
+        assert getattr(tp, name) is not None, name
+    assert tp.unsupported_torch_reason() is None  # the torch we test with is a supported one
+    assert tp.unsupported_torch_reason("2.12.0") is not None
+    assert "2.13" in tp.unsupported_torch_reason("3.0.0")
+    assert tp.unsupported_torch_reason("2.14.1+cpu") is None
+
+
+def test_unsupported_torch_warns_once_and_uses_default(monkeypatch):
+    import importlib
+
+    import torch
+
+    from fxremat.examples import example
+
+    backend_module = importlib.import_module("fxremat.backend")  # the module, not the function of that name
+
+    monkeypatch.setattr(tp, "unsupported_torch_reason", lambda version=None: "torch 9.9 is not tested")
+    monkeypatch.setattr(backend_module, "_warned_unsupported", False)
+    calls = []
+    monkeypatch.setattr("torch._inductor.compile_fx.compile_fx", lambda gm, inputs, config_patches=None: calls.append(config_patches) or gm)
+    b = fxremat.backend()
+    model, inputs = example("mlp")
+    gm = torch.fx.symbolic_trace(model)
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        b(gm, list(inputs))
+        b(gm, list(inputs))
+    assert [str(w.message) for w in caught if "not tested" in str(w.message)] == ["torch 9.9 is not tested"]
+    assert calls == [None, None]  # no custom partitioner patched in
+    assert b.reports == []
