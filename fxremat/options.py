@@ -16,7 +16,7 @@ from fxremat_passes.costs import PROFILES, DeviceProfile
 
 ENV_REPORT_DIR = "FXREMAT_REPORT_DIR"
 
-SOLVERS = ("mincut",)
+SOLVERS = ("mincut", "milp")
 # Default price of memory, in byte-transfer times per byte kept (lambda = memory_price / bandwidth).
 # Measured (benchmarks/RESULTS.md, "memory_price sweep"): on the MLP and the SDPA block at D=64 and D=256 the cut is
 # the same for every price in [0, 3] (0.5-0.6x PyTorch's saved bytes, step time within noise), and at 10 the
@@ -101,7 +101,8 @@ class Options:
     memory_price     byte-transfer times charged per byte kept for backward (>= 0; higher saves less).
     device           cost profile: "auto" (the graph's device: CUDA by name, else fixed CPU constants), a profile
                      name, or a DeviceProfile.
-    solver           "mincut".
+    solver           "mincut" (max-flow, with a budget: price search + MILP refinement on small graphs) or
+                     "milp" (the exact MILP for every graph: small graphs only).
     compare_default  also run PyTorch's default partitioner on a copy for the report (off for production runs).
     strict           raise instead of falling back to PyTorch's partitioner when a pass fails.
     report_dir       also write every report as JSON here (default: $FXREMAT_REPORT_DIR).
@@ -124,12 +125,6 @@ class Options:
         values = dict(kwargs)
         if "memory_budget" in values:
             values["memory_budget"] = normalise_budget(values["memory_budget"])
-            if values["memory_budget"] not in (None, 1.0):
-                # Budgets below the default plan arrive with the budget issue (#4): refuse rather than ignore.
-                raise NotImplementedError(
-                    "memory_budget other than None/1.0 is not implemented yet; use memory_price to trade memory "
-                    "for recompute"
-                )
         if "memory_price" in values:
             price = values["memory_price"]
             if isinstance(price, bool) or not isinstance(price, (int, float)):

@@ -20,11 +20,11 @@ import torch.fx as fx
 from fxremat_passes import _torch_private as tp
 from fxremat_passes.costs import DeviceProfile, annotate_costs
 from fxremat_passes.describe import describe_split
-from fxremat_passes.flow_problem import CutWeights, build_flow_problem
-from fxremat_passes.mincut import solve_min_cut
+from fxremat_passes.flow_problem import build_flow_problem
 from fxremat_passes.roles import Policy, Role, classify, recompute_tag
 
 from .options import Options
+from .plan import choose_plan
 from .report import CutReport, describe_fields, never_recomputed_counts
 
 log = logging.getLogger(__name__)
@@ -141,13 +141,14 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
     _enter("annotate_costs")
     costs = annotate_costs(joint.graph, profile)
     _enter("build_flow_problem")
-    weights = CutWeights(memory_price=options.memory_price / profile.mem_bandwidth)
-    flow = build_flow_problem(roles, costs, weights, profile)
+    flow = build_flow_problem(roles, costs, profile)
     _enter("solve_min_cut")
-    solution = solve_min_cut(flow.problem)
-    fields["solve_seconds"] = solution.solve_seconds
-    saved_nodes = [flow.nodes[i] for i in solution.saved]
-    recomputed_nodes = [flow.nodes[i] for i in solution.recomputed]
+    solve_start = time.perf_counter()
+    plan, plan_fields = choose_plan(flow.parametric, options, profile, request.graph_id)
+    fields.update(plan_fields)
+    fields["solve_seconds"] = time.perf_counter() - solve_start
+    saved_nodes = [flow.nodes[i] for i in plan.saved]
+    recomputed_nodes = [flow.nodes[i] for i in plan.recomputed]
     for node in recomputed_nodes:
         if node in roles.no_recompute and roles.role[node] is not Role.BACKWARD_ONLY:
             raise AssertionError(f"solver recomputed a banned node: {node.format_node()}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,7 +48,13 @@ class CutReport:
     partition_seconds: float = 0.0
     device_profile: str = "cpu"
     memory_price: float = 0.0
-    memory_budget: float | int | None = None
+    memory_budget: float | int | None = None  # as asked
+    budget_bytes: int | None = None  # the budget resolved to saved bytes for this graph
+    budget_met: bool | None = None  # None when no budget was asked
+    fewest_saved_bytes: int | None = None  # the fewest-bytes plan's saved bytes (budget runs)
+    default_plan_saved_bytes: int | None = None  # fxremat's plan without a budget
+    plan_method: str = "mincut"
+    frontier: tuple[tuple[int, float, float], ...] = ()  # (saved bytes, est. seconds, memory_price) per hull vertex
     fallback_reason: str | None = None
     from_cache: bool = False
     torch_version: str = ""
@@ -72,7 +79,7 @@ class CutReport:
         data["recomputed"] = tuple(RecomputedNode(**r) for r in data.get("recomputed", ()))
         for key in ("saved_symbols",):
             data[key] = tuple(data.get(key, ()))
-        for key in ("recompute_reasons", "never_recomputed", "tag_conflicts"):
+        for key in ("recompute_reasons", "never_recomputed", "tag_conflicts", "frontier"):
             data[key] = tuple(tuple(x) for x in data.get(key, ()))
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
@@ -96,6 +103,33 @@ def never_recomputed_counts(reasons: dict[Any, str]) -> tuple[tuple[str, int], .
     return tuple(sorted(Counter(reasons.values()).items()))
 
 
+@dataclass(frozen=True)
+class SavedDiff:
+    """What fxremat and PyTorch's default partitioner keep differently.  Both sides are named after the joint
+    graph's nodes (each split keeps the joint node names), so comparing names compares values."""
+
+    only_fxremat: tuple[SavedValue, ...]
+    only_default: tuple[SavedValue, ...]
+    both: tuple[str, ...]
+
+
+def _by_bytes(rows) -> tuple[SavedValue, ...]:
+    return tuple(sorted(rows, key=lambda r: (-r.nbytes * r.counted, r.name)))
+
+
+def diff_default(report: CutReport) -> SavedDiff | None:
+    """None when the report has no PyTorch baseline (``compare_default=False``, or the baseline failed)."""
+    if report.baseline_saved_bytes is None:
+        return None
+    ours = {r.name: r for r in report.saved}
+    theirs = {r.name: r for r in report.baseline_saved}
+    return SavedDiff(
+        only_fxremat=_by_bytes(r for name, r in ours.items() if name not in theirs),
+        only_default=_by_bytes(r for name, r in theirs.items() if name not in ours),
+        both=tuple(sorted(set(ours) & set(theirs))),
+    )
+
+
 # --- formatting ----------------------------------------------------------------------------------------------------
 
 
@@ -108,6 +142,20 @@ def format_bytes(n: int | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
         value /= 1024
     return f"{n} B"
+
+
+_SOURCE_LINE = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+
+
+def short_source(source: str | None) -> str:
+    """'File "/src/model.py", line 39, in _attend' -> 'model.py:39 _attend': the full path rarely fits a table."""
+    if not source:
+        return ""
+    match = _SOURCE_LINE.search(source)
+    if not match:
+        return source
+    filename = re.split(r"[\\/]", match.group("path"))[-1]
+    return f"{filename}:{match.group('line')} {match.group('func')}"
 
 
 def _ratio(a: float | None, b: float | None) -> str:
@@ -147,7 +195,48 @@ def summary_rows(report: CutReport) -> list[list[str]]:
     ]
 
 
-def format_text(report: CutReport, max_rows: int = 20) -> str:
+def _saved_table(saved: tuple[SavedValue, ...], max_rows: int) -> str:
+    from tabulate import tabulate
+
+    rows = [
+        [
+            r.name,
+            r.op,
+            "x".join(map(str, r.shape)),
+            r.dtype,
+            format_bytes(r.nbytes),
+            r.module or "",
+            short_source(r.source),
+            "" if r.counted else "not counted",
+        ]
+        for r in saved[:max_rows]
+    ]
+    table = tabulate(rows, headers=["value", "op", "shape", "dtype", "bytes", "module", "source", ""])
+    if len(saved) > max_rows:
+        table += f"\n... and {len(saved) - max_rows} more"
+    return table
+
+
+def format_diff_text(report: CutReport, max_rows: int = 20) -> str:
+    """``--diff-default``: the values only one of the two partitioners keeps for backward."""
+    diff = diff_default(report)
+    if diff is None:
+        why = f" ({report.baseline_error})" if report.baseline_error else ""
+        return f"no PyTorch default partition to compare with{why}"
+    lines = [f"saved by both: {len(diff.both)} values"]
+    for title, rows in (
+        ("saved only by fxremat", diff.only_fxremat),
+        ("saved only by PyTorch default", diff.only_default),
+    ):
+        counted = sum(r.nbytes for r in rows if r.counted)
+        lines.append("")
+        lines.append(f"{title}: {len(rows)} values, {format_bytes(counted)} counted")
+        if rows:
+            lines.append(_saved_table(rows, max_rows))
+    return "\n".join(lines)
+
+
+def format_text(report: CutReport, max_rows: int = 20, diff: bool = False) -> str:
     from tabulate import tabulate
 
     lines = [
@@ -157,24 +246,11 @@ def format_text(report: CutReport, max_rows: int = 20) -> str:
     if report.fallback_reason:
         lines.append(f"FELL BACK to PyTorch's default partitioner: {report.fallback_reason}")
     lines.append(tabulate(summary_rows(report), headers=["", "fxremat", "PyTorch default", "ratio"]))
-    saved = sorted(report.saved, key=lambda r: (-r.nbytes * r.counted, r.name))
+    saved = _by_bytes(report.saved)
     if saved:
         lines.append("")
         lines.append(f"saved for backward ({len(saved)} tensors; inputs and repeated storages not counted):")
-        rows = [
-            [
-                r.name,
-                r.op,
-                "x".join(map(str, r.shape)),
-                r.dtype,
-                format_bytes(r.nbytes),
-                "" if r.counted else "not counted",
-            ]
-            for r in saved[:max_rows]
-        ]
-        lines.append(tabulate(rows, headers=["value", "op", "shape", "dtype", "bytes", ""]))
-        if len(saved) > max_rows:
-            lines.append(f"... and {len(saved) - max_rows} more")
+        lines.append(_saved_table(saved, max_rows))
     if report.recomputed:
         why = dict(report.recompute_reasons)
         lines.append("")
@@ -191,4 +267,8 @@ def format_text(report: CutReport, max_rows: int = 20) -> str:
         )
     for name, conflict in report.tag_conflicts:
         lines.append(f"tag overridden on {name}: {conflict}")
+    if diff:
+        lines.append("")
+        lines.append("compared with PyTorch's default partition:")
+        lines.append(format_diff_text(report, max_rows))
     return "\n".join(lines)

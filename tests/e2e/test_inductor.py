@@ -156,3 +156,33 @@ def test_changed_options_never_reuse_a_cached_partition(compiled):
     assert len(backend.reports) == 1
     assert not backend.reports[0].from_cache
     assert backend.reports[0].memory_price == 1e6
+
+
+@pytest.mark.parametrize("budget", [0.5, 0.0])
+def test_dropout_under_a_budget_replays_its_seed(budget):
+    """PyTorch recomputes the seeds below budget 1.0 (pytorch#190758: wrong gradients); fxremat never does."""
+    torch.manual_seed(0)
+    model, inputs = example("dropout")
+    backend = fxremat.backend(memory_budget=budget, strict=True)
+    out = torch.compile(model, backend=backend)(*inputs)
+    out.sum().backward()
+    implied = (out.detach() / model.w.detach()).sum(0)
+    assert max_relative_error(model.w.grad, implied) < 1e-5
+    assert backend.reports[0].budget_met
+
+
+def test_block_at_budget_zero_measured_within_budget():
+    torch.manual_seed(0)
+    model, inputs = example("block_softmax")
+    eager = copy.deepcopy(model)
+    backend = fxremat.backend(memory_budget=0.0, strict=True)
+    compiled = torch.compile(model, backend=backend)
+    out, saved = measure_saved(lambda: compiled(*inputs), [*model.parameters(), *inputs])
+    out.sum().backward()
+    eager(*inputs).sum().backward()
+    assert_grads_close(
+        {n: p.grad for n, p in model.named_parameters()}, {n: p.grad for n, p in eager.named_parameters()}, rtol=1e-3
+    )
+    report = backend.reports[0]
+    assert report.budget_met and saved.nbytes <= report.budget_bytes
+    assert saved.nbytes < report.default_plan_saved_bytes

@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 
 import pytest
+from fxremat_passes import _torch_private as tp
+from fxremat_passes.costs import DeviceProfile
 
 import fxremat
 from fxremat.backend import FxrematPartitioner, backend_from_compile_args
 from fxremat.options import Options, parse_bytes
-from fxremat_passes import _torch_private as tp
-from fxremat_passes.costs import DeviceProfile
 
 # (keyword arguments, exception type, text the message must contain)
 BAD_OPTIONS = [
@@ -51,7 +51,9 @@ def test_compile_options_split_between_fxremat_and_inductor():
     assert b.inductor_config == {"max_autotune": False}
 
 
-@pytest.mark.parametrize("text,expected", [("512MiB", 512 * 2**20), ("2GB", 2 * 10**9), ("1024", 1024), ("1.5KiB", 1536)])
+@pytest.mark.parametrize(
+    "text,expected", [("512MiB", 512 * 2**20), ("2GB", 2 * 10**9), ("1024", 1024), ("1.5KiB", 1536)]
+)
 def test_parse_bytes(text, expected):
     assert parse_bytes(text) == expected
 
@@ -121,7 +123,10 @@ def test_unsupported_torch_warns_once_and_uses_default(monkeypatch):
     monkeypatch.setattr(tp, "unsupported_torch_reason", lambda version=None: "torch 9.9 is not tested")
     monkeypatch.setattr(backend_module, "_warned_unsupported", False)
     calls = []
-    monkeypatch.setattr("torch._inductor.compile_fx.compile_fx", lambda gm, inputs, config_patches=None: calls.append(config_patches) or gm)
+    monkeypatch.setattr(
+        "torch._inductor.compile_fx.compile_fx",
+        lambda gm, inputs, config_patches=None: calls.append(config_patches) or gm,
+    )
     b = fxremat.backend()
     model, inputs = example("mlp")
     gm = torch.fx.symbolic_trace(model)

@@ -1,0 +1,93 @@
+"""choose_plan: from options (price, budget, solver) to one plan over a ParametricProblem, plus report fields.
+
+Budget semantics (DESIGN.md §2): ``None`` or ``1.0`` is the default plan (the cut at ``memory_price``); a float
+``f`` in [0, 1) is ``fewest + f * (default - fewest)`` saved bytes, where ``fewest`` is the fewest-bytes plan
+(price -> infinity) and ``default`` the default plan's bytes; an int is absolute saved bytes per joint graph.
+An unreachable budget: one warning, the fewest-bytes plan, ``budget_met=False``.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+from fxremat_passes.budget import Plan, frontier, search_budget, solve_at
+from fxremat_passes.costs import DeviceProfile
+from fxremat_passes.milp import MilpFailed, objective, solve_milp
+from fxremat_passes.parametric import ParametricProblem
+
+from .options import Options
+
+log = logging.getLogger(__name__)
+
+# The price that stands for "infinity": a byte kept costs a million transfer times, which outweighs any recompute
+# in these graphs, so the cut minimises bytes (then time, as a tie-break).
+FEWEST_BYTES_PRICE_UNITS = 1e6
+# Refine a budget plan with the exact MILP up to this many values (HiGHS solves ~1k-value plans in well under
+# a second here), within MILP_TIME_LIMIT seconds; above it the Lagrangian plan stands.
+MILP_REFINE_LIMIT = 2000
+MILP_TIME_LIMIT = 5.0
+
+
+class FxrematBudgetWarning(UserWarning):
+    """A memory budget could not be met; the fewest-bytes plan was used."""
+
+
+def _budget_bytes(budget: float | int, default: Plan, fewest: Plan) -> int:
+    if isinstance(budget, float):
+        return int(fewest.saved_bytes + budget * max(0, default.saved_bytes - fewest.saved_bytes))
+    return int(budget)
+
+
+def choose_plan(
+    problem: ParametricProblem, options: Options, profile: DeviceProfile, graph_id: str
+) -> tuple[Plan, dict]:
+    price = options.memory_price / profile.mem_bandwidth
+    max_price = FEWEST_BYTES_PRICE_UNITS / profile.mem_bandwidth
+    budget = options.memory_budget
+    fields: dict = {}
+    if options.solver == "milp":
+        default = solve_milp(problem, price, None, MILP_TIME_LIMIT)
+    else:
+        default = solve_at(problem, price)
+    plan = default
+    if budget is not None and budget != 1.0:
+        fewest = solve_at(problem, max_price)
+        target = _budget_bytes(budget, default, fewest)
+        if options.solver == "milp":
+            try:
+                plan = solve_milp(problem, price, target, MILP_TIME_LIMIT)
+                met = True
+            except MilpFailed:
+                plan, met = fewest, fewest.saved_bytes <= target
+        else:
+            result = search_budget(problem, target, price, max_price, default_plan=default, fewest_bytes_plan=fewest)
+            plan, met = result.plan, result.budget_met
+            if met and plan is not default and problem.num_values <= MILP_REFINE_LIMIT:
+                plan = _refine(problem, plan, price, target)
+        if not met:
+            warnings.warn(
+                f"fxremat: {graph_id} cannot keep its saved activations within {target} bytes (memory_budget="
+                f"{budget!r}); the fewest it can keep is {fewest.saved_bytes} bytes. Using that plan.",
+                FxrematBudgetWarning,
+                stacklevel=3,
+            )
+        fields.update(budget_bytes=target, budget_met=met, fewest_saved_bytes=fewest.saved_bytes)
+    fields["default_plan_saved_bytes"] = default.saved_bytes
+    fields["plan_method"] = plan.method
+    if options.compare_default:  # a report-oriented run: also show the frontier
+        points = frontier(problem, price, max_price)
+        fields["frontier"] = tuple((p.saved_bytes, p.seconds, p.price * profile.mem_bandwidth) for p in points)
+    return plan, fields
+
+
+def _refine(problem: ParametricProblem, plan: Plan, price: float, target: int) -> Plan:
+    """Close the Lagrangian gap with the exact MILP; keep whichever plan is cheaper and within the budget."""
+    try:
+        exact = solve_milp(problem, price, target, MILP_TIME_LIMIT)
+    except MilpFailed as error:
+        log.debug("MILP refinement failed: %s", error)
+        return plan
+    if exact.saved_bytes <= target and objective(problem, exact, price) < objective(problem, plan, price):
+        return exact
+    return plan

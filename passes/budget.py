@@ -1,0 +1,124 @@
+"""Budgets over the weighted cut (no torch): the cheapest plan whose saved bytes fit, and the memory/time frontier.
+
+The plan at price ``p`` minimises ``time + p * bytes`` (one max-flow).  Its saved bytes are non-increasing in
+``p`` (the Lagrangian argument; the solver breaks ties deterministically), so a log-space bisection finds the
+smallest price whose plan fits a budget.  The plans found that way are the vertices of the lower convex hull of the
+(bytes, time) frontier; a budget between two vertices is met by the vertex below it, which may be slower than
+necessary (the Lagrangian gap).  ``refine`` closes that gap with the exact MILP when the graph is small enough
+(``milp.py``), and never returns a plan over budget.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+from .mincut import solve_min_cut
+from .parametric import ParametricProblem
+
+log = logging.getLogger(__name__)
+
+# Bisection stops when the bracket of prices is this tight (ratio): plans change at a handful of prices per model
+# (TORCH_NOTES: 3-4 distinct cuts per model across two decades of price), so 1% finds each breakpoint.
+PRICE_RESOLUTION = 1.01
+MAX_SOLVES = 60
+
+
+@dataclass(frozen=True)
+class Plan:
+    price: float  # seconds per byte at which this plan is optimal (nan for a refined plan)
+    saved: tuple[int, ...]
+    recomputed: tuple[int, ...]
+    saved_bytes: int
+    seconds: float  # traffic + recompute, estimated
+    method: str = "mincut"
+
+
+def _positive(price: float, high: float) -> float:
+    """Bisect in log space: a price of 0 stands in as a tiny positive one."""
+    return price if price > 0 else high * 1e-12
+
+
+def solve_at(problem: ParametricProblem, price: float) -> Plan:
+    cut, _ = problem.at(price)
+    solution = solve_min_cut(cut)
+    return Plan(
+        price=price,
+        saved=solution.saved,
+        recomputed=solution.recomputed,
+        saved_bytes=problem.saved_bytes(solution.saved),
+        seconds=problem.seconds(solution.saved, solution.recomputed),
+    )
+
+
+@dataclass(frozen=True)
+class BudgetResult:
+    plan: Plan
+    budget_bytes: int
+    budget_met: bool
+    default_plan: Plan
+    fewest_bytes_plan: Plan
+    solves: int
+    seconds: float
+
+
+def search_budget(
+    problem: ParametricProblem,
+    budget_bytes: int,
+    default_price: float,
+    max_price: float,
+    *,
+    default_plan: Plan | None = None,
+    fewest_bytes_plan: Plan | None = None,
+) -> BudgetResult:
+    """The plan at the smallest price in [default_price, max_price] whose saved bytes fit ``budget_bytes``."""
+    start = time.perf_counter()
+    solves = 0
+    if default_plan is None:
+        default_plan = solve_at(problem, default_price)
+        solves += 1
+    if default_plan.saved_bytes <= budget_bytes:
+        fewest = fewest_bytes_plan or default_plan
+        return BudgetResult(default_plan, budget_bytes, True, default_plan, fewest, solves, time.perf_counter() - start)
+    if fewest_bytes_plan is None:
+        fewest_bytes_plan = solve_at(problem, max_price)
+        solves += 1
+    if fewest_bytes_plan.saved_bytes > budget_bytes:
+        return BudgetResult(
+            fewest_bytes_plan, budget_bytes, False, default_plan, fewest_bytes_plan, solves, time.perf_counter() - start
+        )
+    lo, hi, best = _positive(default_price, max_price), max_price, fewest_bytes_plan
+    while hi / lo > PRICE_RESOLUTION and solves < MAX_SOLVES:
+        mid = math.sqrt(lo * hi)
+        plan = solve_at(problem, mid)
+        solves += 1
+        if plan.saved_bytes <= budget_bytes:
+            hi, best = mid, plan
+        else:
+            lo = mid
+    return BudgetResult(best, budget_bytes, True, default_plan, fewest_bytes_plan, solves, time.perf_counter() - start)
+
+
+def frontier(problem: ParametricProblem, low_price: float, high_price: float, max_solves: int = 40) -> list[Plan]:
+    """The distinct plans between two prices (lower convex hull vertices of bytes vs time), fewest solves first:
+    split a price interval only while its two ends give different plans."""
+    ends = [solve_at(problem, low_price), solve_at(problem, high_price)]
+    plans = {(p.saved, p.recomputed): p for p in ends}
+    stack = [(ends[0], ends[1])]
+    solves = 2
+    while stack and solves < max_solves:
+        a, b = stack.pop()
+        low = _positive(a.price, b.price)
+        if a.saved_bytes == b.saved_bytes or b.price / low <= PRICE_RESOLUTION:
+            continue
+        mid = solve_at(problem, math.sqrt(low * b.price))
+        solves += 1
+        plans.setdefault((mid.saved, mid.recomputed), mid)
+        stack.append((a, mid))
+        stack.append((mid, b))
+    distinct: dict[int, Plan] = {}
+    for plan in sorted(plans.values(), key=lambda p: p.price):
+        distinct.setdefault(plan.saved_bytes, plan)  # the cheapest-price plan per byte count
+    return sorted(distinct.values(), key=lambda p: -p.saved_bytes)

@@ -1,0 +1,124 @@
+"""The exact plan under a byte budget, as a mixed-integer program (scipy's ``milp``, HiGHS).  No torch.
+
+Binary ``s_v`` (save v), ``r_v`` (compute v in backward), ``y_k`` (storage k kept alive):
+
+    minimise   sum_v save_seconds(v, price) * s_v  (traffic part)  +  price * sum_k bytes_k * y_k
+             + sum_v recompute_seconds(v) * r_v
+    subject to s_v + r_v >= 1              for every v backward reads
+               s_u + r_u - r_w >= 0        for every input u of w        (a recomputed value needs its inputs)
+               y_k - s_v >= 0              for every v stored in k       (saving a view keeps its base)
+               sum_k bytes_k * y_k <= B    (optional budget)
+               s_v = 0 where saving is impossible, r_v = 0 where recomputing is
+
+Unlike the cut, bytes are counted once per storage, so the MILP is also the reference the cut is measured against.
+Used as ``solver="milp"`` on small graphs, to refine budget plans, and as the test oracle.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_array
+
+from .budget import Plan
+from .parametric import ParametricProblem
+
+
+class MilpFailed(RuntimeError):
+    """HiGHS found no feasible plan within its time limit."""
+
+
+def solve_milp(
+    problem: ParametricProblem, price: float, budget_bytes: int | None = None, time_limit: float = 10.0
+) -> Plan:
+    n = problem.num_values
+    m = len(problem.storage_bytes)
+    # variable layout: s_0..s_{n-1}, r_0..r_{n-1}, y_0..y_{m-1}
+    cost = np.zeros(2 * n + m)
+    upper = np.ones(2 * n + m)
+    for v in range(n):
+        traffic = problem.traffic_seconds[v]
+        if traffic is None:
+            upper[v] = 0
+        else:
+            cost[v] = traffic * problem.save_scale[v]
+            # the memory term of a PREFER_RECOMPUTE value is scaled too: charge the excess on s_v
+            cost[v] += price * problem.value_bytes(v) * (problem.save_scale[v] - 1.0)
+        recompute = problem.recompute_seconds[v]
+        if recompute is None:
+            upper[n + v] = 0
+        else:
+            cost[n + v] = recompute
+    for k, nbytes in enumerate(problem.storage_bytes):
+        cost[2 * n + k] = price * nbytes
+
+    rows, cols, vals, lower, upper_rows = [], [], [], [], []
+
+    def add_row(entries, lo, hi):
+        row = len(lower)
+        for col, val in entries:
+            rows.append(row)
+            cols.append(col)
+            vals.append(val)
+        lower.append(lo)
+        upper_rows.append(hi)
+
+    for v in problem.needed:
+        add_row([(v, 1.0), (n + v, 1.0)], 1.0, np.inf)
+    for u, w in problem.edges:
+        add_row([(u, 1.0), (n + u, 1.0), (n + w, -1.0)], 0.0, np.inf)
+    for v in range(n):
+        add_row([(v, 1.0), (n + v, 1.0)], 0.0, 1.0)
+        k = problem.storage[v]
+        if k >= 0:
+            add_row([(2 * n + k, 1.0), (v, -1.0)], 0.0, np.inf)
+    if budget_bytes is not None and m:
+        add_row([(2 * n + k, float(b)) for k, b in enumerate(problem.storage_bytes)], -np.inf, float(budget_bytes))
+    matrix = coo_array((vals, (rows, cols)), shape=(len(lower), 2 * n + m)).tocsr()
+    result = milp(
+        cost,
+        constraints=LinearConstraint(matrix, np.array(lower), np.array(upper_rows)),
+        integrality=np.ones(2 * n + m),
+        bounds=Bounds(np.zeros(2 * n + m), upper),
+        options={"time_limit": time_limit},
+    )
+    if result.x is None:
+        raise MilpFailed(f"MILP found no plan ({result.message})")
+    x = np.round(result.x).astype(int)
+    chosen_save = {v for v in range(n) if x[v]}
+    chosen_recompute = {v for v in range(n) if x[n + v]}
+    # keep only what backward demands (the same walk as the cut's), so plans compare like for like
+    preds: list[list[int]] = [[] for _ in range(n)]
+    for u, w in problem.edges:
+        preds[w].append(u)
+    saved, recomputed, seen = set(), set(), set()
+    stack = list(problem.needed)
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        if v in chosen_save:
+            saved.add(v)
+        elif v in chosen_recompute:
+            recomputed.add(v)
+            stack.extend(preds[v])
+        else:
+            raise MilpFailed(f"MILP plan leaves needed value {v} unavailable")
+    saved_t, recomputed_t = tuple(sorted(saved)), tuple(sorted(recomputed))
+    return Plan(
+        price=price,
+        saved=saved_t,
+        recomputed=recomputed_t,
+        saved_bytes=problem.saved_bytes(saved_t),
+        seconds=problem.seconds(saved_t, recomputed_t),
+        method="milp" if result.status == 0 else "milp (time limit)",
+    )
+
+
+def objective(problem: ParametricProblem, plan: Plan, price: float) -> float:
+    """The MILP's objective for any plan: time plus price times distinct saved bytes."""
+    extra = sum(price * problem.value_bytes(v) * (problem.save_scale[v] - 1.0) for v in plan.saved)
+    traffic = sum((problem.traffic_seconds[v] or 0.0) * problem.save_scale[v] for v in plan.saved)
+    recompute = sum(problem.recompute_seconds[v] or 0.0 for v in plan.recomputed)
+    return traffic + extra + recompute + price * plan.saved_bytes

@@ -1,0 +1,100 @@
+"""Memory budgets end to end through AOTAutograd (no Inductor): measured saved bytes within the budget, monotone
+in the budget, correct gradients, randomness never redrawn, tags honoured at budget 0."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from conftest import assert_grads_close, eager_grads, run_aot, run_fxremat_aot
+from fxremat_passes import _torch_private as tp
+from test_partition_aot import Tagged
+
+import fxremat
+from fxremat.examples import example
+from fxremat.options import Options
+from fxremat.plan import FxrematBudgetWarning
+
+MODELS = ("block_sdpa", "block_softmax", "stack", "mlp")
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_fraction_budgets_are_monotone_and_keep_gradients(name):
+    model, inputs = example(name)
+    _, expected = eager_grads(model, inputs)
+    measured = []
+    for budget in (1.0, 0.75, 0.5, 0.25, 0.0):
+        _, grads, saved, reports = run_fxremat_aot(model, inputs, memory_budget=budget, strict=True)
+        assert_grads_close(grads, expected)
+        report = reports[0]
+        assert report.saved_bytes == saved.nbytes  # the plan's bytes are what autograd keeps
+        if budget != 1.0:
+            assert report.budget_met and report.saved_bytes <= report.budget_bytes
+        measured.append(saved.nbytes)
+    assert measured == sorted(measured, reverse=True), measured
+    assert measured[-1] < measured[0]
+
+
+@pytest.mark.parametrize("name", ["block_sdpa", "stack"])
+def test_absolute_budget_holds_when_measured(name):
+    model, inputs = example(name)
+    default = run_fxremat_aot(model, inputs, strict=True)[3][0]
+    fewest = run_fxremat_aot(model, inputs, memory_budget=0.0, strict=True)[3][0]
+    for budget in (default.saved_bytes // 2, (default.saved_bytes + fewest.saved_bytes) // 3, f"{fewest.saved_bytes}B"):
+        _, _, saved, reports = run_fxremat_aot(model, inputs, memory_budget=budget, strict=True)
+        asked = budget if isinstance(budget, int) else fewest.saved_bytes
+        assert saved.nbytes <= asked, (budget, saved.nbytes)
+        assert reports[0].budget_met
+
+
+def test_unreachable_budget_warns_and_uses_fewest_bytes_plan():
+    model, inputs = example("dropout")  # its mask can never be recomputed, so it can't get down to 0 bytes
+    fewest = run_fxremat_aot(model, inputs, memory_budget=0.0, strict=True)[3][0]
+    assert fewest.saved_bytes > 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, _, saved, reports = run_fxremat_aot(model, inputs, memory_budget=fewest.saved_bytes - 1, strict=True)
+    assert len([w for w in caught if issubclass(w.category, FxrematBudgetWarning)]) == 1
+    assert reports[0].budget_met is False
+    assert saved.nbytes == fewest.saved_bytes
+
+
+@pytest.mark.parametrize("budget", [1.0, 0.5, 0.0])
+def test_dropout_never_redrawn_at_any_budget(budget):
+    model, (x,) = example("dropout")
+    reports: list = []
+    pf = fxremat.make_partition_fn(Options.create(memory_budget=budget, strict=True), reports)
+    out, grads, _ = run_aot(model, (x,), pf)
+    implied = (out.detach() / model.w.detach()).sum(0)
+    torch.testing.assert_close(grads["w"], implied, rtol=1e-5, atol=1e-6)
+
+
+def test_must_save_holds_at_budget_zero():
+    """PyTorch ignores MUST_SAVE at budget 0; fxremat never recomputes a MUST_SAVE value at any budget."""
+    model, inputs = Tagged(tp.CheckpointPolicy.MUST_SAVE), (torch.randn(8, 32),)
+    _, expected = eager_grads(model, inputs)
+    _, grads, _, reports = run_fxremat_aot(model, inputs, memory_budget=0.0, strict=True)
+    assert_grads_close(grads, expected)
+    assert not {"aten.mm", "aten.addmm", "aten.sin"} & {r.op for r in reports[0].recomputed}
+
+
+def test_milp_solver_matches_or_beats_the_cut_under_a_budget():
+    model, inputs = example("block_softmax")
+    _, expected = eager_grads(model, inputs)
+    cut = run_fxremat_aot(model, inputs, memory_budget=0.3, strict=True)[3][0]
+    _, grads, saved, reports = run_fxremat_aot(model, inputs, memory_budget=0.3, solver="milp", strict=True)
+    assert_grads_close(grads, expected)
+    exact = reports[0]
+    assert exact.saved_bytes == saved.nbytes <= exact.budget_bytes
+    assert exact.budget_bytes == cut.budget_bytes
+
+
+def test_report_has_a_frontier_from_default_to_fewest():
+    model, inputs = example("block_sdpa")
+    report = run_fxremat_aot(model, inputs, strict=True)[3][0]
+    saved = [p[0] for p in report.frontier]
+    seconds = [p[1] for p in report.frontier]
+    assert len(saved) >= 2
+    assert saved == sorted(saved, reverse=True) and seconds == sorted(seconds)
+    assert saved[0] == report.saved_bytes

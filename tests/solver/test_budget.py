@@ -1,0 +1,150 @@
+"""Budgets, the frontier and the exact MILP on plain-number problems (no torch)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+from fxremat_passes.budget import Plan, frontier, search_budget, solve_at
+from fxremat_passes.milp import objective, solve_milp
+from fxremat_passes.mincut import check_plan
+from fxremat_passes.parametric import ParametricProblem
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+DEFAULT_PRICE = 1e-10
+MAX_PRICE = 1e-3
+
+
+def random_parametric(rng: random.Random, n: int, shared_storage: bool = False) -> ParametricProblem:
+    edges = tuple((u, w) for w in range(n) for u in range(w) if rng.random() < 0.3)
+    storage, storage_bytes = [-1], []  # value 0 is a graph input: free to keep, never recomputed
+    for v in range(1, n):
+        if shared_storage and storage_bytes and rng.random() < 0.3:
+            storage.append(rng.randrange(len(storage_bytes)))
+        else:
+            storage.append(len(storage_bytes))
+            storage_bytes.append(rng.choice([1, 2, 4, 8]) * 1024 * rng.randint(1, 64))
+    traffic = [0.0] + [None if rng.random() < 0.1 else rng.uniform(0, 1e-6) for _ in range(n - 1)]
+    recompute = [None] + [None if rng.random() < 0.2 else rng.uniform(0, 2e-5) for _ in range(n - 1)]
+    needed = tuple(sorted(rng.sample(range(n), k=rng.randint(1, max(1, n // 2)))))
+    for v in needed:  # keep it feasible
+        if traffic[v] is None and recompute[v] is None:
+            traffic[v] = 1e-7
+    return ParametricProblem(
+        n, tuple(storage), tuple(storage_bytes), tuple(traffic), (1.0,) * n, tuple(recompute), edges, needed
+    )
+
+
+def feasible(problem: ParametricProblem) -> bool:
+    from fxremat_passes.mincut import InfeasibleCutError
+
+    try:
+        solve_at(problem, DEFAULT_PRICE)
+    except InfeasibleCutError:
+        return False
+    return True
+
+
+@st.composite
+def problems(draw, shared_storage=False):
+    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    return random_parametric(rng, draw(st.integers(3, 25)), shared_storage)
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems(shared_storage=True), st.floats(0.0, 1.0))
+def test_budget_plan_always_fits_when_reachable(problem, fraction):
+    if not feasible(problem):
+        return
+    default = solve_at(problem, DEFAULT_PRICE)
+    fewest = solve_at(problem, MAX_PRICE)
+    budget = int(fewest.saved_bytes + fraction * max(0, default.saved_bytes - fewest.saved_bytes))
+    result = search_budget(problem, budget, DEFAULT_PRICE, MAX_PRICE)
+    assert result.budget_met == (result.plan.saved_bytes <= budget)
+    if fewest.saved_bytes <= budget:
+        assert result.budget_met
+    assert not check_plan(problem.at(DEFAULT_PRICE)[0], result.plan.saved, result.plan.recomputed)
+
+
+@settings(max_examples=40, deadline=None)
+@given(problems())
+def test_bytes_fall_and_time_rises_as_the_budget_drops(problem):
+    if not feasible(problem):
+        return
+    default = solve_at(problem, DEFAULT_PRICE)
+    fewest = solve_at(problem, MAX_PRICE)
+    budgets = sorted(
+        {int(fewest.saved_bytes + f * (default.saved_bytes - fewest.saved_bytes)) for f in (1.0, 0.75, 0.5, 0.25, 0.0)},
+        reverse=True,
+    )
+    plans = [search_budget(problem, b, DEFAULT_PRICE, MAX_PRICE).plan for b in budgets]
+    for a, b in itertools.pairwise(plans):
+        assert b.saved_bytes <= a.saved_bytes
+        assert b.seconds >= a.seconds - 1e-12
+
+
+def test_unreachable_budget_gives_fewest_bytes_plan_and_says_so():
+    for seed in range(100):  # the first feasible problem that cannot get down to 0 saved bytes
+        problem = random_parametric(random.Random(seed), 12)
+        if feasible(problem) and solve_at(problem, MAX_PRICE).saved_bytes > 0:
+            break
+    fewest = solve_at(problem, MAX_PRICE)
+    result = search_budget(problem, fewest.saved_bytes - 1, DEFAULT_PRICE, MAX_PRICE)
+    assert not result.budget_met
+    assert result.plan.saved_bytes == fewest.saved_bytes
+
+
+@settings(max_examples=40, deadline=None)
+@given(problems(shared_storage=True), st.floats(0.0, 1.0))
+def test_milp_is_never_worse_than_the_cut(problem, fraction):
+    if not feasible(problem):
+        return
+    default = solve_at(problem, DEFAULT_PRICE)
+    fewest = solve_at(problem, MAX_PRICE)
+    budget = int(fewest.saved_bytes + fraction * max(0, default.saved_bytes - fewest.saved_bytes))
+    ours = search_budget(problem, budget, DEFAULT_PRICE, MAX_PRICE).plan
+    exact = solve_milp(problem, DEFAULT_PRICE, budget)
+    assert exact.saved_bytes <= budget
+    assert not check_plan(problem.at(DEFAULT_PRICE)[0], exact.saved, exact.recomputed)
+    if ours.saved_bytes <= budget:
+        assert objective(problem, exact, DEFAULT_PRICE) <= objective(problem, ours, DEFAULT_PRICE) * (1 + 1e-9) + 1e-15
+
+
+def brute_force_budget(problem: ParametricProblem, price: float, budget: int) -> float | None:
+    best = None
+    cut = problem.at(price)[0]
+    for states in itertools.product((0, 1, 2), repeat=problem.num_values):
+        saved = [v for v, s in enumerate(states) if s == 1]
+        recomputed = [v for v, s in enumerate(states) if s == 2]
+        if check_plan(cut, saved, recomputed) or problem.saved_bytes(saved) > budget:
+            continue
+        value = objective(problem, Plan(price, tuple(saved), tuple(recomputed), problem.saved_bytes(saved), 0.0), price)
+        best = value if best is None else min(best, value)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_milp_matches_brute_force(seed):
+    rng = random.Random(seed)
+    problem = random_parametric(rng, rng.randint(3, 7), shared_storage=True)
+    budget = rng.randint(0, 200_000)
+    expected = brute_force_budget(problem, DEFAULT_PRICE, budget)
+    if expected is None:
+        with pytest.raises(Exception):
+            solve_milp(problem, DEFAULT_PRICE, budget)
+        return
+    exact = solve_milp(problem, DEFAULT_PRICE, budget)
+    assert objective(problem, exact, DEFAULT_PRICE) == pytest.approx(expected, rel=1e-6, abs=1e-15)
+
+
+def test_frontier_is_sorted_and_spans_default_to_fewest():
+    problem = random_parametric(random.Random(11), 30)
+    if not feasible(problem):
+        pytest.skip("infeasible draw")
+    points = frontier(problem, DEFAULT_PRICE, MAX_PRICE)
+    assert points[0].saved_bytes == solve_at(problem, DEFAULT_PRICE).saved_bytes
+    assert points[-1].saved_bytes == solve_at(problem, MAX_PRICE).saved_bytes
+    assert all(a.saved_bytes > b.saved_bytes for a, b in itertools.pairwise(points))
+    assert all(a.seconds <= b.seconds + 1e-12 for a, b in itertools.pairwise(points))
