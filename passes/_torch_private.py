@@ -37,6 +37,7 @@ def unsupported_torch_reason(version: str | None = None) -> str | None:
 
 
 # --- imports of private helpers (fail here, not deep inside a compile) ----------------------------------------
+from torch._dynamo.backends.common import aot_autograd  # noqa: E402  (tools: AOTAutograd without Inductor)
 from torch._functorch import config as functorch_config  # noqa: E402
 from torch._functorch.compile_utils import fx_graph_cse, raise_getitems  # noqa: E402
 from torch._functorch.partitioners import (  # noqa: E402
@@ -61,6 +62,7 @@ __all__ = [
     "CheckpointPolicy",
     "CustomPartitionerFn",
     "SUPPORTED_TORCH",
+    "aot_autograd",
     "default_partition",
     "extract_fwd_bwd_outputs",
     "fx_graph_cse",

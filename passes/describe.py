@@ -7,6 +7,7 @@ storage (parameters, buffers, user inputs) — what ``torch.autograd.graph.saved
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,7 @@ class SavedValue:
     storage: str  # the node owning the storage this value keeps alive
     counted: bool  # False for graph inputs and for a second view of an already counted storage
     source: str | None  # user source line, when known
+    module: str | None = None  # qualified name of the innermost nn.Module that computed it (Dynamo graphs only)
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,27 @@ def _source_line(node: fx.Node) -> str | None:
         return None
     lines = [line.strip() for line in trace.strip().splitlines() if line.strip().startswith("File ")]
     return lines[-1] if lines else None
+
+
+_MODULE_PATH_PARTS = (
+    (re.compile(r"^L\[['\"]self['\"]\]\.?|^self\.?"), ""),  # Dynamo's name for the compiled module itself
+    (re.compile(r"\._modules\[['\"]([^'\"]+)['\"]\]"), r".\1"),  # ._modules['0'] -> .0
+    (re.compile(r"\[['\"]([^'\"]+)['\"]\]"), r".\1"),  # ['fc'] -> .fc
+    (re.compile(r"\[(\d+)\]"), r".\1"),  # [0] -> .0 (nn.Sequential, nn.ModuleList)
+)
+
+
+def module_path(node: fx.Node) -> str | None:
+    """``blocks.0.fc1`` for a node computed inside ``model.blocks[0].fc1``.  None for the compiled module's own
+    code, and for graphs traced without Dynamo (``aot_module`` records no module stack)."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    qualified = list(stack.values())[-1][0]
+    path = str(qualified)
+    for pattern, replacement in _MODULE_PATH_PARTS:
+        path = pattern.sub(replacement, path)
+    return path.strip(".") or None
 
 
 def _shape(val) -> tuple[int | str, ...]:
@@ -93,6 +116,7 @@ def describe_split(
                 storage=root.name,
                 counted=counted,
                 source=_source_line(node),
+                module=module_path(node),
             )
         )
     forward_names = {n.name for n in fw.graph.nodes if n.op == "call_function"}
