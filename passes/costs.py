@@ -229,6 +229,8 @@ def compute_node_cost(node: fx.Node, profile: DeviceProfile, classes: dict[fx.No
     val = node.meta.get("val")
     nbytes = value_nbytes(val)
     dtype = _tensor_dtype(val)
+    if cls is OpClass.OPAQUE:
+        log.debug("no cost model for %s (%s): priced by its bytes and never recomputed", node.name, qualified_name(node))
     if cls in NO_KERNEL:
         flops, moved, est = 0, 0, 0.0
     else:

@@ -1,0 +1,146 @@
+"""Partition (solve) time on N stacked transformer blocks: fxremat vs PyTorch's partitioner on the same joint graphs.
+
+    python benchmarks/solve_time.py [--blocks 1 4 16 48 96] [--sweep 20] [--markdown PATH]
+
+For each N: trace the joint graph once (AOTAutograd, no Inductor), then time on copies of it
+  - PyTorch's ``min_cut_rematerialization_partition`` (default, and with ``activation_memory_budget=0.5``);
+  - fxremat's whole partition (default plan, ``compare_default=False``) and with ``memory_budget=0.5``;
+  - a sweep of ``--sweep`` budgets from 1.0 to 0.0 over one flow problem (what a frontier costs);
+  - the max-flow alone on fxremat's flow problem: scipy's Dinic (ours) vs networkx's ``minimum_cut``.
+Times are single runs (seconds), on one thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+
+import torch
+
+
+def capture(blocks: int):
+    from functorch.compile import aot_module, make_boxed_func
+
+    from fxremat.examples import Stack
+
+    captured = {}
+
+    def partition_fn(gm, joint_inputs, **kwargs):
+        captured.update(gm=copy.deepcopy(gm), inputs=joint_inputs, kwargs=kwargs)
+        from torch._functorch.partitioners import default_partition
+
+        return default_partition(gm, joint_inputs, **kwargs)
+
+    model = Stack(blocks, dim=64)
+    compiled = aot_module(model, fw_compiler=lambda g, i: make_boxed_func(g.forward), partition_fn=partition_fn)
+    compiled(torch.randn(2, 16, 64)).sum().backward()
+    return captured
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def networkx_seconds(problem) -> float:
+    import networkx as nx
+
+    start = time.perf_counter()
+    g = nx.DiGraph()
+    for v in range(problem.num_values):
+        s, r = problem.save_cost[v], problem.recompute_cost[v]
+        g.add_edge(("i", v), ("o", v), capacity=float("inf") if s is None else s)
+        if r is None or r > 0:
+            g.add_edge("s", ("i", v), capacity=float("inf") if r is None else r)
+    for u, w in problem.edges:
+        g.add_edge(("o", u), ("i", w), capacity=float("inf"))
+    for v in problem.needed:
+        g.add_edge(("o", v), "t", capacity=float("inf"))
+    nx.minimum_cut(g, "s", "t")
+    return time.perf_counter() - start
+
+
+def measure(blocks: int, sweep: int) -> dict:
+    from fxremat_passes import _torch_private as tp
+    from fxremat_passes.budget import search_budget, solve_at
+    from fxremat_passes.costs import PROFILES, annotate_costs
+    from fxremat_passes.flow_problem import build_flow_problem
+    from fxremat_passes.mincut import solve_min_cut
+    from fxremat_passes.roles import classify
+
+    import fxremat
+    from fxremat.options import Options
+
+    cap = capture(blocks)
+    gm, inputs, kwargs = cap["gm"], cap["inputs"], cap["kwargs"]
+    row = {"blocks": blocks, "joint_nodes": len(gm.graph.nodes)}
+
+    def pytorch(budget: float):
+        with torch._functorch.config.patch(activation_memory_budget=budget):
+            tp.min_cut_rematerialization_partition(tp.copy_graph_module(gm), inputs, **kwargs)
+
+    def ours(**options):
+        fxremat.make_partition_fn(Options.create(compare_default=False, strict=True, **options), [])(
+            tp.copy_graph_module(gm), inputs, **kwargs
+        )
+
+    row["pytorch_default_s"] = timed(lambda: pytorch(1.0))
+    row["pytorch_budget_0.5_s"] = timed(lambda: pytorch(0.5))
+    row["fxremat_default_s"] = timed(lambda: ours())
+    row["fxremat_budget_0.5_s"] = timed(lambda: ours(memory_budget=0.5))
+
+    joint = tp.prepare_joint_graph(tp.copy_graph_module(gm))
+    roles = classify(joint, num_fwd_outputs=kwargs["num_fwd_outputs"], static_lifetime_input_indices=[])
+    profile = PROFILES["cpu"]
+    flow = build_flow_problem(roles, annotate_costs(joint.graph, profile), profile)
+    problem = flow.parametric
+    price, max_price = 2.0 / profile.mem_bandwidth, 1e6 / profile.mem_bandwidth
+    row["flow_values"] = problem.num_values
+
+    def budget_sweep():
+        default, fewest = solve_at(problem, price), solve_at(problem, max_price)
+        for i in range(sweep):
+            fraction = 1.0 - i / max(1, sweep - 1)
+            target = int(fewest.saved_bytes + fraction * (default.saved_bytes - fewest.saved_bytes))
+            search_budget(problem, target, price, max_price, default_plan=default, fewest_bytes_plan=fewest)
+
+    row[f"fxremat_sweep_{sweep}_s"] = timed(budget_sweep)
+    cut, _ = problem.at(price)
+    row["maxflow_scipy_s"] = statistics.median(timed(lambda: solve_min_cut(cut)) for _ in range(3))
+    row["maxflow_networkx_s"] = networkx_seconds(cut)
+    return row
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, nargs="+", default=[1, 4, 16, 48])
+    parser.add_argument("--sweep", type=int, default=20)
+    parser.add_argument("--markdown", default=None)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    from tabulate import tabulate
+
+    measure(1, 2)  # warm-up: first calls import Inductor's pattern matcher (~1 s) on either side
+    rows = []
+    for blocks in args.blocks:
+        rows.append(measure(blocks, args.sweep))
+        print(rows[-1], file=sys.stderr, flush=True)
+    headers = list(rows[0])
+    table = tabulate(
+        [[r[h] if not isinstance(r[h], float) else f"{r[h]:.3f}" for h in headers] for r in rows],
+        headers=headers,
+        tablefmt="github",
+    )
+    print(table)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
