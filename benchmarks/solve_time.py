@@ -65,15 +65,14 @@ def networkx_seconds(problem) -> float:
 
 
 def measure(blocks: int, sweep: int) -> dict:
+    import fxremat
+    from fxremat.options import Options
     from fxremat_passes import _torch_private as tp
     from fxremat_passes.budget import search_budget, solve_at
     from fxremat_passes.costs import PROFILES, annotate_costs
     from fxremat_passes.flow_problem import build_flow_problem
     from fxremat_passes.mincut import solve_min_cut
     from fxremat_passes.roles import classify
-
-    import fxremat
-    from fxremat.options import Options
 
     cap = capture(blocks)
     gm, inputs, kwargs = cap["gm"], cap["inputs"], cap["kwargs"]

@@ -230,7 +230,9 @@ def compute_node_cost(node: fx.Node, profile: DeviceProfile, classes: dict[fx.No
     nbytes = value_nbytes(val)
     dtype = _tensor_dtype(val)
     if cls is OpClass.OPAQUE:
-        log.debug("no cost model for %s (%s): priced by its bytes and never recomputed", node.name, qualified_name(node))
+        log.debug(
+            "no cost model for %s (%s): priced by its bytes and never recomputed", node.name, qualified_name(node)
+        )
     if cls in NO_KERNEL:
         flops, moved, est = 0, 0, 0.0
     else:
