@@ -1,0 +1,441 @@
+"""JSON and HTML renderings of ``CutReport`` (the text rendering is ``fxremat.report.format_text``).
+
+Data first: ``report_dict``, ``module_bytes`` and ``pareto_points`` compute what is shown; the ``_svg_*`` and
+``_html_*`` helpers only draw it.  The HTML is one self-contained file: inline CSS and SVG, no script, nothing
+fetched from the network, every piece of text passed through ``html.escape``.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fxremat_passes.describe import SavedValue
+
+from .report import CutReport, diff_default, format_bytes, short_source, summary_rows
+
+log = logging.getLogger(__name__)
+
+TOP_LEVEL = "(top level)"  # saved values computed by the compiled module's own code, outside any submodule
+FXREMAT_COLOR = "#2563eb"
+DEFAULT_COLOR = "#9ca3af"
+FRONTIER_COLOR = "#ea580c"
+
+
+# --- JSON ----------------------------------------------------------------------------------------------------------
+
+
+def report_dict(report: CutReport, diff: bool = False) -> dict[str, Any]:
+    """``report.to_dict()`` (with ``schema_version``), plus ``diff_default`` when asked for."""
+    data = report.to_dict()
+    if diff:
+        found = diff_default(report)
+        data["diff_default"] = (
+            None
+            if found is None
+            else {
+                "only_fxremat": [r.name for r in found.only_fxremat],
+                "only_default": [r.name for r in found.only_default],
+                "both": list(found.both),
+            }
+        )
+    return data
+
+
+def format_json(report: CutReport, diff: bool = False) -> str:
+    """One report as a JSON object; keys sorted so that two runs diff cleanly."""
+    return json.dumps(report_dict(report, diff), indent=2, sort_keys=True)
+
+
+def format_json_many(reports: Sequence[CutReport], diff: bool = False) -> str:
+    """Several reports as one JSON array (what the CLI prints when there is no ``--out``)."""
+    return json.dumps([report_dict(r, diff) for r in reports], indent=2, sort_keys=True)
+
+
+# --- chart data ----------------------------------------------------------------------------------------------------
+
+
+def _natural_key(text: str) -> list:
+    """'blocks.10' after 'blocks.2': layers in model order, not string order."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
+def module_bytes(rows: Iterable[SavedValue]) -> dict[str, int]:
+    """Counted saved bytes per module path (so the bars of one partitioner add up to its ``saved_bytes``)."""
+    totals: dict[str, int] = {}
+    for row in rows:
+        if row.counted:
+            key = row.module or TOP_LEVEL
+            totals[key] = totals.get(key, 0) + row.nbytes
+    return totals
+
+
+def module_rows(report: CutReport) -> list[tuple[str, int, int | None]]:
+    """(module, fxremat bytes, PyTorch default bytes or None) for every module either side keeps bytes for."""
+    ours = module_bytes(report.saved)
+    has_baseline = report.baseline_saved_bytes is not None
+    theirs = module_bytes(report.baseline_saved) if has_baseline else {}
+    names = sorted(set(ours) | set(theirs), key=lambda m: (m == TOP_LEVEL, _natural_key(m)))
+    return [(m, ours.get(m, 0), theirs.get(m, 0) if has_baseline else None) for m in names]
+
+
+@dataclass(frozen=True)
+class ParetoPoint:
+    label: str
+    saved_bytes: int
+    seconds: float
+    color: str
+
+
+def pareto_points(report: CutReport) -> list[ParetoPoint]:
+    points = [ParetoPoint("fxremat", report.saved_bytes, report.est_recompute_seconds, FXREMAT_COLOR)]
+    if report.baseline_saved_bytes is not None and report.baseline_est_recompute_seconds is not None:
+        points.append(
+            ParetoPoint(
+                "PyTorch default",
+                report.baseline_saved_bytes,
+                report.baseline_est_recompute_seconds,
+                DEFAULT_COLOR,
+            )
+        )
+    return points
+
+
+def frontier_points(report: CutReport) -> list[tuple[int, float, float]]:
+    """(saved bytes, est. recompute seconds, memory price), fewest seconds first.  ``frontier`` arrives with the
+    memory-budget work; reports without it (older JSON included) simply have no frontier."""
+    found = []
+    for entry in getattr(report, "frontier", ()) or ():
+        saved, seconds, price = entry
+        found.append((int(saved), float(seconds), float(price)))
+    return sorted(found, key=lambda p: (p[1], -p[0]))
+
+
+# --- SVG -------------------------------------------------------------------------------------------------------------
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def format_seconds(seconds: float) -> str:
+    if seconds == 0:
+        return "0"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def _nice_ticks(high: float, count: int = 5) -> list[float]:
+    """0 and round steps up to at least ``high`` (a range that starts at 0 shows ratios honestly)."""
+    if high <= 0:
+        return [0.0, 1.0]
+    raw = high / count
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    ticks = [0.0]
+    while ticks[-1] < high:
+        ticks.append(ticks[-1] + step)
+    return ticks
+
+
+def _byte_ticks(high: float) -> list[float]:
+    """Ticks that are round in KiB/MiB/GiB (decimal-round byte counts read as 244.14 KiB)."""
+    unit = 1.0
+    while unit * 1024 <= high and unit < 2**30:
+        unit *= 1024
+    return [tick * unit for tick in _nice_ticks(high / unit)]
+
+
+def _svg_open(width: int, height: int, label: str) -> str:
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{_e(label)}"><title>{_e(label)}</title>'
+    )
+
+
+def _svg_text(
+    x: float, y: float, text: str, anchor: str = "start", size: int = 12, extra: str = "", tooltip: str = ""
+) -> str:
+    tip = f"<title>{_e(tooltip)}</title>" if tooltip else ""
+    return f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" {extra}>{tip}{_e(text)}</text>'
+
+
+def _svg_legend(x: float, y: float, entries: list[tuple[str, str]]) -> list[str]:
+    parts = []
+    for label, color in entries:
+        parts.append(f'<rect x="{x:.1f}" y="{y - 10:.1f}" width="12" height="12" fill="{color}"/>')
+        parts.append(_svg_text(x + 16, y, label))
+        x += 28 + 7 * len(label)
+    return parts
+
+
+def svg_module_bars(report: CutReport) -> str:
+    """Horizontal grouped bars: counted saved bytes per module, fxremat and PyTorch default side by side."""
+    rows = module_rows(report)
+    title = "saved bytes per module"
+    if not rows:
+        return _svg_open(400, 40, title) + _svg_text(8, 24, "nothing saved for backward") + "</svg>"
+    label_width = min(320, 16 + 7 * max(len(name) for name, _, _ in rows))
+    bar_width, bar_height, value_width = 330, 11, 76
+    has_baseline = rows[0][2] is not None
+    row_height = bar_height * (2 if has_baseline else 1) + 10
+    top = 34
+    width = label_width + bar_width + value_width
+    height = top + row_height * len(rows) + 8
+    largest = max(max(ours, theirs or 0) for _, ours, theirs in rows) or 1
+    parts = [_svg_open(width, height, title)]
+    legend = [("fxremat", FXREMAT_COLOR)] + ([("PyTorch default", DEFAULT_COLOR)] if has_baseline else [])
+    parts += _svg_legend(label_width, 16, legend)
+    for index, (name, ours, theirs) in enumerate(rows):
+        y = top + index * row_height
+        parts.append(
+            f'<line x1="{label_width}" x2="{label_width}" y1="{y - 3}" y2="{y + row_height - 5}" stroke="#374151"/>'
+        )
+        shown = name if len(name) * 7 <= label_width - 16 else "..." + name[-((label_width - 16) // 7 - 3) :]
+        parts.append(
+            _svg_text(
+                label_width - 8, y + row_height / 2, shown, "end", extra='dominant-baseline="middle"', tooltip=name
+            )
+        )
+        bars = [(ours, FXREMAT_COLOR, "fxremat")] + (
+            [(theirs, DEFAULT_COLOR, "PyTorch default")] if has_baseline else []
+        )
+        for offset, (value, color, who) in enumerate(bars):
+            length = bar_width * value / largest
+            by = y + offset * bar_height
+            parts.append(
+                f'<rect x="{label_width}" y="{by}" width="{length:.1f}" height="{bar_height - 1}" fill="{color}">'
+                f"<title>{_e(f'{name}: {who} keeps {format_bytes(value)}')}</title></rect>"
+            )
+            parts.append(_svg_text(label_width + length + 4, by + bar_height - 2, format_bytes(value), size=10))
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def svg_pareto(report: CutReport) -> str:
+    """Saved bytes against estimated recompute time: fxremat, PyTorch default, and the frontier when known."""
+    points = pareto_points(report)
+    frontier = frontier_points(report)
+    title = "saved bytes vs estimated recompute time"
+    width, height = 480, 340
+    left, right, top, bottom = 86, 24, 40, 52
+    plot_w, plot_h = width - left - right, height - top - bottom
+    headroom = 1.1  # no point on the frame, where its label would run into the legend
+    x_ticks = _nice_ticks(headroom * max([p.seconds for p in points] + [f[1] for f in frontier]))
+    y_ticks = _byte_ticks(headroom * max([p.saved_bytes for p in points] + [f[0] for f in frontier]))
+
+    def sx(seconds: float) -> float:
+        return left + plot_w * seconds / x_ticks[-1]
+
+    def sy(saved: float) -> float:
+        return top + plot_h * (1 - saved / y_ticks[-1])
+
+    parts = [_svg_open(width, height, title)]
+    for tick in x_ticks:
+        parts.append(f'<line x1="{sx(tick):.1f}" x2="{sx(tick):.1f}" y1="{top}" y2="{top + plot_h}" stroke="#e5e7eb"/>')
+        parts.append(_svg_text(sx(tick), top + plot_h + 16, format_seconds(tick), "middle", 10))
+    for tick in y_ticks:
+        parts.append(
+            f'<line x1="{left}" x2="{left + plot_w}" y1="{sy(tick):.1f}" y2="{sy(tick):.1f}" stroke="#e5e7eb"/>'
+        )
+        parts.append(_svg_text(left - 6, sy(tick) + 3, format_bytes(int(tick)).replace(".00 ", " "), "end", 10))
+    parts.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#374151"/>')
+    parts.append(_svg_text(left + plot_w / 2, height - 12, "estimated recompute time", "middle"))
+    parts.append(
+        _svg_text(16, top + plot_h / 2, "saved bytes", "middle", extra=f'transform="rotate(-90 16 {top + plot_h / 2})"')
+    )
+    budget = getattr(report, "budget_bytes", None)
+    if budget is not None and budget <= y_ticks[-1]:
+        parts.append(
+            f'<line x1="{left}" x2="{left + plot_w}" y1="{sy(budget):.1f}" y2="{sy(budget):.1f}" '
+            f'stroke="{FRONTIER_COLOR}" stroke-dasharray="5 4"/>'
+        )
+        label = f"budget {format_bytes(budget)}"
+        parts.append(_svg_text(left + plot_w - 4, sy(budget) - 4, label, "end", 10, f'fill="{FRONTIER_COLOR}"'))
+    if frontier:
+        coords = " ".join(f"{sx(s):.1f},{sy(b):.1f}" for b, s, _ in frontier)
+        parts.append(f'<polyline points="{coords}" fill="none" stroke="{FRONTIER_COLOR}" stroke-width="2"/>')
+        for saved, seconds, price in frontier:
+            tip = f"memory_price {price:g}: {format_bytes(saved)}, {format_seconds(seconds)}"
+            parts.append(
+                f'<circle cx="{sx(seconds):.1f}" cy="{sy(saved):.1f}" r="3" fill="{FRONTIER_COLOR}">'
+                f"<title>{_e(tip)}</title></circle>"
+            )
+    for point in points:
+        x, y = sx(point.seconds), sy(point.saved_bytes)
+        tip = f"{point.label}: {format_bytes(point.saved_bytes)}, {format_seconds(point.seconds)}"
+        parts.append(
+            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="6" fill="{point.color}" stroke="#111827">'
+            f"<title>{_e(tip)}</title></circle>"
+        )
+        anchor = "end" if x > left + plot_w * 0.7 else "start"
+        parts.append(_svg_text(x + (-10 if anchor == "end" else 10), y - 8, point.label, anchor))
+    legend = [(p.label, p.color) for p in points] + ([("frontier", FRONTIER_COLOR)] if frontier else [])
+    parts += _svg_legend(left, 20, legend)
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+# --- HTML ------------------------------------------------------------------------------------------------------------
+
+_CSS = """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #111827; margin: 24px auto;
+       max-width: 1120px; padding: 0 16px; }
+h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 18px; margin-top: 36px; border-bottom: 1px solid #e5e7eb; }
+h3 { font-size: 15px; margin: 22px 0 8px; }
+.meta { color: #6b7280; } .warn { background: #fef3c7; border: 1px solid #f59e0b; padding: 8px 12px; }
+table { border-collapse: collapse; margin: 6px 0 12px; font-size: 13px; }
+th, td { padding: 3px 10px; text-align: left; border-bottom: 1px solid #e5e7eb; vertical-align: top; }
+th { background: #f3f4f6; } td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+td { white-space: nowrap; } tr:nth-child(even) td { background: #fafafa; } tr.dim td { color: #9ca3af; }
+.charts { display: flex; flex-wrap: wrap; gap: 32px; align-items: flex-start; } figure { margin: 0; }
+.note { color: #6b7280; font-size: 12px; margin-top: 0; }
+.scroll { overflow-x: auto; } code { font-size: 12px; }
+"""
+
+
+def _html_table(
+    headers: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    numeric: frozenset[int] = frozenset(),
+    dim: Sequence[bool] = (),
+) -> str:
+    """``numeric``: right-aligned column indices; ``dim``: rows shown grey (values that cost no bytes)."""
+    head = "".join(
+        f'<th class="num">{_e(h)}</th>' if i in numeric else f"<th>{_e(h)}</th>" for i, h in enumerate(headers)
+    )
+    body = []
+    for index, row in enumerate(rows):
+        cells = "".join(
+            f'<td class="num">{_e(c)}</td>' if i in numeric else f"<td>{_e(c)}</td>" for i, c in enumerate(row)
+        )
+        greyed = index < len(dim) and dim[index]
+        body.append(f'<tr class="dim">{cells}</tr>' if greyed else f"<tr>{cells}</tr>")
+    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
+
+
+def _saved_rows(rows: Iterable[SavedValue], also: set[str] | None) -> tuple[list[list[str]], list[bool]]:
+    """Table rows, biggest counted values first, and which of them are greyed (not counted)."""
+    table, dim = [], []
+    for r in sorted(rows, key=lambda r: (-r.nbytes * r.counted, _natural_key(r.name))):
+        row = [
+            r.name,
+            r.op,
+            "x".join(map(str, r.shape)),
+            r.dtype,
+            format_bytes(r.nbytes),
+            r.module or "",
+            short_source(r.source),
+            "yes" if r.counted else "no",
+        ]
+        if also is not None:
+            row.append("yes" if r.name in also else "no")
+        table.append(row)
+        dim.append(not r.counted)
+    return table, dim
+
+
+_COUNTED_NOTE = (
+    '<p class="note">counted = no: a graph input (parameter, buffer, user input) or a second view of a storage '
+    "already counted; it adds no bytes.</p>"
+)
+
+
+_SAVED_HEADERS = ["value", "op", "shape", "dtype", "bytes", "module", "source", "counted"]
+
+
+def _html_saved(report: CutReport) -> str:
+    has_baseline = report.baseline_saved_bytes is not None
+    also = {r.name for r in report.baseline_saved} if has_baseline else None
+    headers = _SAVED_HEADERS + (["also saved by PyTorch default"] if has_baseline else [])
+    rows, dim = _saved_rows(report.saved, also)
+    return (
+        f"<h3>Saved for backward by fxremat ({len(report.saved)} tensors)</h3>"
+        + _html_table(headers, rows, frozenset({4}), dim)
+        + _COUNTED_NOTE
+    )
+
+
+def _html_recomputed(report: CutReport) -> str:
+    why = dict(report.recompute_reasons)
+    ordered = sorted(report.recomputed, key=lambda r: (-r.flops, r.name))
+    rows = [[r.name, r.op, f"{r.flops:,}", format_seconds(r.est_seconds), why.get(r.name, "")] for r in ordered]
+    parts = [f"<h3>Recomputed in backward ({len(ordered)} nodes)</h3>"]
+    if rows:
+        parts.append(_html_table(["node", "op", "FLOPs", "est. time", "why"], rows, frozenset({2, 3})))
+    else:
+        parts.append("<p>Nothing is recomputed.</p>")
+    if report.never_recomputed:
+        rows = [[reason, count] for reason, count in report.never_recomputed]
+        parts.append("<h3>Never recomputed (safety rules)</h3>")
+        parts.append(_html_table(["reason", "nodes"], rows, frozenset({1})))
+    if report.tag_conflicts:
+        parts.append("<h3>Checkpoint tags overridden</h3>")
+        parts.append(_html_table(["node", "what happened"], report.tag_conflicts))
+    return "".join(parts)
+
+
+def _html_diff(report: CutReport) -> str:
+    found = diff_default(report)
+    if found is None:
+        return "<h3>Compared with PyTorch default</h3><p>No PyTorch default partition to compare with.</p>"
+    parts = [f"<h3>Compared with PyTorch default</h3><p>Saved by both: {len(found.both)} values.</p>"]
+    for title, rows in (
+        ("Saved only by fxremat", found.only_fxremat),
+        ("Saved only by PyTorch default", found.only_default),
+    ):
+        parts.append(f"<h3>{_e(title)} ({len(rows)})</h3>")
+        if rows:
+            table, dim = _saved_rows(rows, None)
+            parts.append(_html_table(_SAVED_HEADERS, table, frozenset({4}), dim))
+        else:
+            parts.append("<p>None.</p>")
+    return "".join(parts)
+
+
+def _html_report(report: CutReport, diff: bool) -> str:
+    parts = [f'<section id="{_e(report.graph_id)}"><h2>{_e(report.graph_id)}</h2>']
+    meta = (
+        f"{report.num_joint_nodes} joint nodes; device profile {report.device_profile}; memory_price "
+        f"{report.memory_price:g}; memory_budget {report.memory_budget}; torch {report.torch_version}"
+        + ("; re-emitted from the compile cache" if report.from_cache else "")
+    )
+    parts.append(f'<p class="meta">{_e(meta)}</p>')
+    if report.fallback_reason:
+        parts.append(f'<p class="warn">Fell back to PyTorch\'s default partitioner: {_e(report.fallback_reason)}</p>')
+    if report.baseline_error:
+        parts.append(f'<p class="warn">PyTorch default partition failed: {_e(report.baseline_error)}</p>')
+    parts.append(_html_table(["", "fxremat", "PyTorch default", "ratio"], summary_rows(report), frozenset({1, 2, 3})))
+    parts.append('<div class="charts">')
+    parts.append(f"<figure><figcaption><h3>Saved bytes per module</h3></figcaption>{svg_module_bars(report)}</figure>")
+    note = '<p class="note">Lower left is better. The frontier: fxremat\'s plans at other memory prices.</p>'
+    parts.append(f"<figure><figcaption><h3>Memory vs recompute</h3>{note}</figcaption>{svg_pareto(report)}</figure>")
+    parts.append("</div>")
+    parts.append(_html_saved(report))
+    parts.append(_html_recomputed(report))
+    if diff:
+        parts.append(_html_diff(report))
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def format_html(reports: Sequence[CutReport], title: str = "fxremat cut report", diff: bool = False) -> str:
+    """One self-contained HTML document with a section per report."""
+    nav = ""
+    if len(reports) > 1:
+        links = " · ".join(f'<a href="#{_e(r.graph_id)}">{_e(r.graph_id)}</a>' for r in reports)
+        nav = f"<p>{len(reports)} graphs: {links}</p>"
+    body = "".join(_html_report(r, diff) for r in reports) or "<p>No reports.</p>"
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head>"
+        f"<body><h1>{_e(title)}</h1>{nav}{body}</body></html>\n"
+    )
