@@ -84,13 +84,24 @@ def resolve_device(value: Any) -> DeviceProfile | str:
         name = value.lower()
         if name == "auto" or name in PROFILES:
             return name
+        if name == "calibrated":
+            # Measured once per machine and cached; resolved here so that its numbers enter the cache key.
+            from .calibrate import calibrate
+
+            return calibrate("cuda" if _cuda_available() else "cpu")
         raise ValueError(
-            f"device={value!r} is not a known profile; use 'auto', one of {sorted(PROFILES)}, "
+            f"device={value!r} is not a known profile; use 'auto', 'calibrated', one of {sorted(PROFILES)}, "
             "or a fxremat.DeviceProfile"
         )
     raise TypeError(
         f"device must be 'auto', a profile name {sorted(PROFILES)} or a DeviceProfile; got {type(value).__name__}"
     )
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 @dataclass(frozen=True)
@@ -100,7 +111,7 @@ class Options:
     memory_budget    None = the default plan; float in [0, 1]; int bytes; "512MiB".
     memory_price     byte-transfer times charged per byte kept for backward (>= 0; higher saves less).
     device           cost profile: "auto" (the graph's device: CUDA by name, else fixed CPU constants), a profile
-                     name, or a DeviceProfile.
+                     name, "calibrated" (this machine, measured once and cached), or a DeviceProfile.
     solver           "mincut" (max-flow, with a budget: price search + MILP refinement on small graphs) or
                      "milp" (the exact MILP for every graph: small graphs only).
     compare_default  also run PyTorch's default partitioner on a copy for the report (off for production runs).

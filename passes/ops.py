@@ -92,6 +92,9 @@ GATHER_OPS = _packets(
 )
 # Gathers read only the rows they pick from their first argument, not all of it.
 PARTIAL_READ_OPS = _packets("embedding", "index", "index_select", "gather", "_unsafe_index", "take_along_dim")
+# Ops that return an alias of their first input although their schema does not say so (matmul's decomposition
+# reshapes through _unsafe_view): priced as views.
+ALIAS_OPS = _packets("_unsafe_view", "alias", "lift_fresh")
 CREATION_OPS = _packets(
     "full",
     "zeros",
@@ -239,7 +242,7 @@ def op_class(node: fx.Node) -> OpClass:
         return OpClass.RANDOM
     if target._schema.is_mutable:
         return OpClass.MUTATION
-    if target.is_view:
+    if target.is_view or pkt in ALIAS_OPS:
         return OpClass.VIEW
     if pkt in MATMUL_OPS:
         return OpClass.MATMUL
