@@ -1,0 +1,235 @@
+"""One model x one configuration, measured in this process: what ``benchmarks/run.py --worker`` runs.
+
+Every figure is measured from the outside, never read from fxremat's report: saved bytes through
+``saved_tensors_hooks`` (``fxremat.measure.measure_saved``), peak memory of one training step (CUDA allocator
+statistics, or the CPU profiler's memory events), step times, compile time, and gradients against eager.  The one
+exception is fxremat's own partition time, which only its report knows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import statistics
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from bench_models import Workload, build_workload
+
+# Configuration -> PyTorch's activation_memory_budget (patched for the compile) for the PyTorch rows.
+PYTORCH_BUDGETS = {"pytorch_default": None, "pytorch_budget_0.5": 0.5, "pytorch_budget_0.1": 0.1}
+# fxremat rows with an absolute budget: the saved bytes measured by this PyTorch row of the same model.
+BUDGET_SOURCES = {"fxremat_at_pytorch_0.5": "pytorch_budget_0.5", "fxremat_at_pytorch_0.1": "pytorch_budget_0.1"}
+CONFIGS = (*PYTORCH_BUDGETS, "fxremat_default", *BUDGET_SOURCES)
+QUICK_CONFIGS = ("pytorch_default", "fxremat_default")
+
+WARMUP_STEPS = 3
+GRAD_TOLERANCE = 1e-3  # max relative error per parameter (fxremat.measure.max_relative_error)
+
+
+# ---- peak memory of one step -----------------------------------------------------------------------------------
+
+
+def peak_from_memory_events(events: Iterable[tuple[int, int]]) -> int:
+    """Largest running total of (time, +bytes allocated / -bytes freed) events, in time order, from 0 at the start.
+
+    Memory that existed before the window and is freed inside it drives the total below 0; that is right: the
+    peak is the most memory the window held above what it started with, as CUDA's max minus start-allocated is.
+    """
+    total = peak = 0
+    for _, nbytes in sorted(events, key=lambda e: e[0]):
+        total += nbytes
+        peak = max(peak, total)
+    return peak
+
+
+def cpu_memory_events(prof) -> list[tuple[int, int]]:
+    """The ``[memory]`` events of a finished ``torch.profiler.profile(profile_memory=True)`` on CPU, as
+    (start ns, signed bytes).  In torch 2.13 these are in ``prof.profiler.kineto_results.events()``, with
+    ``nbytes()`` negative for a free; ``prof.events()`` has them too but with microsecond, float timestamps."""
+    events = []
+    for event in prof.profiler.kineto_results.events():
+        if event.name() == "[memory]" and event.device_type() == torch.autograd.DeviceType.CPU:
+            events.append((event.start_ns(), event.nbytes()))
+    return events
+
+
+def cpu_peak_bytes(fn: Callable[[], Any]) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    return peak_from_memory_events(cpu_memory_events(prof))
+
+
+def cuda_peak_bytes(fn: Callable[[], Any]) -> int:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - start
+
+
+def step_peak_bytes(fn: Callable[[], Any], device: str) -> tuple[int, str]:
+    if device == "cuda":
+        return cuda_peak_bytes(fn), "cuda_max_memory_allocated"
+    return cpu_peak_bytes(fn), "cpu_profiler_memory_events"
+
+
+# ---- one training step -----------------------------------------------------------------------------------------
+
+
+def train_step(compiled: Callable, work: Workload) -> None:
+    work.loss(work.forward(compiled)).backward()
+
+
+def timed_step(compiled: Callable, work: Workload, device: str) -> float:
+    """Seconds for forward + backward; grads are zeroed before the clock starts (set to None, as optimisers do)."""
+    work.model.zero_grad(set_to_none=True)
+    _sync(device)
+    start = time.perf_counter()
+    train_step(compiled, work)
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def excluded_tensors(work: Workload) -> list[torch.Tensor]:
+    return [*work.model.parameters(), *work.model.buffers(), *work.input_tensors()]
+
+
+# ---- gradients against eager -----------------------------------------------------------------------------------
+
+
+def has_dropout(model: torch.nn.Module) -> bool:
+    return any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())
+
+
+def eager_grads(work: Workload) -> dict[str, torch.Tensor]:
+    model = copy.deepcopy(work.model)
+    model.zero_grad(set_to_none=True)
+    work.loss(work.forward(model)).backward()
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def max_grad_error(model: torch.nn.Module, reference: dict[str, torch.Tensor]) -> float:
+    """Worst relative error over parameters; a parameter eager gives a gradient and the compiled model does not
+    counts as infinitely wrong."""
+    from fxremat.measure import max_relative_error
+
+    grads = dict(model.named_parameters())
+    errors = [
+        float("inf") if grads[name].grad is None else max_relative_error(grads[name].grad, expected)
+        for name, expected in reference.items()
+    ]
+    return max(errors, default=0.0)
+
+
+# ---- backends --------------------------------------------------------------------------------------------------
+
+
+def make_backend(config: str, budget_bytes: int | None):
+    """(backend for torch.compile, context manager to hold around the first call: the partition happens there)."""
+    if config in PYTORCH_BUDGETS:
+        budget = PYTORCH_BUDGETS[config]
+        if budget is None:
+            return "inductor", contextlib.nullcontext
+        return "inductor", lambda: torch._functorch.config.patch(activation_memory_budget=budget)
+    import fxremat
+
+    # compare_default=False: the production setting; otherwise every fxremat compile would also run PyTorch's
+    # partitioner on a copy of the graph (for the report) and pay for it in compile time.
+    if config == "fxremat_default":
+        return fxremat.backend(compare_default=False), contextlib.nullcontext
+    if config in BUDGET_SOURCES:
+        if budget_bytes is None:
+            raise ValueError(f"{config} needs the saved bytes of {BUDGET_SOURCES[config]} (--budget-bytes)")
+        return fxremat.backend(compare_default=False, memory_budget=int(budget_bytes)), contextlib.nullcontext
+    raise ValueError(f"unknown configuration {config!r}; one of {list(CONFIGS)}")
+
+
+def fxremat_facts(backend) -> dict[str, Any]:
+    """What only fxremat's reports can say: its partition time, and whether it fell back or missed a budget."""
+    reports = getattr(backend, "reports", None)
+    if reports is None:
+        return dict(partition_s=None)
+    return dict(
+        partition_s=sum(r.partition_seconds for r in reports) if reports else None,
+        fxremat_graphs=len(reports),
+        fxremat_fallbacks=[r.fallback_reason for r in reports if r.fallback_reason],
+        fxremat_budget_met=[r.budget_met for r in reports if r.budget_met is not None],
+    )
+
+
+def dynamo_graph_count() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+# ---- one configuration -----------------------------------------------------------------------------------------
+
+
+def measure(
+    model_name: str, size: str, config: str, repeats: int, device: str, budget_bytes: int | None = None
+) -> dict[str, Any]:
+    """Build, compile and time one model under one configuration; a row of plain JSON values."""
+    work = build_workload(model_name, size, device)
+    row: dict[str, Any] = dict(model=model_name, config=config, size=size, device=device, model_info=work.info)
+    row["memory_budget_bytes"] = budget_bytes
+    row["threads"] = torch.get_num_threads()
+    graphs_before = dynamo_graph_count()  # Dynamo's counters outlive torch._dynamo.reset() (in-process runs)
+    reference = None if has_dropout(work.model) else eager_grads(work)
+
+    backend, first_call_context = make_backend(config, budget_bytes)
+    compiled = torch.compile(work.model, backend=backend)
+    row.update(first_step(compiled, work, device, first_call_context))
+    error = None if reference is None else max_grad_error(work.model, reference)
+    row["max_grad_error"] = error
+    row["grads_matched"] = None if error is None else bool(error < GRAD_TOLERANCE)
+
+    for _ in range(WARMUP_STEPS):
+        timed_step(compiled, work, device)
+    work.model.zero_grad(set_to_none=True)
+    row["peak_bytes"], row["peak_method"] = step_peak_bytes(lambda: train_step(compiled, work), device)
+    times = [timed_step(compiled, work, device) * 1e3 for _ in range(repeats)]
+    row["step_ms"] = statistics.median(times)
+    row["step_times_ms"] = times
+    row["graphs"] = dynamo_graph_count() - graphs_before
+    row.update(fxremat_facts(backend))
+    row["error"] = None
+    return row
+
+
+def first_step(compiled: Callable, work: Workload, device: str, context) -> dict[str, Any]:
+    """The compiling call: its wall time is the compile time; what autograd saves here is the saved bytes."""
+    from fxremat.measure import measure_saved
+
+    work.model.zero_grad(set_to_none=True)
+    _sync(device)
+    start = time.perf_counter()
+    with context():
+        out, saved = measure_saved(lambda: work.forward(compiled), excluded_tensors(work))
+        work.loss(out).backward()
+    _sync(device)
+    return dict(compile_s=time.perf_counter() - start, saved_bytes=saved.nbytes, saved_tensors=saved.count)
+
+
+def measure_or_error(model_name: str, size: str, config: str, repeats: int, device: str, budget_bytes=None) -> dict:
+    """``measure``, but a failure is a row with an ``error`` (the exception and the innermost frames)."""
+    try:
+        return measure(model_name, size, config, repeats, device, budget_bytes)
+    except Exception as exc:  # noqa: BLE001 - one model failing must never abort the benchmark
+        return error_row(model_name, size, config, device, f"{type(exc).__name__}: {exc}", traceback.format_exc())
+
+
+def error_row(model_name: str, size: str, config: str, device: str, error: str, detail: str = "") -> dict:
+    return dict(model=model_name, config=config, size=size, device=device, error=error[:2000], detail=detail[-4000:])

@@ -1,0 +1,190 @@
+"""The benchmark's models: fxremat's examples and small transformers models with random weights (no downloads).
+
+``build_workload(name, size, device)`` returns a ``Workload``: the model, its inputs, and how a training step
+turns its output into a scalar loss.  Every model is built after ``torch.manual_seed(0)``, so two builds in two
+processes hold the same weights.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+# One table of shapes for every model.  "small" is the reference; "tiny" halves it, "medium" doubles it.  Depth
+# stays 2 at tiny (one layer would hide everything that happens between layers) and heads stay 4 at tiny so
+# that the head dimension (32) is still a realistic attention shape.
+SIZES: dict[str, dict[str, int]] = {
+    "tiny": dict(layers=2, hidden=128, heads=4, vocab=512, batch=1, seq=64),
+    "small": dict(layers=2, hidden=256, heads=4, vocab=1024, batch=2, seq=128),
+    "medium": dict(layers=4, hidden=512, heads=8, vocab=2048, batch=4, seq=256),
+}
+
+EXAMPLE_MODELS = ("mlp", "block_sdpa", "block_softmax", "convnet", "stack")
+HF_MODELS = ("gpt2", "llama", "bert", "t5", "vit", "mixtral")
+ALL_MODELS = EXAMPLE_MODELS + HF_MODELS
+
+
+def _sum_loss(out: torch.Tensor) -> torch.Tensor:
+    return out.sum()
+
+
+@dataclass
+class Workload:
+    """A model plus one batch.  ``forward(model)`` runs it on the batch; ``loss(output)`` is the scalar to
+    differentiate (the sum for plain modules, ``.loss`` for transformers models)."""
+
+    model: torch.nn.Module
+    args: tuple = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    loss: Callable[[Any], torch.Tensor] = _sum_loss
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def forward(self, model: Callable) -> Any:
+        return model(*self.args, **self.kwargs)
+
+    def input_tensors(self) -> list[torch.Tensor]:
+        values = [*self.args, *self.kwargs.values()]
+        return [v for v in values if isinstance(v, torch.Tensor)]
+
+    def to(self, device: str) -> Workload:
+        self.model.to(device)
+        self.args = tuple(_to(v, device) for v in self.args)
+        self.kwargs = {k: _to(v, device) for k, v in self.kwargs.items()}
+        return self
+
+
+def _to(value: Any, device: str) -> Any:
+    return value.to(device) if isinstance(value, torch.Tensor) else value
+
+
+def _hf_loss(out: Any) -> torch.Tensor:
+    return out.loss
+
+
+def build_workload(name: str, size: str, device: str = "cpu") -> Workload:
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}; one of {sorted(SIZES)}")
+    torch.manual_seed(0)
+    shape = SIZES[size]
+    if name in EXAMPLE_MODELS:
+        work = _example(name, shape)
+    elif name in HF_MODELS:
+        work = _hf_model(name, shape)
+    else:
+        raise ValueError(f"unknown model {name!r}; one of {list(ALL_MODELS)}")
+    work.info.setdefault("parameters", sum(p.numel() for p in work.model.parameters()))
+    work.info.setdefault("class", type(work.model).__name__)
+    return work.to(device)
+
+
+def _example(name: str, shape: dict[str, int]) -> Workload:
+    from fxremat.examples import example
+
+    model, inputs = example(name, batch=shape["batch"], seq=shape["seq"], dim=shape["hidden"])
+    return Workload(model, args=tuple(inputs), loss=_sum_loss)
+
+
+# ---- transformers models -------------------------------------------------------------------------------------
+
+
+def _hf_model(name: str, shape: dict[str, int]) -> Workload:
+    import transformers
+
+    transformers.logging.set_verbosity_error()  # random-weight configs trigger harmless warnings on every build
+    return _HF_BUILDERS[name](transformers, shape)
+
+
+def _from_config(cls, config, **kwargs):
+    """Random weights from a config: never touches the hub.  sdpa attention everywhere, so every model meets the
+    same attention op."""
+    return cls._from_config(config, attn_implementation="sdpa", **kwargs)
+
+
+def _token_batch(shape: dict[str, int]) -> torch.Tensor:
+    return torch.randint(0, shape["vocab"], (shape["batch"], shape["seq"]))
+
+
+def _lm_workload(model, shape: dict[str, int], **info) -> Workload:
+    ids = _token_batch(shape)
+    return Workload(model, kwargs=dict(input_ids=ids, labels=ids), loss=_hf_loss, info=dict(info))
+
+
+def _gpt2(t, s) -> Workload:
+    config = t.GPT2Config(
+        n_embd=s["hidden"], n_layer=s["layers"], n_head=s["heads"], vocab_size=s["vocab"], n_positions=s["seq"],
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0, use_cache=False,
+    )
+    model = _from_config(t.GPT2LMHeadModel, config)
+    model.loss_type = "ForCausalLM"  # GPT-2's default loss lookup breaks the graph under Dynamo
+    return _lm_workload(model, s)
+
+
+def _llama(t, s) -> Workload:
+    config = t.LlamaConfig(
+        hidden_size=s["hidden"], intermediate_size=4 * s["hidden"], num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"], num_key_value_heads=s["heads"], vocab_size=s["vocab"],
+        max_position_embeddings=s["seq"], attention_dropout=0.0, use_cache=False,
+        bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    )
+    return _lm_workload(_from_config(t.LlamaForCausalLM, config), s)
+
+
+def _bert(t, s) -> Workload:
+    config = t.BertConfig(
+        hidden_size=s["hidden"], intermediate_size=4 * s["hidden"], num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"], vocab_size=s["vocab"], max_position_embeddings=s["seq"],
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, pad_token_id=0,
+    )
+    return _lm_workload(_from_config(t.BertForMaskedLM, config), s)
+
+
+def _t5(t, s) -> Workload:
+    config = t.T5Config(
+        d_model=s["hidden"], d_kv=s["hidden"] // s["heads"], d_ff=4 * s["hidden"], num_layers=s["layers"],
+        num_decoder_layers=s["layers"], num_heads=s["heads"], vocab_size=s["vocab"], dropout_rate=0.0,
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, use_cache=False,
+    )
+    return _lm_workload(_from_config(t.T5ForConditionalGeneration, config), s)
+
+
+def _vit(t, s) -> Workload:
+    patch = 8
+    image = patch * round(math.sqrt(s["seq"]))  # about as many patches as the text models have tokens
+    config = t.ViTConfig(
+        hidden_size=s["hidden"], intermediate_size=4 * s["hidden"], num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"], image_size=image, patch_size=patch, num_labels=10,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )
+    model = _from_config(t.ViTForImageClassification, config)
+    pixels = torch.randn(s["batch"], 3, image, image)
+    labels = torch.randint(0, 10, (s["batch"],))
+    return Workload(model, kwargs=dict(pixel_values=pixels, labels=labels), loss=_hf_loss, info=dict(image=image))
+
+
+def _mixtral(t, s) -> Workload:
+    config = t.MixtralConfig(
+        hidden_size=s["hidden"], intermediate_size=2 * s["hidden"], num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"], num_key_value_heads=s["heads"], vocab_size=s["vocab"],
+        max_position_embeddings=s["seq"], num_local_experts=4, num_experts_per_tok=2, attention_dropout=0.0,
+        router_jitter_noise=0.0, use_cache=False, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    )
+    model, experts = _mixtral_with_batched_experts(t, config)
+    return _lm_workload(model, s, experts_implementation=experts)
+
+
+def _mixtral_with_batched_experts(t, config):
+    """``experts_implementation="batched_mm"`` (one bmm over all experts, no data-dependent loop, so no graph
+    break) where the installed transformers has it; older releases loop over experts and we say so in the row."""
+    try:
+        model = _from_config(t.MixtralForCausalLM, config, experts_implementation="batched_mm")
+    except (TypeError, ValueError) as error:
+        model = _from_config(t.MixtralForCausalLM, config)
+        return model, f"unavailable ({type(error).__name__}: {error}); default loop"
+    return model, getattr(model.config, "_experts_implementation", None) or "unknown"
+
+
+_HF_BUILDERS = dict(gpt2=_gpt2, llama=_llama, bert=_bert, t5=_t5, vit=_vit, mixtral=_mixtral)

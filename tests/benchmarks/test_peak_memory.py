@@ -1,0 +1,33 @@
+"""The CPU peak-memory measurement (torch profiler memory events) against allocations of known size."""
+
+import bench_measure as bm
+import torch
+
+MIB = 2**20
+
+
+def test_profiler_peak_sees_a_4mib_allocation():
+    def step():
+        x = torch.empty(4 * MIB, dtype=torch.uint8)
+        x.fill_(1)  # touch it, so nothing can elide the allocation
+        del x
+
+    peak = bm.cpu_peak_bytes(step)
+    assert 4 * MIB <= peak < 5 * MIB, peak
+
+
+def test_profiler_peak_counts_frees_before_later_allocations():
+    def step():
+        a = torch.ones(MIB, dtype=torch.uint8)
+        del a  # freed before b exists: the peak is one MiB, not two
+        b = torch.ones(MIB, dtype=torch.uint8)
+        del b
+
+    assert MIB <= bm.cpu_peak_bytes(step) < 2 * MIB
+
+
+def test_peak_from_memory_events_orders_by_time_and_starts_at_zero():
+    events = [(3, -100), (1, 100), (2, 50), (4, 10)]
+    assert bm.peak_from_memory_events(events) == 150
+    assert bm.peak_from_memory_events([(1, -64), (2, 32)]) == 0  # a free of older memory never counts as use
+    assert bm.peak_from_memory_events([]) == 0
