@@ -199,3 +199,21 @@ def test_inference_graph_needs_no_partition():
 
         compiled = aot_module(model, fw_compiler=lambda g, i: make_boxed_func(g.forward), partition_fn=pf)
         torch.testing.assert_close(compiled(*inputs), model(*inputs))
+
+
+def test_prefer_tags_bias_the_cut_but_do_not_force_it():
+    inputs = (torch.randn(8, 32),)
+    plans = {}
+    for policy in (tp.CheckpointPolicy.PREFER_RECOMPUTE, tp.CheckpointPolicy.PREFER_SAVE):
+        for price in (0.5, 1e6):
+            model = Tagged(policy)
+            _, expected = eager_grads(model, inputs)
+            _, grads, _, reports = run_fxremat_aot(model, inputs, memory_price=price, strict=True)
+            assert_grads_close(grads, expected)
+            plans[policy, price] = reports[0]
+    prefer_recompute = plans[tp.CheckpointPolicy.PREFER_RECOMPUTE, 0.5]
+    prefer_save = plans[tp.CheckpointPolicy.PREFER_SAVE, 0.5]
+    assert prefer_recompute.recompute_flops > prefer_save.recompute_flops
+    assert prefer_recompute.saved_bytes < prefer_save.saved_bytes
+    # a bias, not a rule: when memory is priced high enough, PREFER_SAVE values are recomputed anyway
+    assert plans[tp.CheckpointPolicy.PREFER_SAVE, 1e6].saved_bytes < prefer_save.saved_bytes
