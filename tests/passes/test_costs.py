@@ -75,3 +75,92 @@ def test_fusion_rule_pointwise_recompute_costs_flops_only():
         assert c.recompute_seconds < c.est_seconds  # fused: no memory round trip
     for c in matmuls:
         assert c.recompute_seconds == c.est_seconds  # its own kernel: roofline
+
+
+class ConvVariants(torch.nn.Module):
+    """conv1d, a grouped conv2d and a transposed conv2d: FLOP formulas for every dimension, groups, transposed."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv1d(4, 8, 3, padding=1)
+        self.c2 = torch.nn.Conv2d(8, 8, 3, padding=1, groups=4)
+        self.t2 = torch.nn.ConvTranspose2d(8, 4, 2, stride=2)
+
+    def forward(self, x):
+        y = self.c1(x)  # (B, 8, 16)
+        y = self.c2(y.view(y.shape[0], 8, 4, 4))
+        return self.t2(y)
+
+
+def _check_flops_against_counter(joint) -> int:
+    checked = 0
+    for node in joint.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        cls = op_class(node)
+        if cls in (OpClass.RANDOM, OpClass.MUTATION):
+            continue
+        args, kwargs = _materialise(node.args), {k: _materialise(v) for k, v in node.kwargs.items()}
+        with FlopCounterMode(display=False) as counter:
+            node.target(*args, **kwargs)
+        if counter.get_total_flops():
+            assert count_flops(node, cls) == counter.get_total_flops(), node.format_node()
+            checked += 1
+    return checked
+
+
+def test_convolution_flops_any_dims_groups_transposed():
+    joint, _ = capture_joint(ConvVariants(), (torch.randn(2, 4, 16),))
+    convs = [n for n in joint.graph.nodes if "convolution" in str(n.target)]
+    assert len(convs) >= 6  # three forward, three backward
+    assert _check_flops_against_counter(joint) >= 6
+
+
+class CausalLM(torch.nn.Module):
+    """A transformers causal LM called positionally (aot_module passes positional inputs)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, labels):
+        return self.model(input_ids=input_ids, labels=labels).loss
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_flops_equal_flop_counter_on_transformers_models(arch):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    if arch == "gpt2":
+        config = transformers.GPT2Config(n_layer=1, n_embd=64, n_head=2, vocab_size=128, n_positions=64)
+        model = transformers.GPT2LMHeadModel(config)
+        model.loss_type = "ForCausalLM"
+    else:
+        config = transformers.LlamaConfig(
+            num_hidden_layers=1,
+            hidden_size=64,
+            intermediate_size=128,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            vocab_size=128,
+            max_position_embeddings=64,
+        )
+        model = transformers.LlamaForCausalLM(config)
+    ids = torch.randint(0, 128, (2, 16))
+    # through Dynamo (aot_module cannot take tied weights), capturing the joint graph AOTAutograd builds
+    from functorch.compile import make_boxed_func
+
+    from fxremat_passes import _torch_private as tp
+
+    captured = {}
+
+    def partition_fn(gm, joint_inputs, **kwargs):
+        captured["gm"] = tp.copy_graph_module(gm)
+        return tp.default_partition(gm, joint_inputs, **kwargs)
+
+    def nop(gm, example_inputs):
+        return make_boxed_func(gm.forward)
+
+    backend = tp.aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=partition_fn)
+    torch.compile(CausalLM(model), backend=backend)(ids, ids).backward()
+    assert _check_flops_against_counter(captured["gm"]) > 0
