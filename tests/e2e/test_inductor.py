@@ -186,3 +186,14 @@ def test_block_at_budget_zero_measured_within_budget():
     report = backend.reports[0]
     assert report.budget_met and saved.nbytes <= report.budget_bytes
     assert saved.nbytes < report.default_plan_saved_bytes
+
+
+def test_inference_compiles_without_a_partition():
+    torch.manual_seed(0)
+    model, inputs = example("block_sdpa")
+    backend = fxremat.backend(strict=True)
+    with torch.no_grad():
+        out = torch.compile(model, backend=backend)(*inputs)
+        expected = model(*inputs)
+    assert max_relative_error(out, expected) < 1e-4
+    assert backend.reports == []  # no joint graph, no report

@@ -217,3 +217,23 @@ def test_prefer_tags_bias_the_cut_but_do_not_force_it():
     assert prefer_recompute.saved_bytes < prefer_save.saved_bytes
     # a bias, not a rule: when memory is priced high enough, PREFER_SAVE values are recomputed anyway
     assert plans[tp.CheckpointPolicy.PREFER_SAVE, 1e6].saved_bytes < prefer_save.saved_bytes
+
+
+class AddBias(nn.Module):
+    """Backward needs nothing from forward (grad_w = sum of the tangent): the plain split."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16))
+
+    def forward(self, x):
+        return x + self.w
+
+
+def test_graph_whose_backward_needs_nothing_uses_the_plain_split():
+    model, inputs = AddBias(), (torch.randn(4, 16),)
+    _, expected = eager_grads(model, inputs)
+    _, grads, saved, reports = run_fxremat_aot(model, inputs, strict=True)
+    assert_grads_close(grads, expected)
+    assert reports[0].fallback_reason is None
+    assert reports[0].saved_bytes == saved.nbytes == 0
