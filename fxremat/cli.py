@@ -224,9 +224,10 @@ def _noop_compiler(gm, example_inputs):
 def compiled_step_reports(model: Any, inputs: Any, options, no_codegen: bool) -> list:
     """Compile and run forward+backward once; the reports fxremat made on the way, one per joint graph.
 
-    Without codegen it is Dynamo + AOTAutograd with no-op compilers (not ``aot_module``): the same graphs the
-    Inductor path partitions, with the module stacks and source lines the report shows, and Dynamo's graph
-    breaks let models through that a single trace rejects (a transformers model returns a DynamicCache).
+    Without codegen it is Dynamo + AOTAutograd with no-op compilers, set up as Inductor sets it up (not
+    ``aot_module``): the same joint graphs the Inductor path partitions, with the module stacks and source lines
+    the report shows, and Dynamo's graph breaks let models through that one trace rejects (a transformers
+    model returns a DynamicCache).
     """
     import torch
 
@@ -236,11 +237,7 @@ def compiled_step_reports(model: Any, inputs: Any, options, no_codegen: bool) ->
         from fxremat_passes import _torch_private as tp
 
         reports: list = []
-        backend = tp.aot_autograd(
-            fw_compiler=_noop_compiler,
-            bw_compiler=_noop_compiler,
-            partition_fn=make_partition_fn(options, reports),
-        )
+        backend = tp.aot_autograd_as_inductor(make_partition_fn(options, reports), _noop_compiler)
     else:
         backend = FxrematBackend(options)
         reports = backend.reports

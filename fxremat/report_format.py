@@ -67,12 +67,15 @@ def _natural_key(text: str) -> list:
 
 
 def module_bytes(rows: Iterable[SavedValue]) -> dict[str, int]:
-    """Counted saved bytes per module path (so the bars of one partitioner add up to its ``saved_bytes``)."""
+    """Counted saved bytes per module path: each counted row's whole storage (a saved slice keeps all of it
+    alive), so that one partitioner's bars add up to its ``saved_bytes``.  Rows from reports written before
+    ``storage_nbytes`` existed fall back to the tensor's own bytes."""
     totals: dict[str, int] = {}
     for row in rows:
         if row.counted:
             key = row.module or TOP_LEVEL
-            totals[key] = totals.get(key, 0) + row.nbytes
+            size = row.storage_nbytes if row.storage_nbytes is not None else row.nbytes
+            totals[key] = totals.get(key, 0) + size
     return totals
 
 
@@ -295,7 +298,7 @@ h3 { font-size: 15px; margin: 22px 0 8px; }
 table { border-collapse: collapse; margin: 6px 0 12px; font-size: 13px; }
 th, td { padding: 3px 10px; text-align: left; border-bottom: 1px solid #e5e7eb; vertical-align: top; }
 th { background: #f3f4f6; } td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
-td { white-space: nowrap; } tr:nth-child(even) td { background: #fafafa; } tr.dim td { color: #9ca3af; }
+th, td { white-space: nowrap; } tr:nth-child(even) td { background: #fafafa; } tr.dim td { color: #9ca3af; }
 .charts { display: flex; flex-wrap: wrap; gap: 32px; align-items: flex-start; } figure { margin: 0; }
 .note { color: #6b7280; font-size: 12px; margin-top: 0; }
 .scroll { overflow-x: auto; } code { font-size: 12px; }

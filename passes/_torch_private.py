@@ -37,7 +37,7 @@ def unsupported_torch_reason(version: str | None = None) -> str | None:
 
 
 # --- imports of private helpers (fail here, not deep inside a compile) ----------------------------------------
-from torch._dynamo.backends.common import aot_autograd  # noqa: E402  (tools: AOTAutograd without Inductor)
+from torch._dynamo.backends.common import aot_autograd  # noqa: E402
 from torch._functorch import config as functorch_config  # noqa: E402
 from torch._functorch.compile_utils import fx_graph_cse, raise_getitems  # noqa: E402
 from torch._functorch.partitioners import (  # noqa: E402
@@ -54,6 +54,7 @@ from torch._functorch.partitioners import (  # noqa: E402
     thread_graphsafe_rng_from_hops,
 )
 from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_files  # noqa: E402
+from torch._inductor.decomposition import select_decomp_table  # noqa: E402
 from torch.fx.experimental.proxy_tensor import is_sym_node  # noqa: E402
 from torch.fx.experimental.symbolic_shapes import optimization_hint  # noqa: E402
 from torch.utils.checkpoint import CheckpointPolicy  # noqa: E402
@@ -63,6 +64,7 @@ __all__ = [
     "CustomPartitionerFn",
     "SUPPORTED_TORCH",
     "aot_autograd",
+    "aot_autograd_as_inductor",
     "default_partition",
     "extract_fwd_bwd_outputs",
     "fx_graph_cse",
@@ -202,3 +204,18 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         # deepcopy of the graph's pytree codegen trips a FutureWarning about LeafSpec inside torch itself
         warnings.simplefilter("ignore", FutureWarning)
         return torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+
+
+def aot_autograd_as_inductor(partition_fn, compiler):
+    """A Dynamo backend that runs AOTAutograd the way Inductor's ``compile_fx`` does (Inductor's decompositions,
+    input mutations kept in the graph) but hands forward and backward to ``compiler`` instead of generating code:
+    the partitioner sees the joint graphs Inductor would give it, in seconds.  Without Inductor's decompositions
+    the graphs differ (other saved bytes); without kept mutations AOTAutograd copies a BatchNorm's running stats
+    back after the forward, and a plan that re-reads them in backward trips autograd's version check."""
+    return aot_autograd(
+        fw_compiler=compiler,
+        bw_compiler=compiler,
+        partition_fn=partition_fn,
+        decompositions=select_decomp_table(),
+        keep_inference_input_mutations=True,
+    )

@@ -29,6 +29,7 @@ class SavedValue:
     counted: bool  # False for graph inputs and for a second view of an already counted storage
     source: str | None  # user source line, when known
     module: str | None = None  # qualified name of the innermost nn.Module that computed it (Dynamo graphs only)
+    storage_nbytes: int | None = None  # bytes of the storage it keeps alive: what a counted row adds to saved_bytes
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,7 @@ def describe_split(
                 counted=counted,
                 source=_source_line(node),
                 module=module_path(node),
+                storage_nbytes=storage_bytes,
             )
         )
     forward_names = {n.name for n in fw.graph.nodes if n.op == "call_function"}
