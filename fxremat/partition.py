@@ -17,10 +17,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
+
 from fxremat_passes import _torch_private as tp
 from fxremat_passes.costs import DeviceProfile, annotate_costs
 from fxremat_passes.describe import describe_split
 from fxremat_passes.flow_problem import build_flow_problem
+from fxremat_passes.liveness import PeakEstimate, simulate_step
 from fxremat_passes.roles import Policy, Role, classify, recompute_tag
 
 from .options import Options
@@ -89,6 +91,31 @@ def _why_recomputed(node: fx.Node, role: Role) -> str:
     return "cheaper to recompute than to keep"
 
 
+# At most this many points of the simulated memory timeline go into a report (enough for a chart).
+TIMELINE_POINTS = 400
+
+
+def _simulate(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) -> PeakEstimate | None:
+    """The liveness simulation of a split; informative, so a failure is logged, never raised."""
+    try:
+        return simulate_step(fw, bw, num_fwd_outputs)
+    except Exception as error:
+        log.debug("memory simulation failed: %s", error, exc_info=True)
+        return None
+
+
+def _peak_fields(peak: PeakEstimate | None) -> dict:
+    if peak is None:
+        return {}
+    step = max(1, len(peak.timeline) // TIMELINE_POINTS)
+    return dict(
+        simulated_peak_bytes=peak.peak_bytes,
+        simulated_activation_peak_bytes=peak.activation_peak_bytes,
+        simulated_peak_at=f"{peak.peak_phase}:{peak.peak_node}",
+        memory_timeline=tuple(peak.timeline[::step]),
+    )
+
+
 def _baseline(request: PartitionRequest, profile: DeviceProfile) -> dict:
     start = time.perf_counter()
     try:
@@ -103,7 +130,9 @@ def _baseline(request: PartitionRequest, profile: DeviceProfile) -> dict:
     except Exception as error:  # the baseline is informative only; never let it break a compile
         log.warning("PyTorch's default partitioner failed on %s: %s", request.graph_id, error)
         return dict(baseline_error=f"{type(error).__name__}: {error}")
+    peak = _simulate(fw, bw, request.num_fwd_outputs)
     return dict(
+        baseline_simulated_peak_bytes=None if peak is None else peak.peak_bytes,
         baseline_saved_bytes=described.saved_bytes,
         baseline_recompute_flops=described.recompute_flops,
         baseline_est_recompute_seconds=described.recompute_seconds,
@@ -217,6 +246,7 @@ def partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModu
     report = CutReport(
         **common,
         **describe_fields(described),
+        **_peak_fields(_simulate(fw, bw, request.num_fwd_outputs)),
         **fields,
         **baseline,
         partition_seconds=time.perf_counter() - start - baseline.get("baseline_seconds", 0.0),

@@ -55,6 +55,11 @@ class CutReport:
     default_plan_saved_bytes: int | None = None  # fxremat's plan without a budget
     plan_method: str = "mincut"
     frontier: tuple[tuple[int, float, float], ...] = ()  # (saved bytes, est. seconds, memory_price) per hull vertex
+    simulated_peak_bytes: int | None = None  # liveness simulation of the step (passes/liveness.py)
+    simulated_activation_peak_bytes: int | None = None  # the same, less the gradients
+    simulated_peak_at: str | None = None  # "phase:node" where the simulated peak is reached
+    memory_timeline: tuple[tuple[str, str, int], ...] = ()  # (phase, node, bytes live), downsampled
+    baseline_simulated_peak_bytes: int | None = None
     fallback_reason: str | None = None
     from_cache: bool = False
     torch_version: str = ""
@@ -79,7 +84,7 @@ class CutReport:
         data["recomputed"] = tuple(RecomputedNode(**r) for r in data.get("recomputed", ()))
         for key in ("saved_symbols",):
             data[key] = tuple(data.get(key, ()))
-        for key in ("recompute_reasons", "never_recomputed", "tag_conflicts", "frontier"):
+        for key in ("recompute_reasons", "never_recomputed", "tag_conflicts", "frontier", "memory_timeline"):
             data[key] = tuple(tuple(x) for x in data.get(key, ()))
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
