@@ -38,41 +38,41 @@ _UNITS = {
 }
 
 
-def parse_bytes(text: str) -> int:
+def parse_bytes(text: str, name: str = "memory_budget") -> int:
     """'512MiB' -> 536870912, '2GB' -> 2000000000, '1024' -> 1024."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
     if not match or match.group(2).lower() not in _UNITS:
         raise ValueError(
-            f"memory_budget={text!r} is not a size; use a number of bytes with an optional unit "
+            f"{name}={text!r} is not a size; use a number of bytes with an optional unit "
             "(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), e.g. '512MiB'"
         )
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
-def normalise_budget(value: Any) -> float | int | None:
+def normalise_budget(value: Any, name: str = "memory_budget") -> float | int | None:
     """None | float fraction in [0, 1] | int bytes >= 0.  ``bool`` is rejected (True is not a budget)."""
     if value is None:
         return None
     if isinstance(value, bool):
         raise TypeError(
-            "memory_budget must be None, a float in [0, 1], an int number of bytes, or a size string "
+            f"{name} must be None, a float in [0, 1], an int number of bytes, or a size string "
             "like '512MiB'; got a bool"
         )
     if isinstance(value, float):
         if not math.isfinite(value) or not 0.0 <= value <= 1.0:
             raise ValueError(
-                f"memory_budget={value!r}: a float budget is a fraction in [0, 1] (0 = fewest saved bytes, "
+                f"{name}={value!r}: a float budget is a fraction in [0, 1] (0 = fewest saved bytes, "
                 "1 = the default plan); for an absolute budget pass an int of bytes or a string like '512MiB'"
             )
         return value
     if isinstance(value, int):
         if value < 0:
-            raise ValueError(f"memory_budget={value!r}: an absolute budget must be >= 0 bytes")
+            raise ValueError(f"{name}={value!r}: an absolute budget must be >= 0 bytes")
         return value
     if isinstance(value, str):
-        return parse_bytes(value)
+        return parse_bytes(value, name)
     raise TypeError(
-        f"memory_budget must be None, a float in [0, 1], an int number of bytes, or a size string like '512MiB'; "
+        f"{name} must be None, a float in [0, 1], an int number of bytes, or a size string like '512MiB'; "
         f"got {type(value).__name__}"
     )
 
@@ -109,6 +109,8 @@ class Options:
     """Everything that changes a partition (and so is part of the compile-cache key).
 
     memory_budget    None = the default plan; float in [0, 1]; int bytes; "512MiB".
+    peak_budget      None, or the activation peak of one step in bytes (int or "6GiB"): the plan is the fastest
+                     candidate whose simulated peak (passes/liveness.py) fits.  Not together with memory_budget.
     memory_price     byte-transfer times charged per byte kept for backward (>= 0; higher saves less).
     device           cost profile: "auto" (the graph's device: CUDA by name, else fixed CPU constants), a profile
                      name, "calibrated" (this machine, measured once and cached), or a DeviceProfile.
@@ -120,6 +122,7 @@ class Options:
     """
 
     memory_budget: float | int | None = None
+    peak_budget: int | None = None
     memory_price: float = DEFAULT_MEMORY_PRICE
     device: DeviceProfile | str = "auto"
     solver: str = "mincut"
@@ -136,6 +139,13 @@ class Options:
         values = dict(kwargs)
         if "memory_budget" in values:
             values["memory_budget"] = normalise_budget(values["memory_budget"])
+        if values.get("peak_budget") is not None:
+            peak = normalise_budget(values["peak_budget"], "peak_budget")
+            if isinstance(peak, float):
+                raise TypeError("peak_budget is bytes: an int or a size string like '6GiB', not a fraction")
+            values["peak_budget"] = peak
+            if values.get("memory_budget") is not None:
+                raise ValueError("give memory_budget (saved bytes) or peak_budget (step peak), not both")
         if "memory_price" in values:
             price = values["memory_price"]
             if isinstance(price, bool) or not isinstance(price, (int, float)):

@@ -19,6 +19,7 @@ import torch
 import torch.fx as fx
 
 from fxremat_passes import _torch_private as tp
+from fxremat_passes.budget import Plan
 from fxremat_passes.costs import DeviceProfile, annotate_costs
 from fxremat_passes.describe import describe_split
 from fxremat_passes.flow_problem import build_flow_problem
@@ -26,7 +27,7 @@ from fxremat_passes.liveness import PeakEstimate, simulate_step
 from fxremat_passes.roles import Policy, Role, classify, recompute_tag
 
 from .options import Options
-from .plan import choose_plan
+from .plan import FxrematBudgetWarning, candidate_plans, choose_plan
 from .report import CutReport, describe_fields, never_recomputed_counts
 
 log = logging.getLogger(__name__)
@@ -173,10 +174,24 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
     flow = build_flow_problem(roles, costs, profile)
     _enter("solve_min_cut")
     solve_start = time.perf_counter()
-    plan, plan_fields = choose_plan(flow.parametric, options, profile, request.graph_id)
+
+    def split(plan: Plan) -> tuple[fx.GraphModule, fx.GraphModule]:
+        saved_nodes = [flow.nodes[i] for i in plan.saved]
+        return tp.split_with_saved_values(
+            joint,
+            [n for n in saved_nodes if not tp.is_sym_node(n)],
+            [n for n in saved_nodes if tp.is_sym_node(n)],
+            num_fwd_outputs=request.num_fwd_outputs,
+            static_lifetime_input_nodes=roles.static_inputs,
+        )
+
+    if options.peak_budget is None:
+        plan, plan_fields = choose_plan(flow.parametric, options, profile, request.graph_id)
+        split_done = None
+    else:
+        plan, plan_fields, split_done = _choose_plan_for_peak(flow.parametric, options, profile, request, split)
     fields.update(plan_fields)
     fields["solve_seconds"] = time.perf_counter() - solve_start
-    saved_nodes = [flow.nodes[i] for i in plan.saved]
     recomputed_nodes = [flow.nodes[i] for i in plan.recomputed]
     for node in recomputed_nodes:
         if node in roles.no_recompute and roles.role[node] is not Role.BACKWARD_ONLY:
@@ -185,16 +200,31 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
         (n.name, _why_recomputed(n, roles.role[n])) for n in recomputed_nodes if roles.role[n] is Role.FORWARD
     )
     _enter("split")
-    saved_sym = [n for n in saved_nodes if tp.is_sym_node(n)]
-    saved_values = [n for n in saved_nodes if not tp.is_sym_node(n)]
-    fw, bw = tp.split_with_saved_values(
-        joint,
-        saved_values,
-        saved_sym,
-        num_fwd_outputs=request.num_fwd_outputs,
-        static_lifetime_input_nodes=roles.static_inputs,
-    )
+    fw, bw = split_done if split_done is not None else split(plan)
     return fw, bw, fields
+
+
+def _choose_plan_for_peak(problem, options: Options, profile: DeviceProfile, request: PartitionRequest, split):
+    """The fastest candidate plan whose simulated activation peak fits ``peak_budget``; else the lowest-peak one,
+    with a warning.  Candidates come from the price search (``candidate_plans``), fastest first, each split and
+    simulated until one fits, so the peak found is monotone in the budget (a tighter budget only removes
+    candidates)."""
+    budget = options.peak_budget
+    tried = []
+    for plan in candidate_plans(problem, options, profile):
+        fw, bw = split(plan)
+        peak = simulate_step(fw, bw, request.num_fwd_outputs)
+        tried.append((peak.activation_peak_bytes, plan, (fw, bw)))
+        if peak.activation_peak_bytes <= budget:
+            return plan, dict(peak_budget=budget, peak_budget_met=True, peak_candidates=len(tried)), (fw, bw)
+    lowest, plan, done = min(tried, key=lambda t: (t[0], t[1].seconds))
+    warnings.warn(
+        f"fxremat: {request.graph_id} cannot keep its simulated activation peak within {budget} bytes "
+        f"(peak_budget); the lowest any candidate plan reaches is {lowest} bytes. Using that plan.",
+        FxrematBudgetWarning,
+        stacklevel=3,
+    )
+    return plan, dict(peak_budget=budget, peak_budget_met=False, peak_candidates=len(tried)), done
 
 
 def partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModule, fx.GraphModule, CutReport]:

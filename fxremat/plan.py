@@ -93,3 +93,25 @@ def _refine(problem: ParametricProblem, plan: Plan, price: float, target: int) -
     if exact.saved_bytes <= target and objective(problem, exact, price) < objective(problem, plan, price):
         return exact
     return plan
+
+
+# Budgets (fractions of the way from the fewest-bytes plan to the default) whose MILP-refined plans join the
+# frontier's vertices as candidates for a peak budget: the vertices alone jump over the middle of the range.
+PEAK_CANDIDATE_FRACTIONS = (0.75, 0.5, 0.25, 0.1)
+
+
+def candidate_plans(problem: ParametricProblem, options: Options, profile: DeviceProfile) -> list[Plan]:
+    """Distinct plans spanning default to fewest bytes, fastest (estimated) first."""
+    price = options.memory_price / profile.mem_bandwidth
+    max_price = FEWEST_BYTES_PRICE_UNITS / profile.mem_bandwidth
+    plans = frontier(problem, price, max_price)
+    default, fewest = plans[0], plans[-1]
+    for fraction in PEAK_CANDIDATE_FRACTIONS:
+        target = _budget_bytes(fraction, default, fewest)
+        result = search_budget(problem, target, price, max_price, default_plan=default, fewest_bytes_plan=fewest)
+        plan = result.plan
+        if problem.num_values <= MILP_REFINE_LIMIT:
+            plan = _refine(problem, plan, price, target)
+        plans.append(plan)
+    distinct = {(p.saved, p.recomputed): p for p in plans}
+    return sorted(distinct.values(), key=lambda p: (p.seconds, p.saved_bytes))

@@ -55,6 +55,9 @@ class CutReport:
     default_plan_saved_bytes: int | None = None  # fxremat's plan without a budget
     plan_method: str = "mincut"
     frontier: tuple[tuple[int, float, float], ...] = ()  # (saved bytes, est. seconds, memory_price) per hull vertex
+    peak_budget: int | None = None  # as asked (activation peak bytes)
+    peak_budget_met: bool | None = None
+    peak_candidates: int | None = None  # candidate plans split and simulated to meet it
     simulated_peak_bytes: int | None = None  # liveness simulation of the step (passes/liveness.py)
     simulated_activation_peak_bytes: int | None = None  # the same, less the gradients
     simulated_peak_at: str | None = None  # "phase:node" where the simulated peak is reached

@@ -45,3 +45,31 @@ def test_exact_peak_of_a_small_model_counted_by_hand():
     assert report.simulated_peak_bytes == 4864
     assert report.simulated_peak_at.startswith("backward:")
     assert report.simulated_peak_bytes - report.simulated_activation_peak_bytes == 1536
+
+
+def test_peak_budget_is_met_monotone_and_keeps_gradients():
+    import warnings
+
+    from conftest import assert_grads_close, eager_grads
+
+    from fxremat.plan import FxrematBudgetWarning
+
+    model, inputs = example("stack")
+    _, expected = eager_grads(model, inputs)
+    default = run_fxremat_aot(model, inputs, strict=True, compare_default=False)[3][0]
+    peaks = []
+    for fraction in (1.0, 0.9, 0.8, 0.5, 0.1):
+        budget = int(default.simulated_activation_peak_bytes * fraction)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _, grads, _, reports = run_fxremat_aot(model, inputs, peak_budget=budget, strict=True)
+        assert_grads_close(grads, expected)
+        report = reports[0]
+        warned = [w for w in caught if issubclass(w.category, FxrematBudgetWarning)]
+        if report.peak_budget_met:
+            assert report.simulated_activation_peak_bytes <= budget and not warned
+        else:
+            assert len(warned) == 1
+        peaks.append(report.simulated_activation_peak_bytes)
+    assert peaks == sorted(peaks, reverse=True), peaks
+    assert peaks[-1] < peaks[0]
