@@ -8,13 +8,13 @@ import warnings
 import pytest
 import torch
 from conftest import assert_grads_close, eager_grads, run_aot, run_fxremat_aot
-from fxremat_passes import _torch_private as tp
 from test_partition_aot import Tagged
 
 import fxremat
 from fxremat.examples import example
 from fxremat.options import Options
 from fxremat.plan import FxrematBudgetWarning
+from fxremat_passes import _torch_private as tp
 
 MODELS = ("block_sdpa", "block_softmax", "stack", "mlp")
 

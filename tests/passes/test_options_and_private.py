@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 
 import pytest
-from fxremat_passes import _torch_private as tp
-from fxremat_passes.costs import DeviceProfile
 
 import fxremat
 from fxremat.backend import FxrematPartitioner, backend_from_compile_args
 from fxremat.options import Options, parse_bytes
+from fxremat_passes import _torch_private as tp
+from fxremat_passes.costs import DeviceProfile
 
 # (keyword arguments, exception type, text the message must contain)
 BAD_OPTIONS = [

@@ -9,14 +9,14 @@ import pytest
 import torch
 import torch.nn as nn
 from conftest import assert_grads_close, capture_joint, eager_grads, run_aot, run_fxremat_aot
-from fxremat_passes import _torch_private as tp
-from fxremat_passes.ops import OpClass, op_class
-from fxremat_passes.roles import Role, classify
 
 import fxremat
 from fxremat import partition as partition_module
 from fxremat.examples import EXAMPLES, example
 from fxremat.options import Options
+from fxremat_passes import _torch_private as tp
+from fxremat_passes.ops import OpClass, op_class
+from fxremat_passes.roles import Role, classify
 
 DETERMINISTIC = [n for n in EXAMPLES if n != "dropout"]
 
