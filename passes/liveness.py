@@ -36,17 +36,20 @@ class PeakEstimate:
     peak_node: str  # the node running when the peak is reached
     forward_peak_bytes: int
     backward_peak_bytes: int
-    gradient_bytes: int  # what backward returns (gradients): peak - this = activation peak
+    gradient_bytes: int  # what backward returns (gradients), all of them
+    activation_peak_bytes: int  # the most bytes held at once that are not gradients
     timeline: tuple[tuple[str, str, int], ...]  # (phase, node, bytes live after it)
-
-    @property
-    def activation_peak_bytes(self) -> int:
-        return self.peak_bytes - self.gradient_bytes
 
 
 def materialises(node: fx.Node, classes: dict[fx.Node, OpClass], outputs: set[fx.Node]) -> bool:
     cls = classes[node]
-    if cls in (OpClass.VIEW, OpClass.GETITEM, OpClass.SYMBOLIC, OpClass.PLACEHOLDER, OpClass.OUTPUT):
+    if cls is OpClass.GETITEM:
+        # an item of a multi-output op (SDPA, var_mean) owns its storage; an item of a view tuple (split) does not
+        parent = node.args[0]
+        return classes.get(parent) is not OpClass.VIEW and isinstance(node.meta.get("val"), torch.Tensor)
+    if isinstance(node.meta.get("val"), (tuple, list)):
+        return False  # the tuple itself holds nothing: its items are allocated (above)
+    if cls in (OpClass.VIEW, OpClass.SYMBOLIC, OpClass.PLACEHOLDER, OpClass.OUTPUT):
         return False
     if cls is OpClass.MUTATION:
         return False  # writes into an existing storage (e.g. BatchNorm's running stats)
@@ -73,17 +76,13 @@ def _readers_through_views(node: fx.Node, classes: dict[fx.Node, OpClass]) -> se
 
 def _tensor_storage_bytes(node: fx.Node) -> int:
     val = node.meta.get("val")
-    if isinstance(val, torch.Tensor):
-        return value_nbytes(val)
-    if isinstance(val, (tuple, list)):
-        return value_nbytes(tuple(v for v in val if isinstance(v, torch.Tensor)))
-    return 0
+    return value_nbytes(val) if isinstance(val, torch.Tensor) else 0
 
 
 class _Phase:
     """Live storages of one graph run: root node name -> bytes."""
 
-    def __init__(self, graph: fx.Graph, keep: set[str], carried: dict[str, int]):
+    def __init__(self, graph: fx.Graph, keep: set[str], carried: dict[str, int], gradients: frozenset = frozenset()):
         self.nodes = list(graph.nodes)
         self.classes = {n: op_class(n) for n in self.nodes}
         self.output = next(n for n in reversed(self.nodes) if n.op == "output")
@@ -95,6 +94,8 @@ class _Phase:
             for arg in node.all_input_nodes:
                 self.last_use[self.roots[arg].name] = index
         self.keep = keep  # root names that outlive this graph
+        self.gradients = gradients  # root names that are gradients (not activations)
+        self.activation_peak = 0
         self.live = dict(carried)
 
     def _inplace_candidate(self, node: fx.Node, index: int, nbytes: int) -> str | None:
@@ -130,6 +131,8 @@ class _Phase:
             total = sum(self.live.values())
             peak = max(peak, total)
             timeline.append((phase, node.name, total))
+            gradients = sum(b for name, b in self.live.items() if name in self.gradients)
+            self.activation_peak = max(self.activation_peak, total - gradients)
             for name in [n for n in self.live if self.last_use.get(n, -1) <= index and n not in self.keep]:
                 del self.live[name]
         return peak
@@ -163,7 +166,7 @@ def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) 
         carried[placeholder.name] = _tensor_storage_bytes(placeholder)
     bw_output = next(n for n in reversed(bw.graph.nodes) if n.op == "output")
     gradients = {alias_root(a).name for a in bw_output.all_input_nodes}
-    backward = _Phase(bw.graph, keep=gradients, carried=carried)
+    backward = _Phase(bw.graph, keep=gradients, carried=carried, gradients=frozenset(gradients))
     backward_peak = backward.run("backward", timeline)
     gradient_bytes = sum(
         _tensor_storage_bytes(a) for a in bw_output.all_input_nodes if alias_root(a).op != "placeholder"
@@ -179,5 +182,6 @@ def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) 
         forward_peak_bytes=forward_peak,
         backward_peak_bytes=backward_peak,
         gradient_bytes=gradient_bytes,
+        activation_peak_bytes=max(forward.activation_peak, backward.activation_peak),
         timeline=tuple(timeline),
     )
