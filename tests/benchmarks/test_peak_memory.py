@@ -1,4 +1,5 @@
-"""The CPU peak-memory measurement (torch profiler memory events) against allocations of known size."""
+"""The CPU peak-memory measurement (torch profiler memory events) against allocations of known size, and the
+gradient check against eager."""
 
 import bench_measure as bm
 import torch
@@ -31,3 +32,23 @@ def test_peak_from_memory_events_orders_by_time_and_starts_at_zero():
     assert bm.peak_from_memory_events(events) == 150
     assert bm.peak_from_memory_events([(1, -64), (2, 32)]) == 0  # a free of older memory never counts as use
     assert bm.peak_from_memory_events([]) == 0
+
+
+def _linear_with_grads(weight_grad, bias_grad):
+    model = torch.nn.Linear(2, 2)
+    model.weight.grad, model.bias.grad = weight_grad, bias_grad
+    return model
+
+
+def test_grad_errors_compare_a_mathematically_zero_gradient_on_the_models_scale():
+    # a key bias: eager's gradient is rounding noise, the compiled one is other noise, relatively 200% apart
+    reference = {"weight": torch.ones(2, 2), "bias": torch.full((2,), 1e-11)}
+    model = _linear_with_grads(torch.ones(2, 2) * (1 + 1e-6), torch.full((2,), -1e-11))
+    error, near_zero = bm.grad_errors(model, reference)
+    assert error < 1e-5 and near_zero == ["bias"]
+
+
+def test_grad_errors_still_catch_wrong_and_missing_gradients():
+    reference = {"weight": torch.ones(2, 2), "bias": torch.ones(2)}
+    assert bm.grad_errors(_linear_with_grads(torch.ones(2, 2), 2 * torch.ones(2)), reference) == (1.0, [])
+    assert bm.grad_errors(_linear_with_grads(torch.ones(2, 2), None), reference)[0] == float("inf")

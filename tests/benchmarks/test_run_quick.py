@@ -31,6 +31,7 @@ def _assert_measured(row):
     assert isinstance(row["step_ms"], float) and row["step_ms"] > 0
     assert isinstance(row["compile_s"], float) and row["compile_s"] > 0
     assert row["grads_matched"] is True and row["max_grad_error"] < 1e-3
+    assert row["near_zero_grad_params"] == []  # the MLP has no parameter whose gradient is zero
     assert row["graphs"] == 1
     for ratio in ("saved_ratio", "peak_ratio", "step_ratio"):
         assert ratio in row
