@@ -335,7 +335,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(args)
     except CliError as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
+        # one line, even when the cause (a torch error, say) spans several
+        message = "; ".join(line.strip() for line in str(error).splitlines() if line.strip())
+        print(f"{PROG}: error: {message}", file=sys.stderr)
         return 2
 
 

@@ -58,6 +58,15 @@ def not_a_pair():
 
 def broken():
     return nn.Linear(4, 4), (torch.randn(2, 5),)
+
+
+class Raises(nn.Module):
+    def forward(self, x):
+        raise ValueError("first line\\nsecond line")
+
+
+def raises_two_lines():
+    return Raises(), [torch.randn(2)]
 '''
 
 
@@ -179,7 +188,9 @@ def test_json_diff_default(json_out):
 
 
 def test_text_report_of_a_target_file(small_target, env):
-    result = run_tool([f"{small_target}:build", "--no-codegen", "--diff-default"], env)
+    """Through the checkout's tools/cut_report.py wrapper."""
+    wrapper = [sys.executable, str(REPO / "tools" / "cut_report.py")]
+    result = run_tool([f"{small_target}:build", "--no-codegen", "--diff-default"], env, command=wrapper)
     assert_ok(result)
     text = result.stdout
     assert text.startswith("fxremat cut report: graph_0")
@@ -243,10 +254,9 @@ def test_pareto_chart_draws_a_frontier_when_the_report_has_one(json_out):
 # --- other ways in ----------------------------------------------------------------------------------------------
 
 
-def test_list_through_the_tools_wrapper(env):
-    result = run_tool(["--list"], env, command=[sys.executable, str(REPO / "tools" / "cut_report.py")])
-    assert_ok(result)
-    assert result.stdout.split() == list(EXAMPLES)
+def test_list(capsys):
+    assert cli.main(["--list"]) == 0
+    assert capsys.readouterr().out.split() == list(EXAMPLES)
 
 
 @pytest.mark.inductor
@@ -319,6 +329,8 @@ def test_function_not_returning_model_and_inputs(capsys, small_target):
 
 def test_model_failing_in_eager(capsys, small_target):
     assert "fails in eager: RuntimeError" in _fails(capsys, [f"{small_target}:broken", "--no-codegen"])
+    # a message of several lines still makes one line
+    assert "ValueError: first line; second line" in _fails(capsys, [f"{small_target}:raises_two_lines"])
 
 
 def test_unwritable_out_dir(capsys, tmp_path):
