@@ -158,6 +158,8 @@ def _vit(t, s) -> Workload:
         hidden_size=s["hidden"], intermediate_size=4 * s["hidden"], num_hidden_layers=s["layers"],
         num_attention_heads=s["heads"], image_size=image, patch_size=patch, num_labels=10,
         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        # set up front: the loss sets it on its first call, and that config mutation recompiles the second step
+        problem_type="single_label_classification",
     )
     model = _from_config(t.ViTForImageClassification, config)
     pixels = torch.randn(s["batch"], 3, image, image)
