@@ -236,7 +236,8 @@ def format_diff_text(report: CutReport, max_rows: int = 20) -> str:
         ("saved only by fxremat", diff.only_fxremat),
         ("saved only by PyTorch default", diff.only_default),
     ):
-        counted = sum(r.nbytes for r in rows if r.counted)
+        # a saved slice keeps its whole storage alive: count storages, as saved_bytes does
+        counted = sum(r.nbytes if r.storage_nbytes is None else r.storage_nbytes for r in rows if r.counted)
         lines.append("")
         lines.append(f"{title}: {len(rows)} values, {format_bytes(counted)} counted")
         if rows:
