@@ -97,7 +97,9 @@ def make_partition_fn(options: Options, sink: list[CutReport]):
 
 
 def _dynamo_graph_key(gm: fx.GraphModule, example_inputs, uuid: str) -> str:
-    parts = [uuid, gm.code]
+    # grad mode decides whether there is a joint graph at all: an inference compile must not re-emit the report
+    # of a training compile of the same code
+    parts = [uuid, gm.code, f"grad={torch.is_grad_enabled()}"]
     for x in example_inputs:
         if isinstance(x, torch.Tensor):
             parts.append(f"T{tuple(x.shape)}{x.dtype}{x.requires_grad}{tuple(x.stride())}{x.device}")

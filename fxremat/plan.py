@@ -79,7 +79,10 @@ def choose_plan(
     fields["plan_method"] = plan.method
     if options.compare_default:  # a report-oriented run: also show the frontier
         points = frontier(problem, price, max_price)
-        fields["frontier"] = tuple((p.saved_bytes, p.seconds, p.price * profile.mem_bandwidth) for p in points)
+        # (saved bytes, estimated recompute seconds, memory_price): the same axes as the report's own figures
+        fields["frontier"] = tuple(
+            (p.saved_bytes, p.recompute_seconds, p.price * profile.mem_bandwidth) for p in points
+        )
     return plan, fields
 
 

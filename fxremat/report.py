@@ -54,7 +54,7 @@ class CutReport:
     fewest_saved_bytes: int | None = None  # the fewest-bytes plan's saved bytes (budget runs)
     default_plan_saved_bytes: int | None = None  # fxremat's plan without a budget
     plan_method: str = "mincut"
-    frontier: tuple[tuple[int, float, float], ...] = ()  # (saved bytes, est. seconds, memory_price) per hull vertex
+    frontier: tuple[tuple[int, float, float], ...] = ()  # (saved bytes, est. recompute s, memory_price) per vertex
     peak_budget: int | None = None  # as asked (activation peak bytes)
     peak_budget_met: bool | None = None
     peak_candidates: int | None = None  # candidate plans split and simulated to meet it

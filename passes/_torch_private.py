@@ -131,6 +131,31 @@ def _save_checkpoint_boundaries(joint: torch.fx.GraphModule) -> None:
             node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
 
 
+def mutated_inputs(joint: torch.fx.GraphModule, num_fwd_outputs: int) -> set[torch.fx.Node]:
+    """Graph inputs that forward mutates in place: destinations of in-graph ``copy_`` epilogues (Inductor keeps
+    input mutations in the graph), and inputs whose new value forward returns for the runtime to apply (AOTAutograd's
+    ``InputMutationAOTOutput`` descriptors, when mutations are not kept in the graph)."""
+    from torch._functorch._aot_autograd.descriptors import InputMutationAOTOutput
+
+    placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
+    mutated = set()
+    for node in joint.graph.nodes:
+        target = node.target
+        if (
+            isinstance(target, torch._ops.OpOverload)
+            and target._schema.is_mutable
+            and node.args
+            and isinstance(node.args[0], torch.fx.Node)
+            and node.args[0].op == "placeholder"
+        ):
+            mutated.add(node.args[0])
+    _, _, fwd_descs, _ = _extract_fwd_bwd_outputs(joint, num_fwd_outputs=num_fwd_outputs)
+    wanted = {d.mutated_input for d in fwd_descs if isinstance(d, InputMutationAOTOutput)}
+    if wanted:
+        mutated.update(p for p in placeholders if p.meta.get("desc") in wanted)
+    return mutated
+
+
 def prepare_joint_graph(joint: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """The clean-up PyTorch's min-cut partitioner does before it decides anything, so that both partitioners
     see the same graph: dead code out, CSE, checkpoint-tag clean-up, and MUST_SAVE marks on collectives,

@@ -32,8 +32,9 @@ class Plan:
     saved: tuple[int, ...]
     recomputed: tuple[int, ...]
     saved_bytes: int
-    seconds: float  # traffic + recompute, estimated
+    seconds: float  # traffic + recompute, estimated: what the plan adds to a step
     method: str = "mincut"
+    recompute_seconds: float = 0.0  # the recompute part alone
 
 
 def _positive(price: float, high: float) -> float:
@@ -50,6 +51,7 @@ def solve_at(problem: ParametricProblem, price: float) -> Plan:
         recomputed=solution.recomputed,
         saved_bytes=problem.saved_bytes(solution.saved),
         seconds=problem.seconds(solution.saved, solution.recomputed),
+        recompute_seconds=problem.recompute_seconds_of(solution.recomputed),
     )
 
 

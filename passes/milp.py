@@ -113,6 +113,7 @@ def solve_milp(
         saved_bytes=problem.saved_bytes(saved_t),
         seconds=problem.seconds(saved_t, recomputed_t),
         method="milp" if result.status == 0 else "milp (time limit)",
+        recompute_seconds=problem.recompute_seconds_of(recomputed_t),
     )
 
 

@@ -58,6 +58,10 @@ class ParametricProblem:
             self.recompute_seconds[v] or 0.0 for v in recomputed
         )
 
+    def recompute_seconds_of(self, recomputed: Iterable[int]) -> float:
+        """Estimated time a plan spends recomputing (what a report calls est_recompute_seconds)."""
+        return sum(self.recompute_seconds[v] or 0.0 for v in recomputed)
+
     def at(self, price: float) -> tuple[CutProblem, float]:
         """The min-cut problem at this price of memory (seconds per byte), and its ints-per-second scale."""
         save = [self.save_seconds(v, price) for v in range(self.num_values)]

@@ -153,12 +153,23 @@ def classify(
     no_recompute: dict[fx.Node, str] = {}
     no_save: dict[fx.Node, str] = {}
     conflicts: dict[fx.Node, str] = {}
+    # A value computed in backward from a graph input that forward mutates in place would read the new value
+    # (BatchNorm's running stats): such readers stay in forward and are saved, as PyTorch's partitioner does.
+    mutated = tp.mutated_inputs(joint, num_fwd_outputs)
+    reads_mutated: set[fx.Node] = set()
+    for node in nodes:
+        if role.get(node) is Role.FORWARD and any(
+            a in mutated or a in reads_mutated and classes[a] is OpClass.VIEW for a in node.all_input_nodes
+        ):
+            reads_mutated.add(node)
     for node in nodes:
         r = role[node]
         if r in (Role.OUTPUT, Role.BACKWARD, Role.TANGENT):
             continue
         cls = classes[node]
         reason = _never_recompute_reason(node, cls, r)
+        if reason is None and node in reads_mutated:
+            reason = "reads a graph input that forward mutates in place"
         if r is Role.BACKWARD_ONLY and reason is not None and not tp.must_be_in_forward(node):
             reason = None  # it runs once either way; computing it in backward is not a recompute
         tag = recompute_tag(node)

@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
 # A private, empty Inductor cache for the whole test session: warm caches from earlier runs must not hide
 # partitioner calls (the cache-hit path is tested on purpose, in its own test).
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="fxremat-tests-inductor-"))
+
+# benchmarks/ is a script directory, not a package: its modules are imported from there by tests/benchmarks.
+# (One conftest.py for the whole suite: a second one elsewhere would shadow this module's helpers.)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import torch  # noqa: E402
 from functorch.compile import aot_module, make_boxed_func  # noqa: E402

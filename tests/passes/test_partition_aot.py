@@ -237,3 +237,26 @@ def test_graph_whose_backward_needs_nothing_uses_the_plain_split():
     assert_grads_close(grads, expected)
     assert reports[0].fallback_reason is None
     assert reports[0].saved_bytes == saved.nbytes == 0
+
+
+class MutatesItsBuffer(nn.Module):
+    """Forward reads a buffer, then bumps it in place: backward must see the value forward used."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16))
+        self.register_buffer("scale", torch.full((16,), 2.0))
+
+    def forward(self, x):
+        y = torch.sin(x * self.scale) * self.w
+        self.scale.add_(1.0)
+        return y
+
+
+@pytest.mark.parametrize("price", [0.0, 1e6])
+def test_values_read_from_a_mutated_input_are_never_recomputed(price):
+    model, inputs = MutatesItsBuffer(), (torch.randn(4, 16),)
+    _, expected = eager_grads(model, inputs)
+    _, grads, _, reports = run_fxremat_aot(model, inputs, memory_price=price, strict=True)
+    assert_grads_close(grads, expected)
+    assert any("mutates in place" in reason for reason, _ in reports[0].never_recomputed)
