@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+
 from fxremat_passes import _torch_private as tp
 
 from .options import Options
