@@ -6,12 +6,13 @@ import itertools
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from fxremat_passes.budget import Plan, frontier, search_budget, solve_at
 from fxremat_passes.milp import objective, solve_milp
 from fxremat_passes.mincut import check_plan
 from fxremat_passes.parametric import ParametricProblem
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 DEFAULT_PRICE = 1e-10
 MAX_PRICE = 1e-3

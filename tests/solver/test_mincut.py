@@ -12,6 +12,9 @@ import sys
 
 import networkx as nx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from fxremat_passes.mincut import (
     CAPACITY_LIMIT,
     CutProblem,
@@ -20,8 +23,6 @@ from fxremat_passes.mincut import (
     plan_cost,
     solve_min_cut,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 
 def brute_force(problem: CutProblem) -> int | None:
