@@ -53,3 +53,14 @@ def test_markdown_table_has_one_line_per_row_and_shows_errors():
     lines = br.markdown_table(rows).strip().splitlines()
     assert len(lines) == 4 and all(line.count("|") == len(br.HEADERS) + 1 for line in lines)
     assert "error: ValueError: bad / thing" in lines[3]
+
+
+def test_a_missing_transformers_gives_an_error_row(monkeypatch):
+    import sys
+
+    import bench_measure as bm
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers now raises ImportError
+    row = bm.measure_or_error("gpt2", "tiny", "pytorch_default", 1, "cpu")
+    assert row["model"] == "gpt2" and row["config"] == "pytorch_default"
+    assert row["error"].startswith(("ModuleNotFoundError", "ImportError")), row["error"]
