@@ -17,35 +17,12 @@ import sys
 import torch
 
 
-def measured_peak(step, device: str) -> int:
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        start = torch.cuda.memory_allocated()
-        step()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - start
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    total = peak = 0
-    events = [
-        (e.start_ns(), e.nbytes())
-        for e in prof.profiler.kineto_results.events()
-        if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
-    ]
-    for _, nbytes in sorted(events):
-        total += nbytes
-        peak = max(peak, total)
-    return peak
-
-
 def main(argv=None) -> int:
     from tabulate import tabulate
 
     import fxremat
     from fxremat.examples import example
+    from fxremat.measure import step_peak_bytes
     from fxremat.report import format_bytes
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -72,7 +49,7 @@ def main(argv=None) -> int:
 
             for _ in range(2):
                 step()
-            peak = measured_peak(step, device)
+            peak, _ = step_peak_bytes(step, device)
             report = backend.reports[0]
             simulated = report.simulated_peak_bytes if label == "fxremat" else report.baseline_simulated_peak_bytes
             error = (simulated - peak) / peak if simulated and peak else float("nan")

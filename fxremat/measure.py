@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -66,3 +67,53 @@ def gradient_errors(model: torch.nn.Module, reference: dict[str, torch.Tensor]) 
             else:
                 errors[name] = max_relative_error(p.grad, reference[name])
     return errors
+
+
+# --- peak memory of one step (CPU profiler memory events, or CUDA allocator statistics) ---------------------
+
+
+def peak_from_memory_events(events: Iterable[tuple[int, int]]) -> int:
+    """Largest running total of (time, +bytes allocated / -bytes freed) events, in time order, from 0 at the start.
+
+    Memory that existed before the window and is freed inside it drives the total below 0; that is right: the
+    peak is the most memory the window held above what it started with, as CUDA's max minus start-allocated is.
+    """
+    total = peak = 0
+    for _, nbytes in sorted(events, key=lambda e: e[0]):
+        total += nbytes
+        peak = max(peak, total)
+    return peak
+
+
+def cpu_memory_events(prof) -> list[tuple[int, int]]:
+    """The ``[memory]`` events of a finished ``torch.profiler.profile(profile_memory=True)`` on CPU, as
+    (start ns, signed bytes).  In torch 2.13 these are in ``prof.profiler.kineto_results.events()``, with
+    ``nbytes()`` negative for a free; ``prof.events()`` has them too but with microsecond, float timestamps."""
+    events = []
+    for event in prof.profiler.kineto_results.events():
+        if event.name() == "[memory]" and event.device_type() == torch.autograd.DeviceType.CPU:
+            events.append((event.start_ns(), event.nbytes()))
+    return events
+
+
+def cpu_peak_bytes(fn: Callable[[], Any]) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    return peak_from_memory_events(cpu_memory_events(prof))
+
+
+def cuda_peak_bytes(fn: Callable[[], Any]) -> int:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - start
+
+
+def step_peak_bytes(fn: Callable[[], Any], device: str) -> tuple[int, str]:
+    if device == "cuda":
+        return cuda_peak_bytes(fn), "cuda_max_memory_allocated"
+    return cpu_peak_bytes(fn), "cpu_profiler_memory_events"
