@@ -117,6 +117,8 @@ class Options:
     solver           "mincut" (max-flow, with a budget: price search + MILP refinement on small graphs) or
                      "milp" (the exact MILP for every graph: small graphs only).
     compare_default  also run PyTorch's default partitioner on a copy for the report (off for production runs).
+    compare_budgets  also run PyTorch with activation_memory_budget 0.5, 0.1 and 0.0 on copies, for the report's
+                     memory/recompute chart (fxremat-report turns it on; costly on large graphs).
     strict           raise instead of falling back to PyTorch's partitioner when a pass fails.
     report_dir       also write every report as JSON here (default: $FXREMAT_REPORT_DIR).
     """
@@ -127,6 +129,7 @@ class Options:
     device: DeviceProfile | str = "auto"
     solver: str = "mincut"
     compare_default: bool = True
+    compare_budgets: bool = False
     strict: bool = False
     report_dir: str | None = None
 
@@ -157,7 +160,7 @@ class Options:
             values["device"] = resolve_device(values["device"])
         if "solver" in values and values["solver"] not in SOLVERS:
             raise ValueError(f"solver={values['solver']!r} is not known; use one of {list(SOLVERS)}")
-        for flag in ("compare_default", "strict"):
+        for flag in ("compare_default", "compare_budgets", "strict"):
             if flag in values and not isinstance(values[flag], bool):
                 raise TypeError(f"{flag} must be True or False, got {values[flag]!r}")
         if "report_dir" not in values:

@@ -117,7 +117,11 @@ def _peak_fields(peak: PeakEstimate | None) -> dict:
     )
 
 
-def _baseline(request: PartitionRequest, profile: DeviceProfile) -> dict:
+# PyTorch's activation_memory_budget values shown beside fxremat's frontier (compare_budgets).
+PYTORCH_BUDGETS = (0.5, 0.1, 0.0)
+
+
+def _baseline(request: PartitionRequest, profile: DeviceProfile, compare_budgets: bool = False) -> dict:
     start = time.perf_counter()
     try:
         joint = tp.copy_graph_module(request.joint)
@@ -131,14 +135,31 @@ def _baseline(request: PartitionRequest, profile: DeviceProfile) -> dict:
     except Exception as error:  # the baseline is informative only; never let it break a compile
         log.warning("PyTorch's default partitioner failed on %s: %s", request.graph_id, error)
         return dict(baseline_error=f"{type(error).__name__}: {error}")
+    default_seconds = time.perf_counter() - start
     peak = _simulate(fw, bw, request.num_fwd_outputs)
+    budget_points = []
+    for budget in PYTORCH_BUDGETS if compare_budgets else ():
+        try:
+            bfw, bbw = tp.pytorch_default_partition(
+                tp.copy_graph_module(request.joint),
+                request.joint_inputs,
+                num_fwd_outputs=request.num_fwd_outputs,
+                static_lifetime_input_indices=request.static_lifetime_input_indices,
+                activation_memory_budget=budget,
+            )
+            d = describe_split(bfw, bbw, request.num_fwd_outputs, profile)
+            budget_points.append((budget, d.saved_bytes, d.recompute_seconds))
+        except Exception as error:  # informative only
+            log.warning("PyTorch at activation_memory_budget=%s failed on %s: %s", budget, request.graph_id, error)
     return dict(
+        baseline_budget_points=tuple(budget_points),
         baseline_simulated_peak_bytes=None if peak is None else peak.peak_bytes,
         baseline_saved_bytes=described.saved_bytes,
         baseline_recompute_flops=described.recompute_flops,
         baseline_est_recompute_seconds=described.recompute_seconds,
         baseline_saved=described.saved,
-        baseline_seconds=time.perf_counter() - start,
+        baseline_seconds=default_seconds,  # PyTorch's default partition alone (comparable to ours)
+        _comparison_seconds=time.perf_counter() - start,  # everything spent on comparisons, not ours
     )
 
 
@@ -239,7 +260,8 @@ def partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModu
         memory_budget=options.memory_budget,
         torch_version=torch.__version__,
     )
-    baseline = _baseline(request, profile) if options.compare_default else {}
+    baseline = _baseline(request, profile, options.compare_budgets) if options.compare_default else {}
+    comparison_seconds = baseline.pop("_comparison_seconds", 0.0)
     fallback_reason = None
     fields: dict = {}
     pristine = tp.copy_graph_module(request.joint)  # the fallback must see the graph as it came
@@ -279,7 +301,7 @@ def partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModu
         **_peak_fields(_simulate(fw, bw, request.num_fwd_outputs)),
         **fields,
         **baseline,
-        partition_seconds=time.perf_counter() - start - baseline.get("baseline_seconds", 0.0),
+        partition_seconds=time.perf_counter() - start - comparison_seconds,
         fallback_reason=fallback_reason,
     )
     log.debug(

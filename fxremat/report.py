@@ -42,6 +42,8 @@ class CutReport:
     baseline_recompute_flops: int | None = None
     baseline_est_recompute_seconds: float | None = None
     baseline_saved: tuple[SavedValue, ...] = ()
+    # PyTorch at activation_memory_budget b: (b, saved bytes, est. recompute seconds); with compare_budgets only
+    baseline_budget_points: tuple[tuple[float, int, float], ...] = ()
     baseline_seconds: float | None = None
     baseline_error: str | None = None
     solve_seconds: float = 0.0
@@ -87,7 +89,14 @@ class CutReport:
         data["recomputed"] = tuple(RecomputedNode(**r) for r in data.get("recomputed", ()))
         for key in ("saved_symbols",):
             data[key] = tuple(data.get(key, ()))
-        for key in ("recompute_reasons", "never_recomputed", "tag_conflicts", "frontier", "memory_timeline"):
+        for key in (
+            "recompute_reasons",
+            "never_recomputed",
+            "tag_conflicts",
+            "frontier",
+            "memory_timeline",
+            "baseline_budget_points",
+        ):
             data[key] = tuple(tuple(x) for x in data.get(key, ()))
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})

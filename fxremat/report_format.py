@@ -107,6 +107,8 @@ def pareto_points(report: CutReport) -> list[ParetoPoint]:
                 DEFAULT_COLOR,
             )
         )
+    for budget, saved, seconds in getattr(report, "baseline_budget_points", ()) or ():
+        points.append(ParetoPoint(f"PyTorch budget {budget:g}", int(saved), float(seconds), DEFAULT_COLOR))
     return points
 
 
@@ -281,7 +283,9 @@ def svg_pareto(report: CutReport) -> str:
         )
         anchor = "end" if x > left + plot_w * 0.7 else "start"
         parts.append(_svg_text(x + (-10 if anchor == "end" else 10), y - 8, point.label, anchor))
-    legend = [(p.label, p.color) for p in points] + ([("frontier", FRONTIER_COLOR)] if frontier else [])
+    # one legend entry per colour: PyTorch's default and budget points share one (each point is labelled anyway)
+    legend = list({p.color: ("fxremat" if p.color == FXREMAT_COLOR else "PyTorch", p.color) for p in points}.values())
+    legend += [("frontier", FRONTIER_COLOR)] if frontier else []
     parts += _svg_legend(left, 20, legend)
     parts.append("</svg>")
     return "".join(parts)

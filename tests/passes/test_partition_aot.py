@@ -260,3 +260,12 @@ def test_values_read_from_a_mutated_input_are_never_recomputed(price):
     _, grads, _, reports = run_fxremat_aot(model, inputs, memory_price=price, strict=True)
     assert_grads_close(grads, expected)
     assert any("mutates in place" in reason for reason, _ in reports[0].never_recomputed)
+
+
+def test_compare_budgets_adds_pytorchs_budget_points():
+    model, inputs = example("block_sdpa")
+    report = run_fxremat_aot(model, inputs, compare_budgets=True, strict=True)[3][0]
+    budgets = [b for b, _, _ in report.baseline_budget_points]
+    assert budgets == [0.5, 0.1, 0.0]
+    saved = [s for _, s, _ in report.baseline_budget_points]
+    assert saved[0] <= report.baseline_saved_bytes and saved == sorted(saved, reverse=True)
