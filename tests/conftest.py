@@ -83,3 +83,19 @@ def assert_grads_close(actual: dict, expected: dict, rtol: float = 1e-4) -> None
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+def pytest_addoption(parser):
+    # Here, not in tests/robustness/conftest.py: pytest only takes options from the initial conftest files.
+    parser.addoption(
+        "--long",
+        action="store_true",
+        default=False,
+        help="tests/robustness: fuzz thousands of fresh random models (the same as FXREMAT_FUZZ_LONG=1)",
+    )
+
+
+def pytest_configure(config):
+    # The fuzz tests read the environment when their module is imported (hypothesis settings are decorators).
+    if config.getoption("--long", default=False):
+        os.environ["FXREMAT_FUZZ_LONG"] = "1"
