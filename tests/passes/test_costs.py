@@ -127,10 +127,56 @@ class CausalLM(torch.nn.Module):
         return self.model(input_ids=input_ids, labels=labels).loss
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+class Classifier(torch.nn.Module):
+    """A transformers model whose loss comes from ``labels`` (BERT masked LM, ViT classification)."""
+
+    def __init__(self, model, key):
+        super().__init__()
+        self.model, self.key = model, key
+
+    def forward(self, inputs, labels):
+        return self.model(**{self.key: inputs}, labels=labels).loss
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "bert", "vit"])
 def test_flops_equal_flop_counter_on_transformers_models(arch):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
+    ids = torch.randint(0, 128, (2, 16))
+    if arch == "bert":
+        config = transformers.BertConfig(
+            num_hidden_layers=1,
+            hidden_size=64,
+            intermediate_size=128,
+            num_attention_heads=2,
+            vocab_size=128,
+            max_position_embeddings=64,
+            attn_implementation="sdpa",
+        )
+        module, args = Classifier(transformers.BertForMaskedLM(config), "input_ids"), (ids, ids)
+    elif arch == "vit":
+        config = transformers.ViTConfig(
+            num_hidden_layers=1,
+            hidden_size=64,
+            intermediate_size=128,
+            num_attention_heads=2,
+            image_size=32,
+            patch_size=8,
+            num_labels=4,
+            problem_type="single_label_classification",
+            attn_implementation="sdpa",
+        )
+        pixels = torch.randn(2, 3, 32, 32)
+        module, args = (
+            Classifier(transformers.ViTForImageClassification(config), "pixel_values"),
+            (
+                pixels,
+                torch.tensor([0, 3]),
+            ),
+        )
+    if arch in ("bert", "vit"):
+        _check_transformers_flops(module, args)
+        return
     if arch == "gpt2":
         config = transformers.GPT2Config(n_layer=1, n_embd=64, n_head=2, vocab_size=128, n_positions=64)
         model = transformers.GPT2LMHeadModel(config)
@@ -146,7 +192,10 @@ def test_flops_equal_flop_counter_on_transformers_models(arch):
             max_position_embeddings=64,
         )
         model = transformers.LlamaForCausalLM(config)
-    ids = torch.randint(0, 128, (2, 16))
+    _check_transformers_flops(CausalLM(model), (ids, ids))
+
+
+def _check_transformers_flops(module, args):
     # through Dynamo (aot_module cannot take tied weights), capturing the joint graph AOTAutograd builds
     from functorch.compile import make_boxed_func
 
@@ -162,5 +211,5 @@ def test_flops_equal_flop_counter_on_transformers_models(arch):
         return make_boxed_func(gm.forward)
 
     backend = tp.aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=partition_fn)
-    torch.compile(CausalLM(model), backend=backend)(ids, ids).backward()
+    torch.compile(module, backend=backend)(*args).backward()
     assert _check_flops_against_counter(captured["gm"]) > 0
