@@ -31,7 +31,7 @@ from robust_helpers import (
 from fxremat.plan import FxrematBudgetWarning
 
 LONG = os.environ.get("FXREMAT_FUZZ_LONG") == "1"
-EXAMPLES = int(os.environ.get("FXREMAT_FUZZ_EXAMPLES", 2000 if LONG else 12))
+EXAMPLES = int(os.environ.get("FXREMAT_FUZZ_EXAMPLES", 2000 if LONG else 25))
 
 # Every budget and price the plan code distinguishes: the default cut, a Lagrangian search plus MILP refinement,
 # the fewest-bytes cut, and the two extremes of the price.
