@@ -93,8 +93,8 @@ def check_budget_invariants(reports: dict) -> None:
 
 
 # Two dense programs that always run (hypothesis's explicit phase): CI's few random cases are mostly short, and
-# these cover the rest of the menu (convs, BatchNorm, every in-place flavour, split, amax broadcast, gather,
-# embedding, bf16 both ways, dropout next to a cat of its own input).
+# these cover the rest of the menu (convs, BatchNorm, in-place ops on activations and on a slice, a mutated input,
+# split, amax broadcast, gather, embedding, bf16 both ways, dropout next to a cat of its own input).
 RICH_CONV = Program(
     input_shape=(2, 3, 4, 4),
     steps=(
@@ -113,6 +113,7 @@ RICH_CONV = Program(
         Step("softmax", (12,), (2, True)),
     ),
     outputs=(13, 7, 2),
+    aux=True,
 )
 RICH_SEQUENCE = Program(
     input_shape=(2, 5, 6),
