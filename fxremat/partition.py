@@ -181,12 +181,14 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
         tag_conflicts=tuple((n.name, why) for n, why in roles.tag_conflicts.items()),
     )
     if not roles.has_backward:
-        # Nothing for backward to read: the plain split (PyTorch does the same).
-        fw, bw = tp.default_partition(
+        # Nothing for backward to read: the plain split, saving nothing.  (PyTorch's default_partition, which its
+        # own partitioner uses here, asserts on a dead random op: the fuzzer found one.)
+        fw, bw = tp.split_with_saved_values(
             joint,
-            request.joint_inputs,
+            [],
+            [],
             num_fwd_outputs=request.num_fwd_outputs,
-            static_lifetime_input_indices=request.static_lifetime_input_indices,
+            static_lifetime_input_nodes=roles.static_inputs,
         )
         return fw, bw, fields
     _enter("annotate_costs")

@@ -184,6 +184,20 @@ def classify(
         if cannot_save is not None:
             no_save[node] = cannot_save
 
+    # A MUST_RECOMPUTE value that cannot be recomputed after all (it reads, perhaps through other tagged values, a
+    # value that may be neither saved nor recomputed: the items of a never-recomputed random op) keeps its data by
+    # being saved: safety wins over the tag, and the report says so.
+    recomputable: dict[fx.Node, bool] = {}
+    for node in nodes:
+        if role[node] in (Role.OUTPUT, Role.BACKWARD, Role.TANGENT):
+            continue
+        recomputable[node] = node not in no_recompute and role[node] is not Role.INPUT and all(
+            a not in no_save or recomputable.get(a, False) for a in node.all_input_nodes
+        )
+        if no_save.get(node) == "tagged MUST_RECOMPUTE" and not recomputable[node]:
+            del no_save[node]
+            conflicts[node] = "tagged MUST_RECOMPUTE, but it reads a value that is never recomputed nor saved: saved"
+
     result = GraphRoles(
         role=role,
         needed=tuple(sorted(needed, key=order.__getitem__)),

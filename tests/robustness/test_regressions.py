@@ -17,12 +17,10 @@ from functorch.compile import make_boxed_func
 from fuzz_models import FuzzModel, Program, Step, fresh, loss_of, make_inputs
 from robust_helpers import FP32_RTOL, assert_steps_match, eager_step, fxremat_step
 from torch._dynamo.backends.common import aot_autograd
-from torch._dynamo.exc import BackendCompilerFailed
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 import fxremat
 from fxremat.options import Options
-from fxremat_passes.mincut import InfeasibleCutError
 
 # The default cut, and price 0 (saving is free): before the fix even price 0 chose the recompute, as a fused pointwise
 # op is cheaper than the traffic of keeping its result.
@@ -123,6 +121,7 @@ def test_fuzzer_program_with_a_mutated_input():
 
 # --- SAC MUST_RECOMPUTE on a dropout, without Inductor's RNG decomposition -------------------------------------------
 
+# Fixed (roles.classify: a MUST_RECOMPUTE value that cannot be recomputed is saved, as a tag conflict):
 DROPOUT_TAG_BUG = (
     "a MUST_RECOMPUTE tag on native_dropout is overridden (random op), but not on its getitem outputs: the mask "
     "can be neither saved (tagged MUST_RECOMPUTE) nor recomputed (its producer never is), and the cut is "
@@ -149,7 +148,6 @@ class TaggedDropout(nn.Module):
         return checkpoint(self._body, x, use_reentrant=False, context_fn=context)
 
 
-@pytest.mark.xfail(strict=True, raises=BackendCompilerFailed, reason=DROPOUT_TAG_BUG)
 def test_must_recompute_tag_on_dropout_is_a_conflict():
     """Dynamo + AOTAutograd without Inductor (aot_eager-style): native_dropout and its mask reach the partitioner."""
     torch.manual_seed(0)
@@ -165,7 +163,6 @@ def test_must_recompute_tag_on_dropout_is_a_conflict():
     assert any("random" in why for _, why in report.tag_conflicts), report.tag_conflicts
 
 
-@pytest.mark.xfail(strict=True, raises=InfeasibleCutError, reason=DROPOUT_TAG_BUG)
 def test_must_recompute_tag_on_dropout_through_aot_module():
     torch.manual_seed(0)
     model = TaggedDropout()
@@ -177,6 +174,7 @@ def test_must_recompute_tag_on_dropout_through_aot_module():
 
 # --- a dead random op in a graph whose backward needs nothing (found by the fuzzer) ------------------------------
 
+# Fixed (partition: the plain split is our own, saving nothing):
 DEAD_RANDOM_BUG = (
     "with nothing for backward to read, fxremat splits with PyTorch's default_partition, which asserts on a dead "
     "native_dropout (a tuple-valued node whose getitems were removed): strict raises, non-strict falls back"
@@ -193,7 +191,6 @@ class DeadDropout(nn.Module):
         return x * 2.0
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=DEAD_RANDOM_BUG)
 def test_dead_dropout_in_a_graph_without_backward_needs():
     x = torch.randn(3, 4, requires_grad=True)
     result = fxremat_step(DeadDropout(), (x,), lambda out: out.sum(), strict=True)
