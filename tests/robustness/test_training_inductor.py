@@ -16,16 +16,19 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from robust_helpers import BF16_RTOL, close_scaled
+from robust_helpers import close_scaled
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 import fxremat
 
 pytestmark = pytest.mark.inductor
 
-# Inductor reorders fp32 reductions and AdamW divides by sqrt(v): PyTorch's own compile drifts ~1e-4 from eager
-# over a few steps; a wrong gradient is off by O(1).
-TRAIN_RTOL = 1e-3
+# Inductor reorders fp32 reductions and AdamW divides by sqrt(v): measured here, parameters after 3 steps are 6e-7
+# (relative) from eager and gradients 4e-7; a wrong gradient is off by O(1).
+TRAIN_RTOL = 1e-4
+# bf16 keeps 8 bits of mantissa and Inductor rounds at other points than eager (fused pointwise chains stay fp32):
+# measured 1.25e-2 on blocks.0.fc1.bias, so 2e-2 would sit too close.
+AUTOCAST_RTOL = 5e-2
 MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
 
 
@@ -200,8 +203,8 @@ def autocast_run(run):
 
 def test_autocast_bf16_step_matches_eager(run, autocast_run):
     (out, grads), (expected_out, expected_grads) = autocast_run["compiled"], autocast_run["eager"]
-    assert close_scaled(out, expected_out, BF16_RTOL) is None
-    assert not _errors(grads, expected_grads, BF16_RTOL)
+    assert close_scaled(out, expected_out, AUTOCAST_RTOL) is None
+    assert not _errors(grads, expected_grads, AUTOCAST_RTOL)
     report = run.backend.reports[-1]
     assert len(run.backend.reports) == 2 and report.fallback_reason is None
     assert any(row.dtype == "bfloat16" for row in report.saved), "autocast's bf16 activations are what is saved"
