@@ -122,11 +122,9 @@ def test_fuzzer_program_with_a_mutated_input():
 # --- SAC MUST_RECOMPUTE on a dropout, without Inductor's RNG decomposition -------------------------------------------
 
 # Fixed (roles.classify: a MUST_RECOMPUTE value that cannot be recomputed is saved, as a tag conflict):
-DROPOUT_TAG_BUG = (
-    "a MUST_RECOMPUTE tag on native_dropout is overridden (random op), but not on its getitem outputs: the mask "
-    "can be neither saved (tagged MUST_RECOMPUTE) nor recomputed (its producer never is), and the cut is "
-    "infeasible (InfeasibleCutError) instead of a tag conflict"
-)
+# Was: a MUST_RECOMPUTE tag on native_dropout is overridden (random op), but not on its getitem outputs: the mask can
+# be neither saved (tagged MUST_RECOMPUTE) nor recomputed (its producer never is), and the cut is infeasible
+# (InfeasibleCutError) instead of a tag conflict
 
 
 def _must_recompute(ctx, op, *args, **kwargs):
@@ -175,10 +173,8 @@ def test_must_recompute_tag_on_dropout_through_aot_module():
 # --- a dead random op in a graph whose backward needs nothing (found by the fuzzer) ------------------------------
 
 # Fixed (partition: the plain split is our own, saving nothing):
-DEAD_RANDOM_BUG = (
-    "with nothing for backward to read, fxremat splits with PyTorch's default_partition, which asserts on a dead "
-    "native_dropout (a tuple-valued node whose getitems were removed): strict raises, non-strict falls back"
-)
+# Was: with nothing for backward to read, fxremat splits with PyTorch's default_partition, which asserts on a dead
+# native_dropout (a tuple-valued node whose getitems were removed): strict raises, non-strict falls back
 
 
 class DeadDropout(nn.Module):
