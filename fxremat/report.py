@@ -212,22 +212,23 @@ def summary_rows(report: CutReport) -> list[list[str]]:
     ]
 
 
+def saved_value_cells(r: SavedValue) -> list[str]:
+    """name, op, shape, dtype, bytes, module, source: one saved value as table cells (text and HTML alike)."""
+    return [
+        r.name,
+        r.op,
+        "x".join(map(str, r.shape)),
+        r.dtype,
+        format_bytes(r.nbytes),
+        r.module or "",
+        short_source(r.source),
+    ]
+
+
 def _saved_table(saved: tuple[SavedValue, ...], max_rows: int) -> str:
     from tabulate import tabulate
 
-    rows = [
-        [
-            r.name,
-            r.op,
-            "x".join(map(str, r.shape)),
-            r.dtype,
-            format_bytes(r.nbytes),
-            r.module or "",
-            short_source(r.source),
-            "" if r.counted else "not counted",
-        ]
-        for r in saved[:max_rows]
-    ]
+    rows = [[*saved_value_cells(r), "" if r.counted else "not counted"] for r in saved[:max_rows]]
     table = tabulate(rows, headers=["value", "op", "shape", "dtype", "bytes", "module", "source", ""])
     if len(saved) > max_rows:
         table += f"\n... and {len(saved) - max_rows} more"

@@ -18,7 +18,7 @@ from typing import Any
 
 from fxremat_passes.describe import SavedValue
 
-from .report import CutReport, diff_default, format_bytes, short_source, summary_rows
+from .report import CutReport, diff_default, format_bytes, saved_value_cells, summary_rows
 
 log = logging.getLogger(__name__)
 
@@ -333,16 +333,7 @@ def _saved_rows(rows: Iterable[SavedValue], also: set[str] | None) -> tuple[list
     """Table rows, biggest counted values first, and which of them are greyed (not counted)."""
     table, dim = [], []
     for r in sorted(rows, key=lambda r: (-r.nbytes * r.counted, _natural_key(r.name))):
-        row = [
-            r.name,
-            r.op,
-            "x".join(map(str, r.shape)),
-            r.dtype,
-            format_bytes(r.nbytes),
-            r.module or "",
-            short_source(r.source),
-            "yes" if r.counted else "no",
-        ]
+        row = [*saved_value_cells(r), "yes" if r.counted else "no"]
         if also is not None:
             row.append("yes" if r.name in also else "no")
         table.append(row)

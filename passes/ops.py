@@ -180,6 +180,17 @@ SYMBOLIC_TARGETS = frozenset(
 )
 
 
+# Op families recognised by packet, checked in this order after the tag-based classes (random, mutation, view).
+_PACKET_CLASSES = (
+    (MATMUL_OPS, OpClass.MATMUL),
+    (CONVOLUTION_OPS, OpClass.CONVOLUTION),
+    (ATTENTION_OPS, OpClass.ATTENTION),
+    (NORM_OPS, OpClass.NORM),
+    (GATHER_OPS, OpClass.GATHER),
+    (CREATION_OPS, OpClass.CREATION),
+)
+
+
 def packet(node: fx.Node):
     """The OpOverloadPacket of an aten/prims call, or None."""
     target = node.target
@@ -244,18 +255,9 @@ def op_class(node: fx.Node) -> OpClass:
         return OpClass.MUTATION
     if target.is_view or pkt in ALIAS_OPS:
         return OpClass.VIEW
-    if pkt in MATMUL_OPS:
-        return OpClass.MATMUL
-    if pkt in CONVOLUTION_OPS:
-        return OpClass.CONVOLUTION
-    if pkt in ATTENTION_OPS:
-        return OpClass.ATTENTION
-    if pkt in NORM_OPS:
-        return OpClass.NORM
-    if pkt in GATHER_OPS:
-        return OpClass.GATHER
-    if pkt in CREATION_OPS:
-        return OpClass.CREATION
+    for packets, cls in _PACKET_CLASSES:
+        if pkt in packets:
+            return cls
     if has_tag(node, torch.Tag.reduction):
         return OpClass.REDUCTION
     if pkt in COPY_OPS:
@@ -267,7 +269,14 @@ def op_class(node: fx.Node) -> OpClass:
     return OpClass.OPAQUE
 
 
-# Classes whose recompute we never consider, whatever it would save: safety, not cost.
-NEVER_RECOMPUTE = frozenset({OpClass.RANDOM, OpClass.SEED, OpClass.COLLECTIVE, OpClass.MUTATION, OpClass.OPAQUE})
+# Classes whose recompute we never consider, whatever it would save (safety, not cost), and why: the report's words.
+NEVER_RECOMPUTE_REASONS = {
+    OpClass.RANDOM: "random op: recomputing would draw new random numbers",
+    OpClass.SEED: "RNG seed generation: recomputing would change the random stream",
+    OpClass.COLLECTIVE: "collective: ranks could decide differently and hang",
+    OpClass.MUTATION: "mutates an argument",
+    OpClass.OPAQUE: "opaque op (custom op or higher-order op): cost unknown",
+}
+NEVER_RECOMPUTE = frozenset(NEVER_RECOMPUTE_REASONS)
 # Classes that Inductor fuses into their consumer (so a recompute costs FLOPs, not a round trip to memory).
 FUSIBLE = frozenset({OpClass.VIEW, OpClass.POINTWISE, OpClass.COPY, OpClass.CREATION, OpClass.GETITEM})

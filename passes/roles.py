@@ -12,7 +12,7 @@ import torch
 import torch.fx as fx
 
 from . import _torch_private as tp
-from .ops import OpClass, op_class
+from .ops import NEVER_RECOMPUTE_REASONS, OpClass, op_class
 
 log = logging.getLogger(__name__)
 
@@ -68,16 +68,8 @@ def recompute_tag(node: fx.Node):
 def _never_recompute_reason(node: fx.Node, cls: OpClass, role: Role) -> str | None:
     if role is Role.INPUT:
         return "graph input"
-    if cls is OpClass.RANDOM:
-        return "random op: recomputing would draw new random numbers"
-    if cls is OpClass.SEED:
-        return "RNG seed generation: recomputing would change the random stream"
-    if cls is OpClass.COLLECTIVE:
-        return "collective: ranks could decide differently and hang"
-    if cls is OpClass.MUTATION:
-        return "mutates an argument"
-    if cls is OpClass.OPAQUE:
-        return "opaque op (custom op or higher-order op): cost unknown"
+    if cls in NEVER_RECOMPUTE_REASONS:
+        return NEVER_RECOMPUTE_REASONS[cls]
     if tp.must_be_in_forward(node):
         return "tagged to run in forward"
     if recompute_tag(node) == Policy.MUST_SAVE:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import capture_joint
+from cost_model import materialise  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode
 
 from fxremat.examples import EXAMPLES, example
@@ -12,19 +13,8 @@ from fxremat_passes.costs import PROFILES, annotate_costs, count_flops
 from fxremat_passes.ops import OpClass, op_class
 
 CPU = PROFILES["cpu"]
-
-
-def _materialise(arg):
-    if isinstance(arg, torch.fx.Node):
-        val = arg.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            if val.dtype.is_floating_point:
-                return torch.randn(val.shape, dtype=val.dtype)
-            return torch.zeros(val.shape, dtype=val.dtype)
-        return val
-    if isinstance(arg, (list, tuple)):
-        return type(arg)(_materialise(a) for a in arg)
-    return arg
+# real tensors of each node's hinted shapes (benchmarks/ is on sys.path: tests/conftest.py)
+_materialise = materialise
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
