@@ -61,8 +61,9 @@ def normalise_budget(value: Any, name: str = "memory_budget") -> float | int | N
     if isinstance(value, float):
         if not math.isfinite(value) or not 0.0 <= value <= 1.0:
             raise ValueError(
-                f"{name}={value!r}: a float budget is a fraction in [0, 1] (0 = fewest saved bytes, "
-                "1 = the default plan); for an absolute budget pass an int of bytes or a string like '512MiB'"
+                f"{name}={value!r}: a float budget is a fraction in [0, 1] (0 = the "
+                f"{'lowest-peak' if name == 'peak_budget' else 'fewest-bytes'} plan, 1 = the default plan); for an "
+                "absolute budget pass an int of bytes or a string like '512MiB'"
             )
         return value
     if isinstance(value, int):
@@ -109,8 +110,9 @@ class Options:
     """Everything that changes a partition (and so is part of the compile-cache key).
 
     memory_budget    None = the default plan; float in [0, 1]; int bytes; "512MiB".
-    peak_budget      None, or the activation peak of one step in bytes (int or "6GiB"): the plan is the fastest
-                     candidate whose simulated peak (passes/liveness.py) fits.  Not together with memory_budget.
+    peak_budget      None; the activation peak of one step in bytes (int or "6GiB"); or a float in [0, 1] (0 = the
+                     lowest-peak candidate, 1 = the default plan's peak): the plan is the fastest candidate whose
+                     simulated peak fits (fxremat/partition.py).  With memory_budget too, both must hold.
     memory_price     byte-transfer times charged per byte kept for backward (>= 0; higher saves less).
     device           cost profile: "auto" (the graph's device: CUDA by name, else fixed CPU constants), a profile
                      name, "calibrated" (this machine, measured once and cached), or a DeviceProfile.
@@ -124,7 +126,7 @@ class Options:
     """
 
     memory_budget: float | int | None = None
-    peak_budget: int | None = None
+    peak_budget: float | int | None = None
     memory_price: float = DEFAULT_MEMORY_PRICE
     device: DeviceProfile | str = "auto"
     solver: str = "mincut"
@@ -143,12 +145,7 @@ class Options:
         if "memory_budget" in values:
             values["memory_budget"] = normalise_budget(values["memory_budget"])
         if values.get("peak_budget") is not None:
-            peak = normalise_budget(values["peak_budget"], "peak_budget")
-            if isinstance(peak, float):
-                raise TypeError("peak_budget is bytes: an int or a size string like '6GiB', not a fraction")
-            values["peak_budget"] = peak
-            if values.get("memory_budget") is not None:
-                raise ValueError("give memory_budget (saved bytes) or peak_budget (step peak), not both")
+            values["peak_budget"] = normalise_budget(values["peak_budget"], "peak_budget")
         if "memory_price" in values:
             price = values["memory_price"]
             if isinstance(price, bool) or not isinstance(price, (int, float)):

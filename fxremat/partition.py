@@ -24,10 +24,11 @@ from fxremat_passes.costs import DeviceProfile, annotate_costs
 from fxremat_passes.describe import describe_split
 from fxremat_passes.flow_problem import build_flow_problem
 from fxremat_passes.liveness import PeakEstimate, simulate_step
+from fxremat_passes.plan_memory import build_joint_memory, estimate_peak
 from fxremat_passes.roles import Policy, Role, classify, recompute_tag
 
 from .options import Options
-from .plan import FxrematBudgetWarning, candidate_plans, choose_plan
+from .plan import FxrematBudgetWarning, choose_plan, peak_candidates
 from .report import CutReport, describe_fields, never_recomputed_counts
 
 log = logging.getLogger(__name__)
@@ -116,6 +117,9 @@ def _peak_fields(peak: PeakEstimate | None) -> dict:
         memory_timeline=tuple(peak.timeline[::step]),
     )
 
+
+# Candidates (fastest first) split and simulated to confirm an absolute peak budget before settling for the lowest.
+PEAK_VERIFY_SPLITS = 4
 
 # PyTorch's activation_memory_budget values shown beside fxremat's frontier (compare_budgets).
 PYTORCH_BUDGETS = (0.5, 0.1, 0.0)
@@ -212,7 +216,7 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
         plan, plan_fields = choose_plan(flow.parametric, options, profile, request.graph_id)
         split_done = None
     else:
-        plan, plan_fields, split_done = _choose_plan_for_peak(flow.parametric, options, profile, request, split)
+        plan, plan_fields, split_done = _choose_plan_for_peak(flow, roles, joint, options, profile, request, split)
     fields.update(plan_fields)
     fields["solve_seconds"] = time.perf_counter() - solve_start
     recomputed_nodes = [flow.nodes[i] for i in plan.recomputed]
@@ -227,27 +231,55 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
     return fw, bw, fields
 
 
-def _choose_plan_for_peak(problem, options: Options, profile: DeviceProfile, request: PartitionRequest, split):
-    """The fastest candidate plan whose simulated activation peak fits ``peak_budget``; else the lowest-peak one,
-    with a warning.  Candidates come from the price search (``candidate_plans``), fastest first, each split and
-    simulated until one fits, so the peak found is monotone in the budget (a tighter budget only removes
-    candidates)."""
+def _choose_plan_for_peak(flow, roles, joint, options: Options, profile: DeviceProfile, request, split):
+    """The fastest candidate plan whose simulated activation peak fits ``peak_budget`` (and whose saved bytes fit
+    ``memory_budget``, when both are given).  Candidates (``plan.peak_candidates``) are ranked by the plan-level
+    estimate (``plan_memory.py``, milliseconds each); an absolute budget is then checked on the real split with
+    ``simulate_step``.  A tighter budget only removes candidates, so the peak found is monotone in the budget.
+    A float budget is a fraction of the way from the lowest-peak candidate (0.0) to the default plan (1.0)."""
+    problem = flow.parametric
+    memory = build_joint_memory(joint, roles, request.num_fwd_outputs)
+    index = {n: i for i, n in enumerate(joint.graph.nodes)}
+    value_node = [index[n] for n in flow.nodes]
+    forward = [roles.role[n] is Role.FORWARD for n in flow.nodes]
+    default_plan, fields = choose_plan(problem, options, profile, request.graph_id)  # memory_budget's plan if any
+    candidates = peak_candidates(problem, forward, options, profile)
+    if "budget_bytes" in fields:
+        candidates = [p for p in candidates if p.saved_bytes <= fields["budget_bytes"]]
+    candidates = sorted(
+        {(p.saved, p.recomputed): p for p in [default_plan, *candidates]}.values(),
+        key=lambda p: (p.seconds, p.saved_bytes),
+    )
+    estimates = {
+        (p.saved, p.recomputed): estimate_peak(memory, {value_node[v] for v in p.saved}).activation_peak_bytes
+        for p in candidates
+    }
+
+    def estimate(plan: Plan) -> int:
+        return estimates[(plan.saved, plan.recomputed)]
+
+    lowest = min(candidates, key=lambda p: (estimate(p), p.seconds))
     budget = options.peak_budget
-    tried = []
-    for plan in candidate_plans(problem, options, profile):
+    if isinstance(budget, float):
+        target = int(estimate(lowest) + budget * max(0, estimate(default_plan) - estimate(lowest)))
+    else:
+        target = budget
+    fields.update(peak_budget=budget, peak_budget_bytes=target, peak_candidates=len(candidates))
+    fitting = [p for p in candidates if estimate(p) <= target]
+    if isinstance(budget, float):
+        return fitting[0], dict(fields, peak_budget_met=True), None  # by construction: the estimate fits
+    for plan in fitting[:PEAK_VERIFY_SPLITS]:
         fw, bw = split(plan)
-        peak = simulate_step(fw, bw, request.num_fwd_outputs)
-        tried.append((peak.activation_peak_bytes, plan, (fw, bw)))
-        if peak.activation_peak_bytes <= budget:
-            return plan, dict(peak_budget=budget, peak_budget_met=True, peak_candidates=len(tried)), (fw, bw)
-    lowest, plan, done = min(tried, key=lambda t: (t[0], t[1].seconds))
+        if simulate_step(fw, bw, request.num_fwd_outputs).activation_peak_bytes <= target:
+            return plan, dict(fields, peak_budget_met=True), (fw, bw)
     warnings.warn(
-        f"fxremat: {request.graph_id} cannot keep its simulated activation peak within {budget} bytes "
-        f"(peak_budget); the lowest any candidate plan reaches is {lowest} bytes. Using that plan.",
+        f"fxremat: {request.graph_id} cannot keep its simulated activation peak within {target} bytes "
+        f"(peak_budget={budget!r}); the lowest any candidate plan reaches is about {estimate(lowest)} bytes. "
+        "Using that plan.",
         FxrematBudgetWarning,
         stacklevel=3,
     )
-    return plan, dict(peak_budget=budget, peak_budget_met=False, peak_candidates=len(tried)), done
+    return lowest, dict(fields, peak_budget_met=False), None
 
 
 def partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModule, fx.GraphModule, CutReport]:

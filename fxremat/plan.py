@@ -8,10 +8,12 @@ An unreachable budget: one warning, the fewest-bytes plan, ``budget_met=False``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 
 from fxremat_passes.budget import Plan, frontier, search_budget, solve_at
+from fxremat_passes.checkpoints import checkpoint_grid
 from fxremat_passes.costs import DeviceProfile
 from fxremat_passes.milp import MilpFailed, objective, solve_milp
 from fxremat_passes.parametric import ParametricProblem
@@ -116,5 +118,25 @@ def candidate_plans(problem: ParametricProblem, options: Options, profile: Devic
         if problem.num_values <= MILP_REFINE_LIMIT:
             plan = _refine(problem, plan, price, target)
         plans.append(plan)
+    distinct = {(p.saved, p.recomputed): p for p in plans}
+    return sorted(distinct.values(), key=lambda p: (p.seconds, p.saved_bytes))
+
+
+# Solves per checkpoint set: its plans from the default price to the fewest bytes (within the checkpoint constraint).
+CHECKPOINT_FRONTIER_SOLVES = 6
+
+
+def peak_candidates(
+    problem: ParametricProblem, forward: list[bool], options: Options, profile: DeviceProfile
+) -> list[Plan]:
+    """Candidates for a peak budget: the price search's plans (``candidate_plans``) and, for a range of checkpoint
+    spacings (``checkpoints.py``), the plans that keep those checkpoints and recompute the segments between them
+    lazily (the bytes-only frontier has no plan whose recompute is spread over backward)."""
+    plans = candidate_plans(problem, options, profile)
+    price = options.memory_price / profile.mem_bandwidth
+    max_price = FEWEST_BYTES_PRICE_UNITS / profile.mem_bandwidth
+    for constrained in checkpoint_grid(problem, forward):
+        for plan in frontier(constrained, price, max_price, max_solves=CHECKPOINT_FRONTIER_SOLVES):
+            plans.append(dataclasses.replace(plan, method="checkpoints"))
     distinct = {(p.saved, p.recomputed): p for p in plans}
     return sorted(distinct.values(), key=lambda p: (p.seconds, p.saved_bytes))

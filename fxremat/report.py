@@ -57,9 +57,10 @@ class CutReport:
     default_plan_saved_bytes: int | None = None  # fxremat's plan without a budget
     plan_method: str = "mincut"
     frontier: tuple[tuple[int, float, float], ...] = ()  # (saved bytes, est. recompute s, memory_price) per vertex
-    peak_budget: int | None = None  # as asked (activation peak bytes)
+    peak_budget: float | int | None = None  # as asked (activation peak bytes, or a fraction)
+    peak_budget_bytes: int | None = None  # the activation peak the plan had to fit
     peak_budget_met: bool | None = None
-    peak_candidates: int | None = None  # candidate plans split and simulated to meet it
+    peak_candidates: int | None = None  # candidate plans whose peak was estimated
     simulated_peak_bytes: int | None = None  # liveness simulation of the step (passes/liveness.py)
     simulated_activation_peak_bytes: int | None = None  # the same, less the gradients
     simulated_peak_at: str | None = None  # "phase:node" where the simulated peak is reached
