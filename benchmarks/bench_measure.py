@@ -20,10 +20,24 @@ import torch
 from bench_models import Workload, build_workload
 
 # Configuration -> PyTorch's activation_memory_budget (patched for the compile) for the PyTorch rows.
-PYTORCH_BUDGETS = {"pytorch_default": None, "pytorch_budget_0.5": 0.5, "pytorch_budget_0.1": 0.1}
+PYTORCH_BUDGETS = {
+    "pytorch_default": None,
+    "pytorch_budget_0.5": 0.5,
+    "pytorch_budget_0.1": 0.1,
+    "pytorch_budget_0.0": 0.0,
+}
 # fxremat rows with an absolute budget: the saved bytes measured by this PyTorch row of the same model.
 BUDGET_SOURCES = {"fxremat_at_pytorch_0.5": "pytorch_budget_0.5", "fxremat_at_pytorch_0.1": "pytorch_budget_0.1"}
-CONFIGS = (*PYTORCH_BUDGETS, "fxremat_default", *BUDGET_SOURCES)
+# fxremat rows with a peak budget (a fraction: 0.0 = the lowest-peak plan it finds, 1.0 = its default's peak).
+PEAK_BUDGETS = {"fxremat_peak_0.5": 0.5, "fxremat_peak_0.0": 0.0}
+# ... and the lowest-peak plan within the saved bytes this PyTorch row measured (same saved bytes, lower peak).
+PEAK_AT_SOURCES = {
+    "fxremat_peak_at_pytorch_0.5": "pytorch_budget_0.5",
+    "fxremat_peak_at_pytorch_0.1": "pytorch_budget_0.1",
+}
+CONFIGS = (*PYTORCH_BUDGETS, "fxremat_default", *BUDGET_SOURCES, *PEAK_BUDGETS, *PEAK_AT_SOURCES)
+# The default run leaves out the configurations added for the peak study (select them with --configs).
+DEFAULT_CONFIGS = ("pytorch_default", "pytorch_budget_0.5", "pytorch_budget_0.1", "fxremat_default", *BUDGET_SOURCES)
 QUICK_CONFIGS = ("pytorch_default", "fxremat_default")
 
 WARMUP_STEPS = 3
@@ -124,10 +138,15 @@ def make_backend(config: str, budget_bytes: int | None):
     # partitioner on a copy of the graph (for the report) and pay for it in compile time.
     if config == "fxremat_default":
         return fxremat.backend(compare_default=False), contextlib.nullcontext
-    if config in BUDGET_SOURCES:
+    if config in PEAK_BUDGETS:
+        return fxremat.backend(compare_default=False, peak_budget=PEAK_BUDGETS[config]), contextlib.nullcontext
+    sources = {**BUDGET_SOURCES, **PEAK_AT_SOURCES}
+    if config in sources:
         if budget_bytes is None:
-            raise ValueError(f"{config} needs the saved bytes of {BUDGET_SOURCES[config]} (--budget-bytes)")
-        return fxremat.backend(compare_default=False, memory_budget=int(budget_bytes)), contextlib.nullcontext
+            raise ValueError(f"{config} needs the saved bytes of {sources[config]} (--budget-bytes)")
+        peak = dict(peak_budget=0.0) if config in PEAK_AT_SOURCES else {}
+        backend = fxremat.backend(compare_default=False, memory_budget=int(budget_bytes), **peak)
+        return backend, contextlib.nullcontext
     raise ValueError(f"unknown configuration {config!r}; one of {list(CONFIGS)}")
 
 
@@ -141,6 +160,7 @@ def fxremat_facts(backend) -> dict[str, Any]:
         fxremat_graphs=len(reports),
         fxremat_fallbacks=[r.fallback_reason for r in reports if r.fallback_reason],
         fxremat_budget_met=[r.budget_met for r in reports if r.budget_met is not None],
+        simulated_peak_bytes=[r.simulated_peak_bytes for r in reports],  # per joint graph, from fxremat's report
     )
 
 

@@ -26,6 +26,10 @@ SIZES: dict[str, dict[str, int]] = {
 EXAMPLE_MODELS = ("mlp", "block_sdpa", "block_softmax", "convnet", "stack")
 HF_MODELS = ("gpt2", "llama", "bert", "t5", "vit", "mixtral")
 ALL_MODELS = EXAMPLE_MODELS + HF_MODELS
+# Not in the default run: a deeper Llama (4x the layers of its size), where the peak of a step depends on how
+# recomputation is spread over backward (issue #8's peak-budget comparison; `--models llama_stack`).
+STACK_LAYERS_FACTOR = 4
+EXTRA_MODELS = ("llama_stack",)
 
 
 def _sum_loss(out: torch.Tensor) -> torch.Tensor:
@@ -74,8 +78,10 @@ def build_workload(name: str, size: str, device: str = "cpu") -> Workload:
         work = _example(name, shape)
     elif name in HF_MODELS:
         work = _hf_model(name, shape)
+    elif name == "llama_stack":
+        work = _hf_model("llama", dict(shape, layers=shape["layers"] * STACK_LAYERS_FACTOR))
     else:
-        raise ValueError(f"unknown model {name!r}; one of {list(ALL_MODELS)}")
+        raise ValueError(f"unknown model {name!r}; one of {list(ALL_MODELS + EXTRA_MODELS)}")
     work.info.setdefault("parameters", sum(p.numel() for p in work.model.parameters()))
     work.info.setdefault("class", type(work.model).__name__)
     return work.to(device)

@@ -44,8 +44,17 @@ Runner = Callable[[str, str, "int | None"], dict]  # (model, config, budget byte
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the MLP, pytorch_default vs fxremat_default, in-process")
-    parser.add_argument("--models", nargs="+", default=None, metavar="NAME", help=f"default: {' '.join(ALL_MODELS)}")
-    parser.add_argument("--configs", nargs="+", default=None, metavar="NAME", help=f"default: {' '.join(bm.CONFIGS)}")
+    more_configs = " ".join(c for c in bm.CONFIGS if c not in bm.DEFAULT_CONFIGS)
+    parser.add_argument(
+        "--models", nargs="+", default=None, metavar="NAME", help=f"default: {' '.join(ALL_MODELS)}; also: llama_stack"
+    )
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help=f"default: {' '.join(bm.DEFAULT_CONFIGS)}; also: {more_configs}",
+    )
     parser.add_argument("--size", choices=sorted(SIZES), default=None, help="default: small (tiny with --quick)")
     parser.add_argument("--repeats", type=int, default=10, help="timed steps; the median is reported")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed to one worker process")
@@ -59,7 +68,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.models = args.models or list(QUICK_MODELS)
         args.configs = args.configs or list(bm.QUICK_CONFIGS)
     args.models = args.models or list(ALL_MODELS)
-    args.configs = args.configs or list(bm.CONFIGS)
+    args.configs = args.configs or list(bm.DEFAULT_CONFIGS)
     args.size = args.size or ("tiny" if args.quick else "small")
     for config in args.configs:
         if config not in bm.CONFIGS:
@@ -158,7 +167,7 @@ def plan(models: Iterable[str], configs: Iterable[str]) -> list[tuple[str, str]]
 def budget_for(model: str, config: str, rows: list[dict]) -> tuple[int | None, str | None]:
     """(absolute budget in bytes, None) for fxremat_at_pytorch_X, from the measured pytorch_budget_X row of the same
     model; (None, why not) when that row is missing or failed; (None, None) for configurations without one."""
-    source = bm.BUDGET_SOURCES.get(config)
+    source = {**bm.BUDGET_SOURCES, **bm.PEAK_AT_SOURCES}.get(config)
     if source is None:
         return None, None
     for row in rows:

@@ -243,7 +243,7 @@ def _choose_plan_for_peak(flow, roles, joint, options: Options, profile: DeviceP
     value_node = [index[n] for n in flow.nodes]
     forward = [roles.role[n] is Role.FORWARD for n in flow.nodes]
     default_plan, fields = choose_plan(problem, options, profile, request.graph_id)  # memory_budget's plan if any
-    candidates = peak_candidates(problem, forward, options, profile)
+    candidates = peak_candidates(problem, forward, options, profile, fields.get("budget_bytes"))
     if "budget_bytes" in fields:
         candidates = [p for p in candidates if p.saved_bytes <= fields["budget_bytes"]]
     candidates = sorted(

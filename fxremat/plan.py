@@ -127,16 +127,30 @@ CHECKPOINT_FRONTIER_SOLVES = 6
 
 
 def peak_candidates(
-    problem: ParametricProblem, forward: list[bool], options: Options, profile: DeviceProfile
+    problem: ParametricProblem,
+    forward: list[bool],
+    options: Options,
+    profile: DeviceProfile,
+    budget_bytes: int | None = None,
 ) -> list[Plan]:
     """Candidates for a peak budget: the price search's plans (``candidate_plans``) and, for a range of checkpoint
     spacings (``checkpoints.py``), the plans that keep those checkpoints and recompute the segments between them
-    lazily (the bytes-only frontier has no plan whose recompute is spread over backward)."""
+    lazily (the bytes-only frontier has no plan whose recompute is spread over backward).  With a saved-bytes
+    budget too, each checkpoint set also gets its cheapest plan within that budget."""
     plans = candidate_plans(problem, options, profile)
     price = options.memory_price / profile.mem_bandwidth
     max_price = FEWEST_BYTES_PRICE_UNITS / profile.mem_bandwidth
     for constrained in checkpoint_grid(problem, forward):
-        for plan in frontier(constrained, price, max_price, max_solves=CHECKPOINT_FRONTIER_SOLVES):
-            plans.append(dataclasses.replace(plan, method="checkpoints"))
+        found = frontier(constrained, price, max_price, max_solves=CHECKPOINT_FRONTIER_SOLVES)
+        if budget_bytes is not None:
+            result = search_budget(
+                constrained, budget_bytes, price, max_price, default_plan=found[0], fewest_bytes_plan=found[-1]
+            )
+            if result.budget_met:
+                plan = result.plan
+                if problem.num_values <= MILP_REFINE_LIMIT:
+                    plan = _refine(constrained, plan, price, budget_bytes)
+                found.append(plan)
+        plans.extend(dataclasses.replace(plan, method="checkpoints") for plan in found)
     distinct = {(p.saved, p.recomputed): p for p in plans}
     return sorted(distinct.values(), key=lambda p: (p.seconds, p.saved_bytes))
