@@ -205,6 +205,12 @@ def summary_rows(report: CutReport) -> list[list[str]]:
             _ratio(report.est_recompute_seconds, report.baseline_est_recompute_seconds),
         ],
         [
+            "simulated step peak",
+            "-" if report.simulated_peak_bytes is None else format_bytes(report.simulated_peak_bytes),
+            "-" if report.baseline_simulated_peak_bytes is None else format_bytes(report.baseline_simulated_peak_bytes),
+            _ratio(report.simulated_peak_bytes, report.baseline_simulated_peak_bytes),
+        ],
+        [
             "partition time",
             f"{report.partition_seconds * 1e3:.1f} ms",
             "-" if report.baseline_seconds is None else f"{report.baseline_seconds * 1e3:.1f} ms",
@@ -256,6 +262,32 @@ def format_diff_text(report: CutReport, max_rows: int = 20) -> str:
     return "\n".join(lines)
 
 
+def budget_lines(report: CutReport) -> list[str]:
+    """What was asked and what was achieved: the saved-bytes budget, the peak budget, where the peak happens."""
+    lines = []
+    if report.budget_bytes is not None:
+        lines.append(
+            f"memory_budget {report.memory_budget!r}: at most {format_bytes(report.budget_bytes)} saved -> "
+            f"{format_bytes(report.saved_bytes)} ({'met' if report.budget_met else 'NOT met: fewest-bytes plan'})"
+        )
+    if isinstance(report.peak_budget, float):  # relative to the candidates' estimated peaks
+        lines.append(
+            f"peak_budget {report.peak_budget!r}: the fastest of {report.peak_candidates} candidate plans whose "
+            f"estimated activation peak is at most {format_bytes(report.peak_budget_bytes)} -> "
+            f"{format_bytes(report.simulated_activation_peak_bytes)} simulated"
+        )
+    elif report.peak_budget is not None:
+        lines.append(
+            f"peak_budget {report.peak_budget!r}: activation peak at most {format_bytes(report.peak_budget_bytes)} "
+            f"-> {format_bytes(report.simulated_activation_peak_bytes)} simulated "
+            f"({'met' if report.peak_budget_met else 'NOT met: lowest-peak plan'}; "
+            f"{report.peak_candidates} candidate plans)"
+        )
+    if report.simulated_peak_at:
+        lines.append(f"simulated peak reached at {report.simulated_peak_at}")
+    return lines
+
+
 def format_text(report: CutReport, max_rows: int = 20, diff: bool = False) -> str:
     from tabulate import tabulate
 
@@ -266,6 +298,7 @@ def format_text(report: CutReport, max_rows: int = 20, diff: bool = False) -> st
     if report.fallback_reason:
         lines.append(f"FELL BACK to PyTorch's default partitioner: {report.fallback_reason}")
     lines.append(tabulate(summary_rows(report), headers=["", "fxremat", "PyTorch default", "ratio"]))
+    lines.extend(budget_lines(report))
     saved = _by_bytes(report.saved)
     if saved:
         lines.append("")

@@ -67,3 +67,17 @@ def test_tightest_peak_budget_grows_like_sqrt_n():
     assert lowest_12 <= 2.2 * lowest_3, (lowest_3, lowest_12)
     assert fewest_12 >= 3 * fewest_3 * 0.9, (fewest_3, fewest_12)  # the failure mode, for contrast
     assert lowest_12 < 0.4 * fewest_12 and lowest_12 < 0.4 * default_12, (lowest_12, fewest_12, default_12)
+
+
+def test_report_text_says_what_was_asked_and_achieved():
+    import fxremat
+
+    model, inputs = example("stack")
+    report = run_fxremat_aot(model, inputs, strict=True, memory_budget=0.5, peak_budget="1GiB")[3][0]
+    text = fxremat.format_text(report)
+    assert report.peak_budget_met and report.budget_met
+    assert report.peak_budget_bytes == 2**30 and report.saved_bytes <= report.budget_bytes
+    assert "peak_budget 1073741824: activation peak at most 1.00 GiB" in text and "(met;" in text
+    assert f"memory_budget 0.5: at most {fxremat.report.format_bytes(report.budget_bytes)} saved" in text
+    assert f"simulated peak reached at {report.simulated_peak_at}" in text
+    assert "simulated step peak" in text
