@@ -97,10 +97,22 @@ def cpu_memory_events(prof) -> list[tuple[int, int]]:
 
 
 def cpu_peak_bytes(fn: Callable[[], Any]) -> int:
+    """The peak of ``fn()`` above what was live at its start, from the profiler's memory events.  Garbage is
+    collected first and the collector held off during ``fn``: a collection inside the window would free memory
+    unrelated to ``fn`` (tensors of earlier compilations) and lower the measured peak by their size."""
+    import gc
+
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            fn()
+    finally:
+        if enabled:
+            gc.enable()
     return peak_from_memory_events(cpu_memory_events(prof))
 
 

@@ -106,15 +106,27 @@ def _simulate(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) -> P
         return None
 
 
+def _timeline(peak: PeakEstimate) -> tuple[tuple[str, str, int], ...]:
+    """At most about TIMELINE_POINTS evenly spaced points of the timeline, always with the peak and the first
+    backward point (a chart marks both)."""
+    timeline = peak.timeline
+    step = max(1, len(timeline) // TIMELINE_POINTS)
+    keep = set(range(0, len(timeline), step))
+    keep |= {
+        i for i, (phase, node, nbytes) in enumerate(timeline) if (phase, node) == (peak.peak_phase, peak.peak_node)
+    }
+    keep |= {next((i for i, point in enumerate(timeline) if point[0] == "backward"), 0)}
+    return tuple(timeline[i] for i in sorted(keep) if i < len(timeline))
+
+
 def _peak_fields(peak: PeakEstimate | None) -> dict:
     if peak is None:
         return {}
-    step = max(1, len(peak.timeline) // TIMELINE_POINTS)
     return dict(
         simulated_peak_bytes=peak.peak_bytes,
         simulated_activation_peak_bytes=peak.activation_peak_bytes,
         simulated_peak_at=f"{peak.peak_phase}:{peak.peak_node}",
-        memory_timeline=tuple(peak.timeline[::step]),
+        memory_timeline=_timeline(peak),
     )
 
 
@@ -158,6 +170,8 @@ def _baseline(request: PartitionRequest, profile: DeviceProfile, compare_budgets
     return dict(
         baseline_budget_points=tuple(budget_points),
         baseline_simulated_peak_bytes=None if peak is None else peak.peak_bytes,
+        baseline_simulated_peak_at=None if peak is None else f"{peak.peak_phase}:{peak.peak_node}",
+        baseline_memory_timeline=() if peak is None else _timeline(peak),
         baseline_saved_bytes=described.saved_bytes,
         baseline_recompute_flops=described.recompute_flops,
         baseline_est_recompute_seconds=described.recompute_seconds,

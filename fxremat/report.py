@@ -66,6 +66,8 @@ class CutReport:
     simulated_peak_at: str | None = None  # "phase:node" where the simulated peak is reached
     memory_timeline: tuple[tuple[str, str, int], ...] = ()  # (phase, node, bytes live), downsampled
     baseline_simulated_peak_bytes: int | None = None
+    baseline_simulated_peak_at: str | None = None  # the same for PyTorch's default split of the same joint graph
+    baseline_memory_timeline: tuple[tuple[str, str, int], ...] = ()
     fallback_reason: str | None = None
     from_cache: bool = False
     torch_version: str = ""
@@ -96,6 +98,7 @@ class CutReport:
             "tag_conflicts",
             "frontier",
             "memory_timeline",
+            "baseline_memory_timeline",
             "baseline_budget_points",
         ):
             data[key] = tuple(tuple(x) for x in data.get(key, ()))
@@ -216,6 +219,21 @@ def summary_rows(report: CutReport) -> list[list[str]]:
             "-" if report.baseline_seconds is None else f"{report.baseline_seconds * 1e3:.1f} ms",
             "-",
         ],
+    ] + _peak_rows(report)
+
+
+def _peak_rows(report: CutReport) -> list[list[str]]:
+    """The simulated step peak (passes/liveness.py) and the node where it is reached, when simulated."""
+    if report.simulated_peak_bytes is None:
+        return []
+    return [
+        [
+            "simulated step peak",
+            format_bytes(report.simulated_peak_bytes),
+            format_bytes(report.baseline_simulated_peak_bytes),
+            _ratio(report.simulated_peak_bytes, report.baseline_simulated_peak_bytes),
+        ],
+        ["simulated peak at", report.simulated_peak_at or "-", report.baseline_simulated_peak_at or "-", "-"],
     ]
 
 

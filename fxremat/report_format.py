@@ -1,8 +1,8 @@
 """JSON and HTML renderings of ``CutReport`` (the text rendering is ``fxremat.report.format_text``).
 
-Data first: ``report_dict``, ``module_bytes`` and ``pareto_points`` compute what is shown; the ``_svg_*`` and
-``_html_*`` helpers only draw it.  The HTML is one self-contained file: inline CSS and SVG, no script, nothing
-fetched from the network, every piece of text passed through ``html.escape``.
+Data first: ``report_dict``, ``module_bytes``, ``pareto_points`` and ``timeline_series`` compute what is shown;
+the ``_svg_*`` and ``_html_*`` helpers only draw it.  The HTML is one self-contained file: inline CSS and SVG, no
+script, nothing fetched from the network, every piece of text passed through ``html.escape``.
 """
 
 from __future__ import annotations
@@ -291,6 +291,101 @@ def svg_pareto(report: CutReport) -> str:
     return "".join(parts)
 
 
+@dataclass(frozen=True)
+class TimelineSeries:
+    """One split's simulated memory timeline, as a chart draws it."""
+
+    label: str  # "fxremat" or "PyTorch default"
+    color: str
+    points: tuple[tuple[str, str, int], ...]  # (phase, node, bytes live after it)
+    peak_index: int  # the point where the peak is reached
+    backward_index: int | None  # the first backward point (None: the timeline has no backward)
+    peak_at: str  # "phase:node"
+
+
+def timeline_series(report: CutReport) -> list[TimelineSeries]:
+    """fxremat's timeline, then PyTorch default's when the report carries it."""
+    series = []
+    for label, color, points, peak_at in (
+        ("fxremat", FXREMAT_COLOR, report.memory_timeline, report.simulated_peak_at),
+        ("PyTorch default", DEFAULT_COLOR, report.baseline_memory_timeline, report.baseline_simulated_peak_at),
+    ):
+        if not points:
+            continue
+        named = [i for i, (phase, node, _) in enumerate(points) if f"{phase}:{node}" == peak_at]
+        peak_index = named[0] if named else max(range(len(points)), key=lambda i: points[i][2])
+        backward = next((i for i, point in enumerate(points) if point[0] == "backward"), None)
+        peak_at = f"{points[peak_index][0]}:{points[peak_index][1]}"
+        series.append(TimelineSeries(label, color, tuple(points), peak_index, backward, peak_at))
+    return series
+
+
+def svg_memory_timelines(report: CutReport) -> str:
+    """Bytes live over the step (forward, then backward), one step chart per split on one byte scale, the peak
+    marked and labelled, the forward/backward boundary dashed."""
+    series = timeline_series(report)
+    if not series:
+        return _svg_open(400, 40, "memory timeline") + _svg_text(8, 24, "no memory simulation") + "</svg>"
+    y_ticks = _byte_ticks(1.15 * max(p[2] for s in series for p in s.points))
+    return "".join(_svg_timeline(s, y_ticks) for s in series)
+
+
+def _svg_timeline(series: TimelineSeries, y_ticks: list[float]) -> str:
+    width, height = 480, 300
+    left, right, top, bottom = 86, 24, 40, 52
+    plot_w, plot_h = width - left - right, height - top - bottom
+    n = len(series.points)
+
+    def sx(i: float) -> float:
+        return left + plot_w * i / n
+
+    def sy(nbytes: float) -> float:
+        return top + plot_h * (1 - nbytes / y_ticks[-1])
+
+    title = f"memory timeline: {series.label}"
+    parts = [_svg_open(width, height, title)]
+    for tick in y_ticks:
+        parts.append(
+            f'<line x1="{left}" x2="{left + plot_w}" y1="{sy(tick):.1f}" y2="{sy(tick):.1f}" stroke="#e5e7eb"/>'
+        )
+        parts.append(_svg_text(left - 6, sy(tick) + 3, format_bytes(int(tick)).replace(".00 ", " "), "end", 10))
+    parts.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#374151"/>')
+    parts.append(_svg_text(left + plot_w / 2, height - 12, f"{series.label}: nodes in execution order", "middle"))
+    parts.append(
+        _svg_text(16, top + plot_h / 2, "bytes live", "middle", extra=f'transform="rotate(-90 16 {top + plot_h / 2})"')
+    )
+    if series.backward_index is not None:
+        x = sx(series.backward_index)
+        parts.append(
+            f'<line class="boundary" x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{top + plot_h}" stroke="#374151" '
+            'stroke-dasharray="4 3"/>'
+        )
+        parts.append(_svg_text(x - 4, top + 12, "forward", "end", 10))
+        parts.append(_svg_text(x + 4, top + 12, "backward", "start", 10))
+    # a step chart: each point holds its bytes until the next node runs
+    vertices = []
+    for i, (_, _, nbytes) in enumerate(series.points):
+        vertices += [f"{sx(i):.1f},{sy(nbytes):.1f}", f"{sx(i + 1):.1f},{sy(nbytes):.1f}"]
+    parts.append(
+        f'<polyline class="timeline" data-points="{n}" points="{" ".join(vertices)}" fill="none" '
+        f'stroke="{series.color}" stroke-width="1.5"/>'
+    )
+    peak = series.points[series.peak_index][2]
+    x, y = sx(series.peak_index + 0.5), sy(peak)
+    label = f"peak {format_bytes(peak)} at {series.peak_at}"
+    parts.append(
+        f'<circle class="peak" cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{FRONTIER_COLOR}" stroke="#111827">'
+        f"<title>{_e(label)}</title></circle>"
+    )
+    anchor = "end" if x > left + plot_w / 2 else "start"
+    dx = -8 if anchor == "end" else 8
+    label_y = max(top + 40, y - 8)  # below the forward/backward words
+    parts.append(_svg_text(x + dx, label_y - 13, f"peak {format_bytes(peak)}", anchor, 11, 'class="peak-label"'))
+    parts.append(_svg_text(x + dx, label_y, f"at {series.peak_at}", anchor, 11, 'class="peak-label"'))
+    parts.append("</svg>")
+    return "".join(parts)
+
+
 # --- HTML ------------------------------------------------------------------------------------------------------------
 
 _CSS = """
@@ -417,6 +512,15 @@ def _html_report(report: CutReport, diff: bool) -> str:
     note = '<p class="note">Lower left is better. The frontier: fxremat\'s plans at other memory prices.</p>'
     parts.append(f"<figure><figcaption><h3>Memory vs recompute</h3>{note}</figcaption>{svg_pareto(report)}</figure>")
     parts.append("</div>")
+    if report.memory_timeline:
+        note = (
+            '<p class="note">Simulated bytes live over one training step (passes/liveness.py: Inductor\'s kernel '
+            "order and fusion, buffers freed at last use), parameters and inputs not counted; gradients are.</p>"
+        )
+        parts.append(
+            f'<figure class="timeline"><figcaption><h3>Memory timeline</h3>{note}</figcaption>'
+            f'<div class="charts">{svg_memory_timelines(report)}</div></figure>'
+        )
     parts.append(_html_saved(report))
     parts.append(_html_recomputed(report))
     if diff:

@@ -3,14 +3,23 @@
 What it models (all in one place, so the rule can be checked against measurements — benchmarks/peak_memory.py):
 * Peak means bytes allocated during the step above what was live at its start (parameters, buffers and inputs
   are not counted; gradients are, since they are allocated during backward and outlive it).
-* Forward runs its nodes in graph order; backward in graph order too (PyTorch's split already reorders it the way
-  the autograd engine would run it).  A node allocates its output's storage when it runs; a storage is freed
-  right after the last node that reads it or any alias of it.  Views (and items of view tuples) allocate nothing.
+* Each graph runs as Inductor schedules it.  Every materialised buffer (below) is one unit of work; units of
+  Inductor's own kernels (pointwise, copies, reductions, norms) fuse when they share a read or one reads the other,
+  their loops have the same size and fusing makes no cycle (largest shared bytes first); the fused kernel runs at
+  its earliest member's place, dependencies first (``Scheduler.fuse_nodes`` then ``topological_sort_schedule``).
+  Matmuls, convolutions, attention and custom ops run alone.  Fusion moves work: e.g. a recomputed GELU and its
+  backward fuse through their shared read of the saved input, so the saved input dies before the weight gradient's
+  matmul that sat between them in graph order.
+* A unit allocates its output's storage when it runs; a storage is freed after the last kernel that reads it or any
+  alias of it.  Views (and items of view tuples) allocate nothing; a buffer read only inside its own fused kernel
+  never leaves it.  A kernel unit writes in place over an input of the same size that no later unit reads
+  (Inductor's in-place update), including backward's saved inputs, which backward frees as they die.
 * What forward returns stays alive: saved values until their last use in backward, other outputs until forward
   ends (the caller drops them: ``model(x).sum().backward()`` keeps only the loss).  Backward's outputs (gradients)
   stay alive to the end.  Tangents are allocated when backward starts.
-* Fusion: a pointwise/copy/creation value whose every reader is one Inductor fuses it into (pointwise, copy,
+* Fusion away: a pointwise/copy/creation value whose every reader is one Inductor fuses it into (pointwise, copy,
   reduction, norm, view) never leaves its kernel, so it allocates nothing (``materialises``).
+* Not modelled: Inductor's channels-last copies of convolution inputs (made after partitioning).
 """
 
 from __future__ import annotations
@@ -24,8 +33,6 @@ from .costs import alias_root, value_nbytes
 from .ops import FUSIBLE, OpClass, op_class
 
 # Readers a fusible producer folds into (Inductor's pointwise fusion, reduction prologues); views are looked through.
-# Kernels Inductor may run in place over a dying input of the same size (pointwise ones).
-INPLACE_CLASSES = frozenset({OpClass.POINTWISE, OpClass.COPY})
 FUSES_INTO = (FUSIBLE - {OpClass.VIEW, OpClass.GETITEM}) | {OpClass.REDUCTION, OpClass.NORM}
 
 
@@ -79,62 +86,238 @@ def _tensor_storage_bytes(node: fx.Node) -> int:
     return value_nbytes(val) if isinstance(val, torch.Tensor) else 0
 
 
+# Kernels Inductor generates itself (and fuses with each other); everything else (matmul, convolution, attention,
+# custom ops, collectives) is an extern kernel that runs alone.
+KERNEL_CLASSES = frozenset({OpClass.POINTWISE, OpClass.COPY, OpClass.CREATION, OpClass.REDUCTION, OpClass.NORM})
+
+
+def _numel(node: fx.Node) -> int:
+    val = node.meta.get("val")
+    return value_nbytes(val) // val.element_size() if isinstance(val, torch.Tensor) else 0
+
+
 class _Phase:
-    """Live storages of one graph run: root node name -> bytes."""
+    """One graph run as Inductor schedules it: its materialised buffers grouped into kernels (fusion), the kernels
+    in an execution order, and the live storages (root node name -> bytes) walked over that order."""
 
     def __init__(self, graph: fx.Graph, keep: set[str], carried: dict[str, int], gradients: frozenset = frozenset()):
         self.nodes = list(graph.nodes)
+        self.index = {n: i for i, n in enumerate(self.nodes)}
         self.classes = {n: op_class(n) for n in self.nodes}
         self.output = next(n for n in reversed(self.nodes) if n.op == "output")
         self.roots = {n: alias_root(n, self.classes) for n in self.nodes}
         # a returned view keeps its base: the base must be materialised even if it would otherwise fuse away
         self.returned = {a for a in self.output.all_input_nodes} | {self.roots[a] for a in self.output.all_input_nodes}
-        self.last_use: dict[str, int] = {}
-        for index, node in enumerate(self.nodes):
-            for arg in node.all_input_nodes:
-                self.last_use[self.roots[arg].name] = index
         self.keep = keep  # root names that outlive this graph
         self.gradients = gradients  # root names that are gradients (not activations)
+        self.carried = dict(carried)
         self.activation_peak = 0
-        self.live = dict(carried)
+        self._find_units()
+        self._fuse()
 
-    def _inplace_candidate(self, node: fx.Node, index: int, nbytes: int) -> str | None:
-        """An input storage of the same size whose last reader is this pointwise kernel (Inductor's in-place
-        buffer reuse), or None."""
-        if self.classes[node] not in INPLACE_CLASSES:
+    # --- what runs: units (one per materialised buffer or multi-output op), and what each reads ---------------
+
+    def _unit_of(self, node: fx.Node) -> fx.Node | None:
+        """The node whose kernel produces ``node``'s storage, or None (placeholders, views, values fused away)."""
+        cls = self.classes[node]
+        if node.op in ("placeholder", "output") or cls in (OpClass.VIEW, OpClass.SYMBOLIC):
             return None
-        for arg in node.all_input_nodes:
-            name = self.roots[arg].name
-            if (
-                self.live.get(name) == nbytes
-                and self.last_use.get(name) == index
-                and name not in self.keep
-                and self.roots[arg].op != "placeholder"
-            ):
-                return name
+        if cls is OpClass.GETITEM:
+            parent = node.args[0]
+            return self._unit_of(parent) if self.classes.get(parent) is not OpClass.VIEW else None
+        if isinstance(node.meta.get("val"), (tuple, list)) or cls is OpClass.MUTATION:
+            return node
+        return node if materialises(node, self.classes, self.returned) else None
+
+    def _find_units(self) -> None:
+        self.unit = {n: self._unit_of(n) for n in self.nodes}
+        self.units = [n for n in self.nodes if self.unit[n] is n]
+        # storages each node's computation reads: through views to their root, through fused-away values to theirs
+        reads: dict[fx.Node, frozenset[fx.Node]] = {}
+        for node in self.nodes:
+            found: set[fx.Node] = set()
+            for arg in node.all_input_nodes:
+                if not isinstance(arg.meta.get("val"), torch.Tensor):
+                    continue  # an item of a multi-output op: its kernel is the op's
+                root = self.roots[arg]
+                if root.op == "placeholder" or self.unit[root] is not None:
+                    found.add(root)
+                else:
+                    found |= reads[root]
+            reads[node] = frozenset(found)
+        members: dict[fx.Node, list[fx.Node]] = {u: [] for u in self.units}
+        for node in self.nodes:
+            if self.unit[node] is not None:
+                members[self.unit[node]].append(node)
+        self.members = members
+        self.unit_reads = {u: frozenset().union(*(reads[m] for m in members[u])) for u in self.units}
+        # every storage a unit owns (a multi-output op owns its items')
+        self.owned = {u: [m for m in members[u] if self._allocates(m)] for u in self.units}
+
+    def _allocates(self, node: fx.Node) -> bool:
+        return (
+            self.roots[node] is node
+            and isinstance(node.meta.get("val"), torch.Tensor)
+            and self.classes[node] is not OpClass.MUTATION
+        )
+
+    def _numel(self, unit: fx.Node) -> int:
+        """The iteration space of a unit's loop: the largest tensor it writes or reads (a reduction's input)."""
+        return max((_numel(n) for n in (*self.owned[unit], *self.unit_reads[unit])), default=0)
+
+    # --- fusion: kernels Inductor merges (shared reads, producer into consumer) when the loops match ----------
+
+    def _fuse(self) -> None:
+        units = self.units
+        group = {u: u for u in units}  # union-find over units
+
+        def find(u):
+            while group[u] is not u:
+                group[u] = group[group[u]]
+                u = group[u]
+            return u
+
+        # unit DAG (over groups, kept up to date as groups merge)
+        succ: dict[fx.Node, set[fx.Node]] = {u: set() for u in units}
+        pred: dict[fx.Node, set[fx.Node]] = {u: set() for u in units}
+        for u in units:
+            for r in self.unit_reads[u]:
+                p = self.unit.get(r)
+                if p is not None and p is not u:
+                    succ[p].add(u)
+                    pred[u].add(p)
+        fusible = [u for u in units if self.classes[u] in KERNEL_CLASSES]
+        numel = {u: self._numel(u) for u in fusible}
+        candidates: dict[tuple[fx.Node, fx.Node], int] = {}
+        readers: dict[fx.Node, list[fx.Node]] = {}
+        for u in fusible:
+            for r in self.unit_reads[u]:
+                readers.setdefault(r, []).append(u)
+        for r, us in readers.items():
+            nbytes = _tensor_storage_bytes(r)
+            p = self.unit.get(r)
+            if p is not None and p in numel:
+                us = [p, *us]
+            for i, a in enumerate(us):
+                for b in us[i + 1 :]:
+                    if a is not b and numel[a] == numel[b]:
+                        key = (a, b) if self.index[a] < self.index[b] else (b, a)
+                        candidates[key] = candidates.get(key, 0) + nbytes
+        lo = {u: self.index[u] for u in units}
+        hi = dict(lo)
+
+        def creates_cycle(a, b) -> bool:
+            # a path a -> x -> ... -> b through another group (or b -> ... -> a); all paths run forward in graph order
+            for start, end in ((a, b), (b, a)):
+                stack = [s for s in succ[start] if s is not end]
+                seen = set(stack)
+                while stack:
+                    g = stack.pop()
+                    if g is end:
+                        return True
+                    for s in succ[g]:
+                        if s not in seen and lo[s] <= hi[end]:
+                            seen.add(s)
+                            stack.append(s)
+            return False
+
+        for (a, b), _ in sorted(
+            candidates.items(), key=lambda kv: (-kv[1], self.index[kv[0][0]], self.index[kv[0][1]])
+        ):
+            ga, gb = find(a), find(b)
+            if ga is gb or creates_cycle(ga, gb):
+                continue
+            group[gb] = ga
+            lo[ga], hi[ga] = min(lo[ga], lo[gb]), max(hi[ga], hi[gb])
+            for s in succ.pop(gb):
+                pred[s].discard(gb)
+                if s is not ga:
+                    pred[s].add(ga)
+                    succ[ga].add(s)
+            for p in pred.pop(gb):
+                succ[p].discard(gb)
+                if p is not ga:
+                    succ[p].add(ga)
+                    pred[ga].add(p)
+            succ[ga].discard(ga)
+            pred[ga].discard(ga)
+        kernels: dict[fx.Node, list[fx.Node]] = {}
+        for u in units:
+            kernels.setdefault(find(u), []).append(u)
+        self.kernels = kernels  # group head -> its units, in graph order
+        self.kernel_succ, self.kernel_pred = succ, pred
+        self.kernel_lo = lo
+
+    def fusion_order(self) -> list[fx.Node]:
+        """Inductor's order after fusion: each kernel at its earliest member, then dependencies first."""
+        order: list[fx.Node] = []
+        seen: set[fx.Node] = set()
+        for head in sorted(self.kernels, key=lambda g: self.kernel_lo[g]):
+            stack = [(head, iter(sorted(self.kernel_pred[head], key=lambda g: self.kernel_lo[g])))]
+            if head in seen:
+                continue
+            seen.add(head)
+            while stack:
+                g, deps = stack[-1]
+                nxt = next((d for d in deps if d not in seen), None)
+                if nxt is None:
+                    order.append(g)
+                    stack.pop()
+                else:
+                    seen.add(nxt)
+                    stack.append((nxt, iter(sorted(self.kernel_pred[nxt], key=lambda d: self.kernel_lo[d]))))
+        return order
+
+    def _inplace_candidate(self, unit: fx.Node, nbytes: int, live: dict[str, int], remaining: dict[str, int]):
+        """A live input storage of the same size that no other unit will read (Inductor's in-place update, which
+        also takes backward's saved inputs, freed as they die), or None."""
+        for r in sorted(self.unit_reads[unit], key=lambda r: self.index[r]):
+            if live.get(r.name) == nbytes and remaining[r.name] == 1 and r.name not in self.keep:
+                return r.name
         return None
 
-    def run(self, phase: str, timeline: list) -> int:
-        peak = sum(self.live.values())
-        for index, node in enumerate(self.nodes):
-            if node.op == "output":
-                break
-            root = self.roots[node]
-            if root is node and node.op != "placeholder" and materialises(node, self.classes, self.returned):
-                nbytes = _tensor_storage_bytes(node)
-                reused = self._inplace_candidate(node, index, nbytes)
-                if reused is not None:
-                    del self.live[reused]  # Inductor writes the result into an input buffer that dies here
-                self.live[node.name] = self.live.get(node.name, 0) + nbytes
-            elif node.op == "placeholder" and node.name in self.live:
-                pass  # carried in from forward (saved values)
-            total = sum(self.live.values())
-            peak = max(peak, total)
-            timeline.append((phase, node.name, total))
-            gradients = sum(b for name, b in self.live.items() if name in self.gradients)
-            self.activation_peak = max(self.activation_peak, total - gradients)
-            for name in [n for n in self.live if self.last_use.get(n, -1) <= index and n not in self.keep]:
-                del self.live[name]
+    # --- the walk ---------------------------------------------------------------------------------------------
+
+    def run(self, phase: str, timeline: list, order: list[fx.Node] | None = None) -> int:
+        order = self.fusion_order() if order is None else order
+        position = {}
+        for k, head in enumerate(order):
+            for u in self.kernels[head]:
+                position[u] = k
+        last_use: dict[str, int] = {}
+        for head_pos, head in enumerate(order):
+            for u in self.kernels[head]:
+                for r in self.unit_reads[u]:
+                    last_use[r.name] = max(last_use.get(r.name, -1), head_pos)
+        remaining = {}  # storage name -> units still to read it
+        for u in self.units:
+            for r in self.unit_reads[u]:
+                remaining[r.name] = remaining.get(r.name, 0) + 1
+        live = dict(self.carried)
+        peak = sum(live.values())
+        activation_peak = 0
+        for k, head in enumerate(order):
+            for u in self.kernels[head]:
+                for node in self.owned[u]:
+                    if node.name not in self.keep and last_use.get(node.name, -1) == k and node not in self.returned:
+                        continue  # read only inside its own kernel: never leaves it
+                    nbytes = _tensor_storage_bytes(node)
+                    if self.classes[u] in KERNEL_CLASSES:
+                        reused = self._inplace_candidate(u, nbytes, live, remaining)
+                        if reused is not None:
+                            del live[reused]  # Inductor writes the result over an input only this kernel still reads
+                    live[node.name] = live.get(node.name, 0) + nbytes
+                for r in self.unit_reads[u]:
+                    remaining[r.name] -= 1
+                total = sum(live.values())
+                peak = max(peak, total)
+                timeline.append((phase, u.name, total))
+                gradients = sum(b for name, b in live.items() if name in self.gradients)
+                activation_peak = max(activation_peak, total - gradients)
+            for name in [n for n in live if last_use.get(n, -1) <= k and n not in self.keep]:
+                del live[name]
+        self.live = live
+        self.activation_peak = activation_peak
         return peak
 
 

@@ -73,3 +73,41 @@ def test_peak_budget_is_met_monotone_and_keeps_gradients():
         peaks.append(report.simulated_activation_peak_bytes)
     assert peaks == sorted(peaks, reverse=True), peaks
     assert peaks[-1] < peaks[0]
+
+
+def _measured_step_peak(model, inputs, backend) -> int:
+    from fxremat.measure import cpu_peak_bytes
+
+    compiled = torch.compile(model, backend=backend)
+
+    def step():
+        compiled(*inputs).sum().backward()
+
+    for _ in range(2):
+        model.zero_grad(set_to_none=True)
+        step()
+    model.zero_grad(set_to_none=True)  # outside the window, as benchmarks/peak_memory.py does
+    return cpu_peak_bytes(step)
+
+
+def test_simulated_peak_matches_the_profiler_measured_peak_under_inductor():
+    """The simulation against the CPU profiler's memory events of the real Inductor step, both splits.  The MLP is
+    the case that was 15% high before fusion was modelled: fxremat recomputes GELU in backward, Inductor fuses it
+    with GELU's backward through their shared read of the saved input, and that input dies before the weight
+    gradient's matmul, which sat between them in graph order."""
+    import copy
+
+    import fxremat
+
+    for name in ("mlp", "block_sdpa"):
+        torch.manual_seed(0)
+        model, inputs = example(name, dim=256, seq=128)
+        default_model = copy.deepcopy(model)
+        backend = fxremat.backend()
+        measured = _measured_step_peak(model, inputs, backend)
+        report = backend.reports[0]
+        assert report.recomputed, name  # fxremat's split differs from PyTorch's
+        assert abs(report.simulated_peak_bytes - measured) <= 0.02 * measured, (name, report.simulated_peak_bytes)
+        measured_default = _measured_step_peak(default_model, inputs, "inductor")
+        simulated_default = report.baseline_simulated_peak_bytes
+        assert abs(simulated_default - measured_default) <= 0.02 * measured_default, (name, simulated_default)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_fxremat_aot
 from functorch.compile import make_boxed_func
 
 import fxremat
@@ -25,8 +26,8 @@ from fxremat import cli
 from fxremat.examples import EXAMPLES, example
 from fxremat.measure import measure_saved
 from fxremat.options import Options
-from fxremat.report import CutReport
-from fxremat.report_format import module_bytes, svg_pareto
+from fxremat.report import CutReport, format_bytes
+from fxremat.report_format import format_html, module_bytes, svg_pareto
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -229,7 +230,7 @@ def test_html_report_is_self_contained(env):
     assert_ok(result)
     page = _Collect()
     page.feed(result.stdout)
-    assert page.tags["svg"] == 2  # per-module bars, memory vs recompute
+    assert page.tags["svg"] == 4  # per-module bars, memory vs recompute, memory timelines of both splits
     assert page.tags["table"] >= 3  # summary, saved, recomputed
     assert page.tags["rect"] > 10 and page.tags["circle"] >= 2
     assert not {"script", "link", "img", "iframe"} & set(page.tags)
@@ -238,6 +239,59 @@ def test_html_report_is_self_contained(env):
     text = " ".join(page.text)
     assert "saved bytes" in text and "PyTorch default" in text and "partition time" in text
     assert {"blocks.0.fc1", "blocks.1.qkv", "fxremat"} <= set(page.svg_text)
+
+
+class _Timelines(HTMLParser):
+    """Per memory-timeline chart (an svg labelled "memory timeline: ..."): its polyline's points and its texts."""
+
+    def __init__(self):
+        super().__init__()
+        self.charts: dict[str, dict] = {}
+        self.current: dict | None = None
+        self.in_peak_label = False
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "svg" and (attrs.get("aria-label") or "").startswith("memory timeline: "):
+            self.current = self.charts.setdefault(attrs["aria-label"], dict(points=None, peak=[], boundaries=0))
+        elif self.current is not None and tag == "polyline" and attrs.get("class") == "timeline":
+            self.current["points"] = (int(attrs["data-points"]), len(attrs["points"].split()))
+        elif self.current is not None and tag == "line" and attrs.get("class") == "boundary":
+            self.current["boundaries"] += 1
+        self.in_peak_label = self.current is not None and tag == "text" and attrs.get("class") == "peak-label"
+
+    def handle_endtag(self, tag):
+        if tag == "svg":
+            self.current = None
+        self.in_peak_label = False
+
+    def handle_data(self, data):
+        if self.in_peak_label:
+            self.current["peak"].append(data)
+
+
+def test_html_memory_timeline_chart_has_every_point_and_labels_the_peak():
+    model, inputs = example("stack")
+    report = run_fxremat_aot(model, inputs, strict=True)[3][0]
+    assert report.memory_timeline and report.baseline_memory_timeline
+    page = _Timelines()
+    page.feed(format_html([report]))
+    assert set(page.charts) == {"memory timeline: fxremat", "memory timeline: PyTorch default"}
+    for label, timeline, peak, at in (
+        ("fxremat", report.memory_timeline, report.simulated_peak_bytes, report.simulated_peak_at),
+        (
+            "PyTorch default",
+            report.baseline_memory_timeline,
+            report.baseline_simulated_peak_bytes,
+            report.baseline_simulated_peak_at,
+        ),
+    ):
+        chart = page.charts[f"memory timeline: {label}"]
+        assert chart["points"] == (len(timeline), 2 * len(timeline))  # a step chart: two vertices per node
+        assert chart["peak"] == [f"peak {format_bytes(peak)}", f"at {at}"]
+        assert at in {f"{phase}:{node}" for phase, node, _ in timeline}  # the downsampled timeline keeps the peak
+        assert max(b for _, _, b in timeline) == peak
+        assert chart["boundaries"] == 1  # forward | backward
 
 
 def test_pareto_chart_draws_a_frontier_when_the_report_has_one(json_out):
