@@ -26,10 +26,15 @@ SIZES: dict[str, dict[str, int]] = {
 EXAMPLE_MODELS = ("mlp", "block_sdpa", "block_softmax", "convnet", "stack")
 HF_MODELS = ("gpt2", "llama", "bert", "t5", "vit", "mixtral")
 ALL_MODELS = EXAMPLE_MODELS + HF_MODELS
-# Not in the default run: a deeper Llama (4x the layers of its size), where the peak of a step depends on how
-# recomputation is spread over backward (issue #8's peak-budget comparison; `--models llama_stack`).
-STACK_LAYERS_FACTOR = 4
+# Not in the default run: a deeper, narrower Llama with more tokens (4x the layers, half the width, 4x the tokens of
+# its size), where activations outweigh parameter gradients and the peak of a step depends on how recomputation is
+# spread over backward (issue #8's peak-budget comparison; `--models llama_stack`).
 EXTRA_MODELS = ("llama_stack",)
+
+
+def llama_stack_shape(shape: dict[str, int]) -> dict[str, int]:
+    deeper = dict(layers=4 * shape["layers"], hidden=shape["hidden"] // 2)
+    return dict(shape, **deeper, batch=2 * shape["batch"], seq=2 * shape["seq"])
 
 
 def _sum_loss(out: torch.Tensor) -> torch.Tensor:
@@ -79,7 +84,7 @@ def build_workload(name: str, size: str, device: str = "cpu") -> Workload:
     elif name in HF_MODELS:
         work = _hf_model(name, shape)
     elif name == "llama_stack":
-        work = _hf_model("llama", dict(shape, layers=shape["layers"] * STACK_LAYERS_FACTOR))
+        work = _hf_model("llama", llama_stack_shape(shape))
     else:
         raise ValueError(f"unknown model {name!r}; one of {list(ALL_MODELS + EXTRA_MODELS)}")
     work.info.setdefault("parameters", sum(p.numel() for p in work.model.parameters()))

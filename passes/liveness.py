@@ -91,6 +91,10 @@ def _tensor_storage_bytes(node: fx.Node) -> int:
 KERNEL_CLASSES = frozenset({OpClass.POINTWISE, OpClass.COPY, OpClass.CREATION, OpClass.REDUCTION, OpClass.NORM})
 
 
+# Scheduler nodes apart beyond which Inductor does not fuse horizontally (torch/_inductor/scheduler.py).
+FUSION_DISTANCE = 64
+
+
 def _numel(node: fx.Node) -> int:
     val = node.meta.get("val")
     return value_nbytes(val) // val.element_size() if isinstance(val, torch.Tensor) else 0
@@ -221,12 +225,24 @@ class _Phase:
                             stack.append(s)
             return False
 
+        # Inductor refuses a horizontal fusion (two kernels sharing a read, neither reading the other) of kernels
+        # more than 64 scheduler nodes apart (``Scheduler.are_long_distant_nodes``: it would lengthen live ranges,
+        # e.g. fuse recomputations of different checkpointed segments).  Units stand for scheduler nodes.
+        order = {u: k for k, u in enumerate(units)}
+        first = {u: order[u] for u in units}
+        last = dict(first)
+
+        def too_far(ga, gb) -> bool:
+            vertical = gb in succ[ga] or ga in succ[gb]
+            return not vertical and max(abs(first[ga] - last[gb]), abs(first[gb] - last[ga])) > FUSION_DISTANCE
+
         for (a, b), _ in sorted(
             candidates.items(), key=lambda kv: (-kv[1], self.index[kv[0][0]], self.index[kv[0][1]])
         ):
             ga, gb = find(a), find(b)
-            if ga is gb or creates_cycle(ga, gb):
+            if ga is gb or too_far(ga, gb) or creates_cycle(ga, gb):
                 continue
+            first[ga], last[ga] = min(first[ga], first[gb]), max(last[ga], last[gb])
             group[gb] = ga
             lo[ga], hi[ga] = min(lo[ga], lo[gb]), max(hi[ga], hi[gb])
             for s in succ.pop(gb):

@@ -12,7 +12,9 @@ reproduces what the split does to the order:
   is preceded by those of its not-yet-run inputs (recomputed forward nodes) in graph order.  Recomputation is lazy,
   which is what makes checkpointing work.
 
-It is an estimate used to rank plans: the plan finally chosen is split and checked with ``simulate_step``.
+What it leaves out of ``simulate_step``'s model: Inductor's kernel fusion *order* (a fused kernel runs at its earliest
+member) and in-place updates over saved inputs; on the example models' frontier plans it is within 5% of the
+simulation of the real split (test).  It ranks plans; an absolute peak budget is confirmed on the real split.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ import torch
 import torch.fx as fx
 
 from .costs import alias_root
-from .liveness import FUSES_INTO, INPLACE_CLASSES, _tensor_storage_bytes
+from .liveness import FUSES_INTO, _tensor_storage_bytes
 from .ops import OpClass
 from .roles import GraphRoles, Role
 
+# Kernels that may write over a dying input of the same size (Inductor's in-place buffer reuse).
+INPLACE_CLASSES = frozenset({OpClass.POINTWISE, OpClass.COPY})
 # How a node's output is held: never (views, tuples, placeholders...), always, or only if not fused into readers.
 NEVER, ALWAYS, FUSIBLE_VALUE = 0, 1, 2
 
@@ -151,10 +155,20 @@ class _Run:
         self.memory, self.order, self.keep, self.gradients = memory, order, keep, gradients
         self.members = set(order)
         self.returned = returned | {memory.root[r] for r in returned}
+        # A value fused into its readers is computed inside each of them: they, not it, read its inputs.
+        self.fused_away = {n for n in order if memory.hold[n] == FUSIBLE_VALUE and not self.materialises(n)}
+        reads: dict[int, set[int]] = {}
         self.last_use: dict[int, int] = {}
         for position, n in enumerate(order):
+            effective: set[int] = set()
             for a in memory.inputs[n]:
-                self.last_use[memory.root[a]] = position
+                r = memory.root[a]
+                effective |= reads.get(r, {r}) if r in self.fused_away else {r}
+            if n in self.fused_away:
+                reads[n] = effective
+                continue
+            for r in effective:
+                self.last_use[r] = position
 
     def materialises(self, n: int) -> bool:
         m = self.memory
