@@ -196,6 +196,8 @@ def measure(
         timed_step(compiled, work, device)
     work.model.zero_grad(set_to_none=True)
     row["peak_bytes"], row["peak_method"] = step_peak_bytes(lambda: train_step(compiled, work), device)
+    # the activation peak (issue #8) is the step's peak less the parameter gradients it allocates
+    row["param_grad_bytes"] = sum(p.numel() * p.element_size() for p in work.model.parameters() if p.requires_grad)
     times = [timed_step(compiled, work, device) * 1e3 for _ in range(repeats)]
     row["step_ms"] = statistics.median(times)
     row["step_times_ms"] = times
