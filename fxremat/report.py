@@ -208,12 +208,6 @@ def summary_rows(report: CutReport) -> list[list[str]]:
             _ratio(report.est_recompute_seconds, report.baseline_est_recompute_seconds),
         ],
         [
-            "simulated step peak",
-            "-" if report.simulated_peak_bytes is None else format_bytes(report.simulated_peak_bytes),
-            "-" if report.baseline_simulated_peak_bytes is None else format_bytes(report.baseline_simulated_peak_bytes),
-            _ratio(report.simulated_peak_bytes, report.baseline_simulated_peak_bytes),
-        ],
-        [
             "partition time",
             f"{report.partition_seconds * 1e3:.1f} ms",
             "-" if report.baseline_seconds is None else f"{report.baseline_seconds * 1e3:.1f} ms",
@@ -281,7 +275,7 @@ def format_diff_text(report: CutReport, max_rows: int = 20) -> str:
 
 
 def budget_lines(report: CutReport) -> list[str]:
-    """What was asked and what was achieved: the saved-bytes budget, the peak budget, where the peak happens."""
+    """What was asked and what was achieved: the saved-bytes budget and the peak budget."""
     lines = []
     if report.budget_bytes is not None:
         lines.append(
@@ -301,8 +295,6 @@ def budget_lines(report: CutReport) -> list[str]:
             f"({'met' if report.peak_budget_met else 'NOT met: lowest-peak plan'}; "
             f"{report.peak_candidates} candidate plans)"
         )
-    if report.simulated_peak_at:
-        lines.append(f"simulated peak reached at {report.simulated_peak_at}")
     return lines
 
 
