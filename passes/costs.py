@@ -187,9 +187,19 @@ def _first_tensor_input(node: fx.Node):
     return None
 
 
+def grouped_mm_flops(a_shape, b_shape, out_shape) -> int:
+    """``aten._grouped_mm`` (MoE experts), which FlopCounterMode does not count: 2 FLOPs per multiply-add.  The
+    groups (``offs``) partition one dimension, so the count needs shapes only: in a 2-D by 2-D product the groups
+    split the contraction (the weight gradient: each group sums over its own rows), otherwise each output element
+    is one dot product over the last dimension of ``a``.  Rows past ``offs[-1]`` are counted too (none in MoE)."""
+    if len(a_shape) == 2 and len(b_shape) == 2:
+        return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+    return 2 * math.prod(out_shape) * a_shape[-1]
+
+
 def count_flops(node: fx.Node, cls: OpClass) -> int:
     """Exact for matmul/convolution/attention (FlopCounterMode's own formulas, which it shares with us), plus our
-    CPU SDPA formulas (which FlopCounterMode misses); per-element estimates for everything else."""
+    CPU SDPA and grouped-mm formulas (which FlopCounterMode misses); per-element estimates for everything else."""
     out = node.meta.get("val")
     pkt = packet(node)
     name = qualified_name(node)
@@ -200,6 +210,9 @@ def count_flops(node: fx.Node, cls: OpClass) -> int:
         if name == "aten._scaled_dot_product_flash_attention_for_cpu_backward":
             grad_out, q, k, v = node.args[:4]
             return int(flop_counter.sdpa_backward_flop_count(_shape(grad_out), _shape(q), _shape(k), _shape(v)))
+        if name == "aten._grouped_mm":
+            a, b = node.args[:2]
+            return grouped_mm_flops(_shape(a), _shape(b), _shape(node))
         formula = flop_counter.flop_registry.get(pkt)
         if formula is not None:
             args = _as_meta(tuple(node.args))

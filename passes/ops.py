@@ -40,7 +40,7 @@ class OpClass(enum.Enum):
     OPAQUE = "opaque"  # custom ops, HOPs, anything not aten/prims: treated as expensive and never recomputed
 
 
-MATMUL_OPS = _packets("mm", "addmm", "bmm", "baddbmm", "matmul", "_int_mm")
+MATMUL_OPS = _packets("mm", "addmm", "bmm", "baddbmm", "matmul", "_int_mm", "_scaled_mm", "_grouped_mm")
 CONVOLUTION_OPS = _packets("convolution", "_convolution", "convolution_backward", "cudnn_convolution")
 ATTENTION_OPS = _packets(
     "scaled_dot_product_attention",
