@@ -21,10 +21,12 @@ import torch.fx as fx
 from fxremat_passes import _torch_private as tp
 from fxremat_passes.budget import Plan
 from fxremat_passes.costs import DeviceProfile, annotate_costs
+from fxremat_passes.cse import prepare_joint_graph
 from fxremat_passes.describe import describe_split
 from fxremat_passes.flow_problem import build_flow_problem
 from fxremat_passes.liveness import PeakEstimate, simulate_step
 from fxremat_passes.roles import Policy, Role, classify, recompute_tag
+from fxremat_passes.split import split_or_fallback
 
 from .options import Options
 from .plan import FxrematBudgetWarning, candidate_plans, choose_plan
@@ -167,7 +169,7 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
     """Our passes, in order.  Returns (forward, backward, report fields)."""
     joint = request.joint
     _enter("prepare")
-    joint = tp.prepare_joint_graph(joint)
+    joint = prepare_joint_graph(joint)  # a new graph: request.joint stays as it came, for the fallback
     _enter("classify")
     roles = classify(
         joint,
@@ -183,7 +185,7 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
     if not roles.has_backward:
         # Nothing for backward to read: the plain split, saving nothing.  (PyTorch's default_partition, which its
         # own partitioner uses here, asserts on a dead random op: the fuzzer found one.)
-        fw, bw = tp.split_with_saved_values(
+        fw, bw = split_or_fallback(
             joint,
             [],
             [],
@@ -200,7 +202,7 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
 
     def split(plan: Plan) -> tuple[fx.GraphModule, fx.GraphModule]:
         saved_nodes = [flow.nodes[i] for i in plan.saved]
-        return tp.split_with_saved_values(
+        return split_or_fallback(
             joint,
             [n for n in saved_nodes if not tp.is_sym_node(n)],
             [n for n in saved_nodes if tp.is_sym_node(n)],
@@ -266,7 +268,6 @@ def partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModu
     comparison_seconds = baseline.pop("_comparison_seconds", 0.0)
     fallback_reason = None
     fields: dict = {}
-    pristine = tp.copy_graph_module(request.joint)  # the fallback must see the graph as it came
     try:
         fw, bw, fields = _fxremat_partition(request, options, profile)
         _enter("describe")
@@ -275,13 +276,6 @@ def partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModu
         if options.strict:
             raise
         fallback_reason = f"{type(error).__name__}: {error}"
-        request = PartitionRequest(
-            pristine,
-            request.joint_inputs,
-            request.num_fwd_outputs,
-            request.static_lifetime_input_indices,
-            request.graph_id,
-        )
         fields = {}
     if fallback_reason is not None:
         warnings.warn(
