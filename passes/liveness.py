@@ -115,7 +115,20 @@ class _Phase:
         return None
 
     def run(self, phase: str, timeline: list) -> int:
-        peak = sum(self.live.values())
+        """One pass over the nodes with running totals: a storage is freed at the end of the step of its last
+        reader (or of its own step, if nothing reads it), unless it outlives the graph (``keep``)."""
+        live, keep, gradients = self.live, self.keep, self.gradients
+        total = sum(live.values())
+        gradient_total = sum(b for name, b in live.items() if name in gradients)
+        due: dict[int, list[str]] = {}
+
+        def schedule(name: str, step: int) -> None:
+            if name not in keep:
+                due.setdefault(max(step, self.last_use.get(name, -1)), []).append(name)
+
+        for name in live:
+            schedule(name, 0)
+        peak = total
         for index, node in enumerate(self.nodes):
             if node.op == "output":
                 break
@@ -124,17 +137,25 @@ class _Phase:
                 nbytes = _tensor_storage_bytes(node)
                 reused = self._inplace_candidate(node, index, nbytes)
                 if reused is not None:
-                    del self.live[reused]  # Inductor writes the result into an input buffer that dies here
-                self.live[node.name] = self.live.get(node.name, 0) + nbytes
-            elif node.op == "placeholder" and node.name in self.live:
-                pass  # carried in from forward (saved values)
-            total = sum(self.live.values())
+                    freed = live.pop(reused)  # Inductor writes the result into an input buffer that dies here
+                    total -= freed
+                    if reused in gradients:
+                        gradient_total -= freed
+                if node.name not in live:
+                    schedule(node.name, index)
+                live[node.name] = live.get(node.name, 0) + nbytes
+                total += nbytes
+                if node.name in gradients:
+                    gradient_total += nbytes
             peak = max(peak, total)
             timeline.append((phase, node.name, total))
-            gradients = sum(b for name, b in self.live.items() if name in self.gradients)
-            self.activation_peak = max(self.activation_peak, total - gradients)
-            for name in [n for n in self.live if self.last_use.get(n, -1) <= index and n not in self.keep]:
-                del self.live[name]
+            self.activation_peak = max(self.activation_peak, total - gradient_total)
+            for name in due.pop(index, ()):
+                freed = live.pop(name, None)
+                if freed is not None:
+                    total -= freed
+                    if name in gradients:
+                        gradient_total -= freed
         return peak
 
 
