@@ -161,6 +161,14 @@ def make_graph_module(root: torch.fx.GraphModule, graph: torch.fx.Graph) -> torc
     return _make_graph_module(root, graph)
 
 
+def lazy_graph_modules():
+    """The context Inductor's ``compile_fx`` partitions in: GraphModules made through ``make_graph_module`` (ours and
+    PyTorch's) generate their Python code only when first used (benchmarks time both settings)."""
+    from torch.fx._lazy_graph_module import _use_lazy_graph_module
+
+    return _use_lazy_graph_module(True)
+
+
 def lazy_graph_module(root: torch.fx.GraphModule, graph: torch.fx.Graph) -> torch.fx.GraphModule:
     """A GraphModule whose Python code is generated only if someone reads or calls it (the prepared joint graph:
     our passes read its nodes, never its code)."""
