@@ -1,10 +1,12 @@
 """Every private PyTorch API fxremat touches, in one place, behind one version check.
 
 These helpers are what PyTorch's own partitioner uses to turn a chosen saved set into forward and backward graphs
-that meet AOTAutograd's contract (output order, SymInts last, RNG threading); reusing them keeps our split exactly
-as Inductor expects.  They are private and move between releases: ``check_torch_version()`` gates them, and
-``tests/passes/test_torch_private.py`` imports each one so that a torch upgrade fails loudly in CI rather than
-in a user's training run.
+that meet AOTAutograd's contract (output order, SymInts last, RNG threading).  ``split.py`` and ``cse.py`` reproduce
+their result faster for ordinary graphs (tested node for node against them) and hand the rest (subgraphs, opaque
+objects, ...) to them; the rules those two modules read (placeholder roles, symbol bindings, purity, mutation
+regions, output descriptors) come from here too.  They are private and move between releases:
+``check_torch_version()`` gates them, and ``tests/passes/test_torch_private.py`` imports each one so that a torch
+upgrade fails loudly in CI rather than in a user's training run.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import operator
 import time
 
 import torch
@@ -182,6 +183,16 @@ def _bind_symbols(joint: _Joint, saved_values: list, saved_sym_nodes: list) -> N
     saved_sym_nodes[:] = binding + derived
 
 
+class _Output:
+    """Stands for the output node in orderings."""
+
+    op = "output"
+    target = "output"
+
+
+_OUTPUT = _Output()
+
+
 def _reorder_like_autograd(inputs: list[fx.Node], kept: list[fx.Node], output_args: list) -> list[fx.Node] | None:
     """``reordering_to_mimic_autograd_engine`` on the extracted backward (placeholders, ``kept``, output):
     from the first reader of a tangent on, each node is placed right after whatever it still needs.  The new
@@ -222,21 +233,9 @@ def _reorder_like_autograd(inputs: list[fx.Node], kept: list[fx.Node], output_ar
     return result
 
 
-class _Output:
-    """Stands for the output node in orderings."""
-
-    op = "output"
-    target = "output"
-
-
-_OUTPUT = _Output()
-
-
 def _raise_getitems(order: list[fx.Node], placeholders: list[fx.Node]) -> list[fx.Node]:
     """``raise_getitems``: each getitem moved right after its producer, last getitem first (a linked list, so that
     nested getitems land exactly where PyTorch's in-place moves put them)."""
-    import operator
-
     getitems = [n for n in order if n.target is operator.getitem]
     if not getitems:
         return order
@@ -274,7 +273,6 @@ def _raise_getitems(order: list[fx.Node], placeholders: list[fx.Node]) -> list[f
 
 
 def _build(
-    joint: _Joint,
     inputs: list[fx.Node],
     order: list[fx.Node],
     outputs: list,
@@ -339,9 +337,9 @@ def split_joint_graph(
     reordered = _reorder_like_autograd(bw_inputs, bw_kept, j.bwd_outputs)
     bw_order = _raise_getitems(reordered if reordered is not None else bw_kept, bw_inputs)
 
-    fw_graph = _build(j, fw_inputs, fw_order, fw_outputs, fw_descs, copy_input_meta=False, mark_backward=False)
+    fw_graph = _build(fw_inputs, fw_order, fw_outputs, fw_descs, copy_input_meta=False, mark_backward=False)
     bw_graph = _build(
-        j, bw_inputs, bw_order, j.bwd_outputs, j.bwd_descs, copy_input_meta=reordered is not None, mark_backward=True
+        bw_inputs, bw_order, j.bwd_outputs, j.bwd_descs, copy_input_meta=reordered is not None, mark_backward=True
     )
     fw, bw = tp.make_graph_module(joint, fw_graph), tp.make_graph_module(joint, bw_graph)
     log.debug(
