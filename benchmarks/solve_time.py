@@ -1,18 +1,26 @@
 """Partition (solve) time on N stacked transformer blocks: fxremat vs PyTorch's partitioner on the same joint graphs.
 
-    python benchmarks/solve_time.py [--blocks 1 4 16 48 96] [--sweep 20] [--markdown PATH]
+    python benchmarks/solve_time.py [--blocks 1 4 16 48 96] [--sweep 20] [--repeats 3] [--markdown PATH]
 
-For each N: trace the joint graph once (AOTAutograd, no Inductor), then time on copies of it
+For each N: trace the joint graph once (AOTAutograd, no Inductor), then time, interleaved, on fresh copies of it
+(the copy is made before the clock starts, on both sides):
   - PyTorch's ``min_cut_rematerialization_partition`` (default, and with ``activation_memory_budget=0.5``);
-  - fxremat's whole partition (default plan, ``compare_default=False``) and with ``memory_budget=0.5``;
+  - fxremat's whole partition (default plan, ``compare_default=False``: saved-set choice, split, report) and with
+    ``memory_budget=0.5``;
+  - both defaults again inside ``lazy_graph_modules()``, the setting Inductor's ``compile_fx`` partitions in (the
+    returned GraphModules generate their Python code on first use, after the partition);
+  - ``codegen``: generating and compiling the Python code of fxremat's forward and backward GraphModules alone
+    (what an eager-GraphModule partition cannot avoid);
   - a sweep of ``--sweep`` budgets from 1.0 to 0.0 over one flow problem (what a frontier costs);
   - the max-flow alone on fxremat's flow problem: scipy's Dinic (ours) vs networkx's ``minimum_cut``.
-Times are single runs (seconds), on one thread.
+Times are medians of ``--repeats`` runs (seconds), on one thread; the machine's load shows in the spread, which
+goes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import statistics
 import sys
@@ -40,6 +48,12 @@ def capture(blocks: int):
     return captured
 
 
+def _maybe(lazy: bool):
+    from fxremat_passes import _torch_private as tp
+
+    return tp.lazy_graph_modules() if lazy else contextlib.nullcontext()
+
+
 def timed(fn) -> float:
     start = time.perf_counter()
     fn()
@@ -64,7 +78,7 @@ def networkx_seconds(problem) -> float:
     return time.perf_counter() - start
 
 
-def measure(blocks: int, sweep: int) -> dict:
+def measure(blocks: int, sweep: int, repeats: int = 1) -> dict:
     import fxremat
     from fxremat.options import Options
     from fxremat_passes import _torch_private as tp
@@ -78,19 +92,42 @@ def measure(blocks: int, sweep: int) -> dict:
     gm, inputs, kwargs = cap["gm"], cap["inputs"], cap["kwargs"]
     row = {"blocks": blocks, "joint_nodes": len(gm.graph.nodes)}
 
-    def pytorch(budget: float):
-        with torch._functorch.config.patch(activation_memory_budget=budget):
-            tp.min_cut_rematerialization_partition(tp.copy_graph_module(gm), inputs, **kwargs)
+    def pytorch(budget: float = 1.0, lazy: bool = False) -> float:
+        joint = tp.copy_graph_module(gm)
+        with torch._functorch.config.patch(activation_memory_budget=budget), _maybe(lazy):
+            return timed(lambda: tp.min_cut_rematerialization_partition(joint, inputs, **kwargs))
 
-    def ours(**options):
-        fxremat.make_partition_fn(Options.create(compare_default=False, strict=True, **options), [])(
+    def ours(lazy: bool = False, **options) -> float:
+        joint = tp.copy_graph_module(gm)
+        partition_fn = fxremat.make_partition_fn(Options.create(compare_default=False, strict=True, **options), [])
+        with _maybe(lazy):
+            return timed(lambda: partition_fn(joint, inputs, **kwargs))
+
+    def codegen() -> float:
+        fw, bw = fxremat.make_partition_fn(Options.create(compare_default=False, strict=True), [])(
             tp.copy_graph_module(gm), inputs, **kwargs
         )
+        return timed(lambda: (fw.recompile(), bw.recompile()))
 
-    row["pytorch_default_s"] = timed(lambda: pytorch(1.0))
-    row["pytorch_budget_0.5_s"] = timed(lambda: pytorch(0.5))
-    row["fxremat_default_s"] = timed(lambda: ours())
-    row["fxremat_budget_0.5_s"] = timed(lambda: ours(memory_budget=0.5))
+    runs = {
+        "pytorch_default_s": pytorch,
+        "fxremat_default_s": ours,
+        "pytorch_budget_0.5_s": lambda: pytorch(0.5),
+        "fxremat_budget_0.5_s": lambda: ours(memory_budget=0.5),
+        "pytorch_default_lazy_s": lambda: pytorch(lazy=True),
+        "fxremat_default_lazy_s": lambda: ours(lazy=True),
+        "codegen_fw_bw_s": codegen,
+    }
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():  # interleaved: load changes hit every column alike
+            times[name].append(run())
+    for name, values in times.items():
+        row[name] = statistics.median(values)
+    row["speedup_default"] = row["pytorch_default_s"] / row["fxremat_default_s"]
+    row["speedup_budget_0.5"] = row["pytorch_budget_0.5_s"] / row["fxremat_budget_0.5_s"]
+    row["speedup_default_lazy"] = row["pytorch_default_lazy_s"] / row["fxremat_default_lazy_s"]
+    print(f"{blocks} blocks, all runs: {times}", file=sys.stderr, flush=True)
 
     joint = tp.prepare_joint_graph(tp.copy_graph_module(gm))
     roles = classify(joint, num_fwd_outputs=kwargs["num_fwd_outputs"], static_lifetime_input_indices=[])
@@ -118,6 +155,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, nargs="+", default=[1, 4, 16, 48])
     parser.add_argument("--sweep", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--markdown", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -126,7 +164,7 @@ def main(argv=None) -> int:
     measure(1, 2)  # warm-up: first calls import Inductor's pattern matcher (~1 s) on either side
     rows = []
     for blocks in args.blocks:
-        rows.append(measure(blocks, args.sweep))
+        rows.append(measure(blocks, args.sweep, args.repeats))
         print(rows[-1], file=sys.stderr, flush=True)
     headers = list(rows[0])
     table = tabulate(

@@ -9,6 +9,7 @@ Any exception inside our passes: one warning naming the graph and the cause, the
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import time
 import warnings
@@ -21,11 +22,13 @@ import torch.fx as fx
 from fxremat_passes import _torch_private as tp
 from fxremat_passes.budget import Plan
 from fxremat_passes.costs import DeviceProfile, annotate_costs
+from fxremat_passes.cse import prepare_joint_graph
 from fxremat_passes.describe import describe_split
 from fxremat_passes.flow_problem import build_flow_problem
 from fxremat_passes.liveness import PeakEstimate, simulate_step
 from fxremat_passes.plan_memory import build_joint_memory, estimate_peak
 from fxremat_passes.roles import Policy, Role, classify, recompute_tag
+from fxremat_passes.split import split_or_fallback
 
 from .options import Options
 from .plan import FxrematBudgetWarning, choose_plan, peak_candidates
@@ -185,7 +188,7 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
     """Our passes, in order.  Returns (forward, backward, report fields)."""
     joint = request.joint
     _enter("prepare")
-    joint = tp.prepare_joint_graph(joint)
+    joint = prepare_joint_graph(joint)  # a new graph: request.joint stays as it came, for the fallback
     _enter("classify")
     roles = classify(
         joint,
@@ -201,7 +204,7 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
     if not roles.has_backward:
         # Nothing for backward to read: the plain split, saving nothing.  (PyTorch's default_partition, which its
         # own partitioner uses here, asserts on a dead random op: the fuzzer found one.)
-        fw, bw = tp.split_with_saved_values(
+        fw, bw = split_or_fallback(
             joint,
             [],
             [],
@@ -218,7 +221,7 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
 
     def split(plan: Plan) -> tuple[fx.GraphModule, fx.GraphModule]:
         saved_nodes = [flow.nodes[i] for i in plan.saved]
-        return tp.split_with_saved_values(
+        return split_or_fallback(
             joint,
             [n for n in saved_nodes if not tp.is_sym_node(n)],
             [n for n in saved_nodes if tp.is_sym_node(n)],
@@ -296,7 +299,29 @@ def _choose_plan_for_peak(flow, roles, joint, options: Options, profile: DeviceP
     return lowest, dict(fields, peak_budget_met=False), None
 
 
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while we partition, back on (if it was) afterwards.  A partition
+    allocates tens of thousands of small objects (nodes, meta dicts, tuples); every few hundred allocations the
+    collector runs, and its full collections walk every object the process holds (FakeTensors, the model, the
+    graphs: 570k objects in benchmarks/solve_time.py at 48 blocks).  Those walks were most of the partition time
+    there (the prepare pass: 0.95 s with the collector, 0.22 s without).  The reference cycles a partition leaves
+    (graphs and their nodes) are collected once it resumes."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModule, fx.GraphModule, CutReport]:
+    with gc_paused():
+        return _partition(request, options)
+
+
+def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModule, fx.GraphModule, CutReport]:
     start = time.perf_counter()
     device_type, device_name = graph_device(request.joint)
     profile = options.profile_for(device_type, device_name)
@@ -312,7 +337,6 @@ def partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModu
     comparison_seconds = baseline.pop("_comparison_seconds", 0.0)
     fallback_reason = None
     fields: dict = {}
-    pristine = tp.copy_graph_module(request.joint)  # the fallback must see the graph as it came
     try:
         fw, bw, fields = _fxremat_partition(request, options, profile)
         _enter("describe")
@@ -321,13 +345,6 @@ def partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModu
         if options.strict:
             raise
         fallback_reason = f"{type(error).__name__}: {error}"
-        request = PartitionRequest(
-            pristine,
-            request.joint_inputs,
-            request.num_fwd_outputs,
-            request.static_lifetime_input_indices,
-            request.graph_id,
-        )
         fields = {}
     if fallback_reason is not None:
         warnings.warn(

@@ -1,10 +1,12 @@
 """Every private PyTorch API fxremat touches, in one place, behind one version check.
 
 These helpers are what PyTorch's own partitioner uses to turn a chosen saved set into forward and backward graphs
-that meet AOTAutograd's contract (output order, SymInts last, RNG threading); reusing them keeps our split exactly
-as Inductor expects.  They are private and move between releases: ``check_torch_version()`` gates them, and
-``tests/passes/test_torch_private.py`` imports each one so that a torch upgrade fails loudly in CI rather than
-in a user's training run.
+that meet AOTAutograd's contract (output order, SymInts last, RNG threading).  ``split.py`` and ``cse.py`` reproduce
+their result faster for ordinary graphs (tested node for node against them) and hand the rest (subgraphs, opaque
+objects, ...) to them; the rules those two modules read (placeholder roles, symbol bindings, purity, mutation
+regions, output descriptors) come from here too.  They are private and move between releases:
+``check_torch_version()`` gates them, and ``tests/passes/test_torch_private.py`` imports each one so that a torch
+upgrade fails loudly in CI rather than in a user's training run.
 """
 
 from __future__ import annotations
@@ -39,7 +41,17 @@ def unsupported_torch_reason(version: str | None = None) -> str | None:
 # --- imports of private helpers (fail here, not deep inside a compile) ----------------------------------------
 from torch._dynamo.backends.common import aot_autograd  # noqa: E402
 from torch._functorch import config as functorch_config  # noqa: E402
-from torch._functorch.compile_utils import fx_graph_cse, raise_getitems  # noqa: E402
+from torch._functorch._aot_autograd.descriptors import (  # noqa: E402
+    SavedForBackwardsAOTOutput,
+    SavedForBackwardsNoVcCheckAOTOutput,
+)
+from torch._functorch._aot_autograd.utils import (  # noqa: E402
+    _is_bwd_seed_offset,
+    _is_fwd_seed_offset,
+    _is_primal,
+    _is_tangent,
+)
+from torch._functorch.compile_utils import fx_graph_cse, get_aten_target, raise_getitems, rand_ops  # noqa: E402
 from torch._functorch.partitioners import (  # noqa: E402
     _extract_fwd_bwd_modules,
     _extract_fwd_bwd_outputs,
@@ -55,8 +67,17 @@ from torch._functorch.partitioners import (  # noqa: E402
 )
 from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_files  # noqa: E402
 from torch._inductor.decomposition import select_decomp_table  # noqa: E402
+from torch._library.fake_class_registry import FakeScriptObject  # noqa: E402
+from torch.fx._lazy_graph_module import _LazyGraphModule, _make_graph_module  # noqa: E402
+from torch.fx.experimental._backward_state import BackwardState  # noqa: E402
 from torch.fx.experimental.proxy_tensor import is_sym_node  # noqa: E402
-from torch.fx.experimental.symbolic_shapes import optimization_hint  # noqa: E402
+from torch.fx.experimental.symbolic_shapes import (  # noqa: E402
+    find_symbol_binding_fx_nodes,
+    free_symbols,
+    free_unbacked_symbols,
+    is_symbol_binding_fx_node,
+    optimization_hint,
+)
 from torch.utils.checkpoint import CheckpointPolicy  # noqa: E402
 
 __all__ = [
@@ -104,6 +125,93 @@ def extract_fwd_bwd_outputs(joint: torch.fx.GraphModule, num_fwd_outputs: int):
     """(forward outputs, backward outputs) of the joint graph, as nodes (None for a missing gradient)."""
     fwd_outputs, bwd_outputs, _, _ = _extract_fwd_bwd_outputs(joint, num_fwd_outputs=num_fwd_outputs)
     return list(fwd_outputs), list(bwd_outputs)
+
+
+def extract_fwd_bwd_outputs_and_descs(joint: torch.fx.GraphModule, num_fwd_outputs: int):
+    """(forward outputs, backward outputs, forward output descriptors, backward output descriptors)."""
+    fwd, bwd, fwd_descs, bwd_descs = _extract_fwd_bwd_outputs(joint, num_fwd_outputs=num_fwd_outputs)
+    return list(fwd), list(bwd), list(fwd_descs), list(bwd_descs)
+
+
+# --- what the fast split (split.py) and the one-pass CSE (cse.py) need to match PyTorch's contract ---------------
+# AOTAutograd's placeholder roles (by name), exactly as its partitioners read them.
+is_primal = _is_primal
+is_tangent = _is_tangent
+is_fwd_seed_offset = _is_fwd_seed_offset
+is_bwd_seed_offset = _is_bwd_seed_offset
+find_symbol_bindings = find_symbol_binding_fx_nodes
+symbol_bound_by = is_symbol_binding_fx_node
+value_free_symbols = free_symbols
+has_free_unbacked_symbols = free_unbacked_symbols
+RANDOM_OP_PACKETS = frozenset(rand_ops)
+aten_target = get_aten_target
+
+
+def saved_output_descs(num_saved_values: int, no_vc_check_start: int, num_saved_symbols: int) -> list:
+    """The descriptors PyTorch's extraction gives the saved outputs of forward (after the real outputs)."""
+    return [
+        SavedForBackwardsNoVcCheckAOTOutput(i)
+        if no_vc_check_start <= i < num_saved_values
+        else SavedForBackwardsAOTOutput(i)
+        for i in range(num_saved_values + num_saved_symbols)
+    ]
+
+
+def make_graph_module(root: torch.fx.GraphModule, graph: torch.fx.Graph) -> torch.fx.GraphModule:
+    """A GraphModule as PyTorch's partitioner makes one: lazy (no code generated until used) inside Inductor's
+    compile, which turns lazy graph modules on; an ordinary one elsewhere."""
+    return _make_graph_module(root, graph)
+
+
+def lazy_graph_modules():
+    """The context Inductor's ``compile_fx`` partitions in: GraphModules made through ``make_graph_module`` (ours and
+    PyTorch's) generate their Python code only when first used (benchmarks time both settings)."""
+    from torch.fx._lazy_graph_module import _use_lazy_graph_module
+
+    return _use_lazy_graph_module(True)
+
+
+def lazy_graph_module(root: torch.fx.GraphModule, graph: torch.fx.Graph) -> torch.fx.GraphModule:
+    """A GraphModule whose Python code is generated only if someone reads or calls it (the prepared joint graph:
+    our passes read its nodes, never its code)."""
+    return _LazyGraphModule(root, graph)
+
+
+def dce_impure_random() -> bool:
+    """Whether ``Graph.eliminate_dead_code`` keeps unused random ops here (its own rule, read the same way)."""
+    if torch._guards.TracingContext.try_get():
+        return bool(torch._inductor.config.fallback_random)
+    return True
+
+
+def is_mutation_op(node: torch.fx.Node) -> bool:
+    """Inductor's rule for where a mutation region starts (what PyTorch's CSE keys merges on)."""
+    from torch._inductor.pattern_matcher import is_mutation_op as inductor_is_mutation_op
+
+    return bool(inductor_is_mutation_op(node))
+
+
+def is_backward_state(node: torch.fx.Node) -> bool:
+    return node.op == "placeholder" and isinstance(node.meta.get("val"), BackwardState)
+
+
+def is_script_object(node: torch.fx.Node) -> bool:
+    return isinstance(node.meta.get("val"), (torch.ScriptObject, FakeScriptObject))
+
+
+def activation_quantization_enabled() -> bool:
+    """PyTorch's extraction quantizes saved activations when this Inductor pass is configured."""
+    from torch._inductor import config as inductor_config
+
+    return inductor_config.post_grad_fusion_options.get("activation_quantization_aten_pass", None) is not None
+
+
+def wait_tensor_target():
+    """``_c10d_functional.wait_tensor`` (None without distributed): PyTorch's extraction drops a saved value
+    whose only backward readers are dead waits."""
+    if not torch.distributed.is_available():
+        return None
+    return torch.ops._c10d_functional.wait_tensor.default
 
 
 def _must_recompute(node: torch.fx.Node) -> bool:
@@ -156,21 +264,37 @@ def mutated_inputs(joint: torch.fx.GraphModule, num_fwd_outputs: int) -> set[tor
     return mutated
 
 
-def prepare_joint_graph(joint: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """The clean-up PyTorch's min-cut partitioner does before it decides anything, so that both partitioners
-    see the same graph: dead code out, CSE, checkpoint-tag clean-up, and MUST_SAVE marks on collectives,
-    effectful ops and sources of backward mutations (never recomputing those is a safety rule)."""
+def cse_enabled() -> bool:
+    return bool(functorch_config.cse)
+
+
+def pytorch_dead_code_and_cse(joint: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """PyTorch's partitioner's first steps, in place: dead code out, then CSE (setting the graph recompiles)."""
     joint.graph.eliminate_dead_code()
-    joint.recompile()
     if functorch_config.cse:
         joint.graph = fx_graph_cse(joint.graph)
+    else:
         joint.recompile()
+    return joint
+
+
+def mark_must_save(joint: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Checkpoint-tag clean-up and MUST_SAVE marks on collectives, effectful ops and sources of backward mutations
+    (never recomputing those is a safety rule), as PyTorch's partitioner does before it decides anything."""
     _save_checkpoint_boundaries(joint)
     if not functorch_config.unsafe_allow_optimization_of_collectives:
         force_save_collectives(joint)
     force_save_effectful_ops(joint)
     force_save_bw_mutation_src(joint)
     return joint
+
+
+def prepare_joint_graph(joint: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """The clean-up PyTorch's min-cut partitioner does before it decides anything, with PyTorch's own passes and
+    in place, so that both partitioners see the same graph: dead code out, CSE, checkpoint-tag clean-up, and
+    MUST_SAVE marks (``mark_must_save``).  ``fxremat_passes.cse.prepare_joint_graph`` gives the same graph
+    faster, leaving its input untouched."""
+    return mark_must_save(pytorch_dead_code_and_cse(joint))
 
 
 def split_with_saved_values(

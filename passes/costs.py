@@ -167,6 +167,39 @@ def _as_meta(arg):
     return arg
 
 
+def _meta_key(arg):
+    """What ``_as_meta`` keeps of an argument (hinted shapes, dtypes, constants), as a hashable key."""
+    if isinstance(arg, fx.Node):
+        arg = arg.meta.get("val")
+    if isinstance(arg, torch.Tensor):
+        return (torch.Tensor, tuple(tp.size_hint(s) for s in arg.shape), arg.dtype)
+    if isinstance(arg, torch.SymInt):
+        return tp.size_hint(arg)
+    if isinstance(arg, (list, tuple)):
+        return (type(arg), tuple(_meta_key(a) for a in arg))
+    return (type(arg), arg)
+
+
+# FLOP formulas are pure functions of what ``_as_meta`` passes them, and a model repeats the same shapes block after
+# block: their results by (op, ``_meta_key`` of every argument), cleared past this many entries.
+FORMULA_CACHE_SIZE = 4096
+_FORMULA_FLOPS: dict = {}
+
+
+def _formula_key(pkt, node: fx.Node):
+    key = (
+        pkt,
+        _meta_key(tuple(node.args)),
+        tuple((k, _meta_key(v)) for k, v in node.kwargs.items()),
+        _meta_key(node.meta.get("val")),
+    )
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 def _shape(arg) -> tuple[int, ...]:
     val = arg.meta.get("val") if isinstance(arg, fx.Node) else arg
     return tuple(tp.size_hint(s) for s in val.shape)
@@ -215,9 +248,17 @@ def count_flops(node: fx.Node, cls: OpClass) -> int:
             return grouped_mm_flops(_shape(a), _shape(b), _shape(node))
         formula = flop_counter.flop_registry.get(pkt)
         if formula is not None:
+            key = _formula_key(pkt, node)
+            if key is not None and key in _FORMULA_FLOPS:
+                return _FORMULA_FLOPS[key]
             args = _as_meta(tuple(node.args))
             kwargs = {k: _as_meta(v) for k, v in node.kwargs.items()}
-            return int(formula(*args, **kwargs, out_val=_as_meta(out)))
+            flops = int(formula(*args, **kwargs, out_val=_as_meta(out)))
+            if key is not None:
+                if len(_FORMULA_FLOPS) >= FORMULA_CACHE_SIZE:
+                    _FORMULA_FLOPS.clear()
+                _FORMULA_FLOPS[key] = flops
+            return flops
         log.debug("no FLOP formula for %s; estimating from output size", name)
         return 2 * _numel(out) * 64
     if cls is OpClass.POINTWISE:

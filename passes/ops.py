@@ -228,7 +228,28 @@ def is_collective(node: fx.Node) -> bool:
     return isinstance(target, torch._ops.OpOverload) and target.namespace in ("_c10d_functional", "c10d_functional")
 
 
+# op_class by call_function target, for the targets whose class depends on nothing else (every pass asks for it,
+# thousands of times per graph).
+_CLASS_BY_TARGET: dict = {}
+
+
 def op_class(node: fx.Node) -> OpClass:
+    if node.op == "call_function":
+        target = node.target
+        try:
+            cls = _CLASS_BY_TARGET.get(target)
+        except TypeError:  # an unhashable target: classify it every time
+            return _op_class(node)
+        if cls is None:
+            cls = _op_class(node)
+            # SDPA's class depends on its dropout_p argument
+            if getattr(target, "overloadpacket", None) not in DROPOUT_ARG_OPS:
+                _CLASS_BY_TARGET[target] = cls
+        return cls
+    return _op_class(node)
+
+
+def _op_class(node: fx.Node) -> OpClass:
     if node.op == "placeholder":
         return OpClass.PLACEHOLDER
     if node.op == "output":

@@ -1,0 +1,195 @@
+"""dead_code_and_cse: the joint graph without dead code and with duplicate computations merged, in one pass.
+
+The graph that comes out is the one PyTorch's partitioner works on (``Graph.eliminate_dead_code`` in place, then
+``fx_graph_cse``): the same nodes, names, order and ``node.meta`` (including the ``mutation_region_id`` marks
+PyTorch's CSE leaves behind).  Differences: the input graph is left untouched (so a fallback still sees the
+graph as it came, without a defensive copy), each node is copied once, and a merge key is built by a small
+recursive walk instead of pytree (the cost of ``fx_graph_cse``), with the same meaning:
+
+* never merged: placeholders, outputs, ``get_attr``; random ops (PyTorch's ``rand_ops``) and ``aten.empty``;
+  anything aliasing a graph output's storage (outputs that are separate tensors in eager stay separate);
+  nodes whose value is an unbacked symbol;
+* two nodes merge when they have the same target and the same arguments (nodes compared after merging,
+  each constant with its type: ``1`` and ``1.0`` and ``True`` differ; SymInts by their SymNode), and lie in the
+  same mutation region (no mutating op between them); a duplicate in a later region replaces the earlier one as
+  the node later duplicates merge into.
+
+Argument structures the walk does not know (anything but tuples, lists, dicts and plain constants) are keyed
+through pytree exactly as PyTorch does.  ``tests/passes/test_cse.py`` compares the result with PyTorch's on every
+example model and the fuzzer's models.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import sympy
+import torch
+import torch.fx as fx
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils import _pytree as pytree
+
+from . import _torch_private as tp
+
+log = logging.getLogger(__name__)
+
+_LEAF_TYPES = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+_SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+class _UnknownStructure(Exception):
+    pass
+
+
+def _key(value, env):
+    """A hashable stand-in for an argument structure: equal keys <=> equal pytree leaves (each with its type)
+    and equal pytree structure, after replacing merged nodes."""
+    if isinstance(value, fx.Node):
+        new = env[value]
+        return (new, fx.Node)
+    cls = type(value)
+    if cls in (tuple, list, fx.immutable_collections.immutable_list):
+        return (cls, tuple(_key(v, env) for v in value))
+    if cls in (dict, fx.immutable_collections.immutable_dict):
+        return (cls, tuple(value.keys()), tuple(_key(v, env) for v in value.values()))
+    if isinstance(value, _SYM_TYPES):
+        return (value.node, cls)
+    if cls in _LEAF_TYPES:
+        return (value, cls)
+    raise _UnknownStructure(cls)
+
+
+def _pytree_key(args, env):
+    """PyTorch's own key, for argument structures ``_key`` does not know."""
+    leaves, spec = pytree.tree_flatten(args)
+    out = []
+    for v in leaves:
+        if isinstance(v, fx.Node) and v in env:
+            v = env[v]
+        if isinstance(v, _SYM_TYPES):
+            v = v.node
+        out.append((v, type(v)))
+    return (tuple(out), str(spec))
+
+
+def _storage(node: fx.Node):
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return None
+    try:
+        return StorageWeakRef(val.untyped_storage())
+    except NotImplementedError:
+        return None
+
+
+def live_nodes(graph: fx.Graph) -> list[fx.Node]:
+    """The nodes ``Graph.eliminate_dead_code`` keeps: impure ones and everything a kept node reads, in order."""
+    impure_random = tp.dce_impure_random()
+    by_target: dict = {}
+    needed: set[fx.Node] = set()
+    kept = []
+    for node in reversed(graph.nodes):
+        if node not in needed:
+            target = node.target
+            if node.op == "call_function" and isinstance(target, torch._ops.OpOverload):
+                impure = by_target.get(target)
+                if impure is None:
+                    impure = by_target[target] = node.is_impure(impure_random)
+            else:
+                impure = node.is_impure(impure_random)
+            if not impure:
+                continue
+        kept.append(node)
+        needed.update(node.all_input_nodes)
+    kept.reverse()
+    return kept
+
+
+def dead_code_and_cse(graph: fx.Graph, cse: bool = True) -> fx.Graph:
+    """A new graph: ``graph``'s live nodes, duplicates merged (see the module docstring).  ``graph`` is not
+    modified."""
+    start = time.perf_counter()
+    nodes = live_nodes(graph)
+    new_graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    lookup = env.__getitem__
+    if not cse:
+        for node in nodes:
+            env[node] = new_graph.node_copy(node, lookup)
+        return new_graph
+
+    output = nodes[-1]
+    if output.op != "output":
+        raise AssertionError(f"expected the output node last, got {output.format_node()}")
+    output_storages = {s for s in (_storage(n) for n in output.all_input_nodes) if s is not None}
+    random_packets = tp.RANDOM_OP_PACKETS
+    empty = torch.ops.aten.empty
+    mutation_by_target: dict = {}
+    seen: dict = {}  # merge key -> (node in new graph, its mutation region)
+    region = 0
+    merged = 0
+    for node in nodes:
+        target = node.target
+        # Inductor's rule reads the op, the target and whether an ``out=`` is given
+        rule_key = (node.op, target, node.kwargs.get("out") is not None)
+        is_mutation = mutation_by_target.get(rule_key)
+        if is_mutation is None:
+            is_mutation = mutation_by_target[rule_key] = tp.is_mutation_op(node)
+        if is_mutation:
+            region += 1
+        aten_target = getattr(target, "overloadpacket", target)
+        val = node.meta.get("val")
+        if (
+            node.op in ("placeholder", "output", "get_attr")
+            or aten_target in random_packets
+            or aten_target is empty
+            or (output_storages and _storage(node) in output_storages)
+            or (isinstance(val, sympy.Symbol) and tp.has_free_unbacked_symbols(val))
+        ):
+            new = env[node] = new_graph.node_copy(node, lookup)
+            new.meta["mutation_region_id"] = region
+            continue
+        try:
+            key = (target, _key(node.args, env), _key(node.kwargs, env))
+            hash(key)
+        except _UnknownStructure:
+            key = (target, _pytree_key(node.args, env), _pytree_key(node.kwargs, env))
+        previous = seen.get(key)
+        if previous is not None and previous[1] == region:
+            env[node] = previous[0]
+            merged += 1
+            continue
+        new = env[node] = new_graph.node_copy(node, lookup)
+        new.meta["mutation_region_id"] = region
+        seen[key] = (new, region)
+    log.debug(
+        "dead_code_and_cse: %d nodes -> %d live, %d merged, %.4fs",
+        len(graph.nodes),
+        len(nodes),
+        merged,
+        time.perf_counter() - start,
+    )
+    return new_graph
+
+
+def _needs_pytorch_prepare(joint: fx.GraphModule) -> str | None:
+    for node in joint.graph.nodes:
+        if node.op in ("get_attr", "call_module", "call_method"):
+            return f"{node.op} node {node.name} (subgraphs are cleaned by PyTorch's own passes)"
+    return None
+
+
+def prepare_joint_graph(joint: fx.GraphModule) -> fx.GraphModule:
+    """The clean-up PyTorch's partitioner does before deciding anything (dead code out, CSE, MUST_SAVE marks:
+    ``tp.mark_must_save``), on a new graph: ``joint`` itself is left as it came.  Graphs with subgraphs or module
+    calls go through PyTorch's own passes, on a copy."""
+    reason = _needs_pytorch_prepare(joint)
+    if reason is not None:
+        log.debug("prepare: PyTorch's dead code elimination and CSE (%s)", reason)
+        prepared = tp.copy_graph_module(joint)
+        tp.pytorch_dead_code_and_cse(prepared)
+    else:
+        prepared = tp.lazy_graph_module(joint, dead_code_and_cse(joint.graph, cse=tp.cse_enabled()))
+    tp.mark_must_save(prepared)
+    return prepared

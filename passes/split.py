@@ -1,0 +1,374 @@
+"""split_joint_graph: the forward and backward graphs for a chosen saved set, each built in one pass.
+
+What comes out is node for node what PyTorch's own chain gives for the same saved set
+(``_extract_fwd_bwd_modules``, then ``reordering_to_mimic_autograd_engine`` on backward, ``raise_getitems`` on both,
+``thread_graphsafe_rng_from_hops``): the same placeholders and outputs in AOTAutograd's calling convention (forward
+returns real outputs, saved tensors, then saved SymInts last; backward takes saved SymInts, saved tensors, then
+tangents and backward seeds), the same nodes in the same order under the same names, the same ``node.meta``.
+PyTorch builds six intermediate graphs and generates Python code for five GraphModules to get there; this module
+decides every node's place on the joint graph's own nodes (plain sets and lists) and copies each node once.
+
+The rules it reproduces, each from PyTorch's extraction:
+* a node belongs to a subgraph if all its inputs do; placeholders only if they are the subgraph's inputs; a node
+  that must run in backward (forward) is left out of forward (backward);
+* dead code goes (``Graph.eliminate_dead_code``'s rule: kept if impure or read by a kept node);
+* saved values that backward turns out not to read are dropped, and the SymInts that bind the symbols of the
+  saved values' and tangents' shapes are added to the saved SymInts;
+* saved tensors marked ``saved_tensor_with_no_vc_check`` go last among the saved tensors;
+* backward is reordered the way the autograd engine would run it; getitems are raised next to their producer.
+
+What it does not handle (``UnsupportedSplit``; the caller uses PyTorch's extraction instead): ``get_attr``,
+``call_module`` and ``call_method`` nodes (higher-order ops with subgraphs, whose RNG placeholders PyTorch threads
+through), ``BackwardState`` inputs, opaque saved objects (script objects), activation quantization, a forward
+output that only exists in backward (PyTorch's replacement rules for triton-kernel aliases), duplicate saved values.
+
+Tested against PyTorch's chain (generated code, placeholders, outputs, meta, results) in
+``tests/passes/test_split.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import operator
+import time
+
+import torch
+import torch.fx as fx
+
+from . import _torch_private as tp
+
+log = logging.getLogger(__name__)
+
+
+class UnsupportedSplit(Exception):
+    """A graph feature this split does not reproduce; use PyTorch's extraction for this graph."""
+
+
+def unsupported_reason(joint: fx.GraphModule) -> str | None:
+    """Why this joint graph needs PyTorch's extraction, or None."""
+    if tp.activation_quantization_enabled():
+        return "activation quantization (activation_quantization_aten_pass) is configured"
+    for node in joint.graph.nodes:
+        if node.op in ("get_attr", "call_module", "call_method"):
+            return f"{node.op} node {node.name} (a subgraph or module call)"
+        if node.op == "placeholder" and tp.is_backward_state(node):
+            return f"BackwardState input {node.name}"
+    return None
+
+
+class _Joint:
+    """What every extraction reads off the joint graph, computed once."""
+
+    def __init__(self, joint: fx.GraphModule, num_fwd_outputs: int) -> None:
+        self.module = joint
+        self.nodes = list(joint.graph.nodes)
+        self.fwd_outputs, self.bwd_outputs, self.fwd_descs, self.bwd_descs = tp.extract_fwd_bwd_outputs_and_descs(
+            joint, num_fwd_outputs
+        )
+        placeholders = [n for n in self.nodes if n.op == "placeholder"]
+        self.primals = [n for n in placeholders if tp.is_primal(n)]
+        self.tangents = [n for n in placeholders if tp.is_tangent(n)]
+        self.fwd_seeds = [n for n in placeholders if tp.is_fwd_seed_offset(n)]
+        self.bwd_seeds = [n for n in placeholders if tp.is_bwd_seed_offset(n)]
+        self.backward_only: set[fx.Node] = set()  # must run in backward: never in forward
+        self.forward_only: set[fx.Node] = set()  # must run in forward: never in backward
+        for node in self.nodes:
+            if node.op == "call_function":
+                if tp.must_be_in_backward(node):
+                    self.backward_only.add(node)
+                if tp.must_be_in_forward(node):
+                    self.forward_only.add(node)
+        self._impure_random = tp.dce_impure_random()
+        self._impure_by_target: dict = {}
+
+    def is_impure(self, node: fx.Node) -> bool:
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload):  # the rule reads only the op for these
+            cached = self._impure_by_target.get(target)
+            if cached is None:
+                cached = self._impure_by_target[target] = node.is_impure(self._impure_random)
+            return cached
+        return node.is_impure(self._impure_random)
+
+
+def _extract(joint: _Joint, inputs: list[fx.Node], outputs: list, subgraph: str) -> list[fx.Node]:
+    """The joint nodes (joint order, inputs excluded) of the subgraph from ``inputs`` to ``outputs``, after dead
+    code elimination: ``_extract_graph_with_inputs_outputs`` without building the graph."""
+    input_set = set(inputs)
+    valid = set(inputs)
+    excluded = joint.backward_only if subgraph == "forward" else joint.forward_only
+    candidates = []
+    for node in joint.nodes:
+        if node in input_set or node.op != "call_function" or node in excluded:
+            continue
+        if all(a in valid for a in node.all_input_nodes):
+            valid.add(node)
+            candidates.append(node)
+    needed = set()
+    for out in outputs:
+        if isinstance(out, fx.Node):
+            if out not in valid:
+                raise UnsupportedSplit(f"{subgraph} output {out.name} is not computable in {subgraph}")
+            needed.add(out)
+    kept = []
+    for node in reversed(candidates):
+        if node in needed or joint.is_impure(node):
+            kept.append(node)
+            needed.update(node.all_input_nodes)
+    kept.reverse()
+    return kept
+
+
+def _input_readers(inputs: list[fx.Node], kept: list[fx.Node], outputs: list) -> dict[fx.Node, list]:
+    """For each input, its readers in the extracted graph (the string "output" for the output node)."""
+    input_set = set(inputs)
+    readers: dict[fx.Node, list] = {n: [] for n in inputs}
+    for node in kept:
+        for a in node.all_input_nodes:
+            if a in input_set:
+                readers[a].append(node)
+    for out in dict.fromkeys(o for o in outputs if isinstance(o, fx.Node)):
+        if out in input_set:
+            readers[out].append("output")
+    return readers
+
+
+def _drop_unread(joint: _Joint, saved_values: list, saved_sym_nodes: list) -> None:
+    """Drop the saved values backward does not read (PyTorch's first backward extraction)."""
+    inputs = saved_sym_nodes + saved_values + joint.tangents + joint.bwd_seeds
+    kept = _extract(joint, inputs, joint.bwd_outputs, "backward")
+    kept_set = set(kept)
+    outputs = set(o for o in joint.bwd_outputs if isinstance(o, fx.Node))
+    wait = tp.wait_tensor_target()
+
+    def unused_wait(reader) -> bool:
+        if reader == "output" or reader.target is not wait:
+            return False
+        return not any(u in kept_set for u in reader.users) and reader not in outputs
+
+    unread = set()
+    for node, readers in _input_readers(inputs, kept, joint.bwd_outputs).items():
+        if not readers or (wait is not None and all(unused_wait(r) for r in readers)):
+            unread.add(node)
+    saved_values[:] = [n for n in saved_values if n not in unread]
+    saved_sym_nodes[:] = [n for n in saved_sym_nodes if n not in unread]
+
+
+def _bind_symbols(joint: _Joint, saved_values: list, saved_sym_nodes: list) -> None:
+    """Saved SymInts: those binding a symbol first, then the SymInts binding every other symbol of the saved
+    values' and tangents' shapes, then the derived ones (PyTorch's order)."""
+    saved_symbols: set = set()
+    binding, derived = [], []
+    for node in saved_sym_nodes:
+        symbol = tp.symbol_bound_by(node)
+        if symbol:
+            saved_symbols.add(symbol)
+            binding.append(node)
+        else:
+            derived.append(node)
+    bindings = None
+    for node in derived + saved_values + joint.tangents:
+        if "val" not in node.meta:
+            continue
+        new_symbols = tp.value_free_symbols(node.meta["val"]) - saved_symbols
+        if not new_symbols:
+            continue
+        if bindings is None:
+            bindings = tp.find_symbol_bindings(joint.module.graph)
+        for s in sorted(new_symbols, key=lambda s: s.name):
+            if s in bindings:
+                binding.append(bindings[s])
+        saved_symbols |= new_symbols
+    saved_sym_nodes[:] = binding + derived
+
+
+class _Output:
+    """Stands for the output node in orderings."""
+
+    op = "output"
+    target = "output"
+
+
+_OUTPUT = _Output()
+
+
+def _reorder_like_autograd(inputs: list[fx.Node], kept: list[fx.Node], output_args: list) -> list[fx.Node] | None:
+    """``reordering_to_mimic_autograd_engine`` on the extracted backward (placeholders, ``kept``, output):
+    from the first reader of a tangent on, each node is placed right after whatever it still needs.  The new
+    order of ``kept``, or None where PyTorch leaves the graph as it is (no node reads a tangent)."""
+    output = _OUTPUT
+    sequence = [*inputs, *kept, output]
+    order = {n: i for i, n in enumerate(sequence)}
+    tangent_readers = [n for n in kept if any(tp.is_tangent(a) for a in n.all_input_nodes if a in order)]
+    if any(tp.is_tangent(a) for a in output_args if isinstance(a, fx.Node)):
+        tangent_readers.append(output)
+    if not tangent_readers:
+        return None
+    first = min(order[n] for n in tangent_readers)
+    placed = set(inputs)
+    result: list[fx.Node] = []
+
+    def inputs_of(node):
+        return [a for a in output_args if isinstance(a, fx.Node)] if node is output else node.all_input_nodes
+
+    def place(node) -> None:
+        stack, pending = [node], set()
+        while stack:
+            n = stack.pop()
+            if n in pending or n in placed:
+                continue
+            pending.add(n)
+            stack += inputs_of(n)
+        for n in sorted(pending, key=order.__getitem__):
+            placed.add(n)
+            if n is not output:
+                result.append(n)
+
+    for node in sequence[len(inputs) : first]:
+        if node is not output and node.target is torch.ops.aten.copy_.default:
+            place(node)
+    for node in sequence[first:]:
+        place(node)
+    return result
+
+
+def _raise_getitems(order: list[fx.Node], placeholders: list[fx.Node]) -> list[fx.Node]:
+    """``raise_getitems``: each getitem moved right after its producer, last getitem first (a linked list, so that
+    nested getitems land exactly where PyTorch's in-place moves put them)."""
+    getitems = [n for n in order if n.target is operator.getitem]
+    if not getitems:
+        return order
+    head = object()
+    skip = set(placeholders)
+    sequence = [head, *placeholders, *order]
+    nxt = {a: b for a, b in zip(sequence, sequence[1:])}
+    prv = {b: a for a, b in zip(sequence, sequence[1:])}
+    for node in reversed(getitems):
+        parents = node.all_input_nodes
+        if len(parents) != 1:
+            raise UnsupportedSplit(f"getitem {node.name} with {len(parents)} inputs")
+        parent = parents[0]
+        if parent not in nxt or parent in skip:
+            raise UnsupportedSplit(f"getitem {node.name} of {parent.name}, which is not a computed node")
+        if nxt[parent] is node:
+            continue
+        # unlink node
+        p, n = prv[node], nxt.get(node)
+        nxt[p] = n
+        if n is not None:
+            prv[n] = p
+        # link after parent
+        after = nxt.get(parent)
+        nxt[parent], prv[node] = node, parent
+        nxt[node] = after
+        if after is not None:
+            prv[after] = node
+    result, node = [], nxt[head]
+    while node is not None:
+        if node not in skip:
+            result.append(node)
+        node = nxt.get(node)
+    return result
+
+
+def _build(
+    inputs: list[fx.Node],
+    order: list[fx.Node],
+    outputs: list,
+    descs: list,
+    *,
+    copy_input_meta: bool,
+    mark_backward: bool,
+) -> fx.Graph:
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for node in inputs:
+        placeholder = graph.placeholder(node.name)
+        placeholder.meta = copy.copy(node.meta) if copy_input_meta else node.meta
+        env[node] = placeholder
+    lookup = env.__getitem__
+    for node in order:
+        new = graph.node_copy(node, lookup)
+        if mark_backward:
+            new.meta["autograd_backward"] = True
+        env[node] = new
+    values = [env[x] if isinstance(x, fx.Node) else x for x in outputs]
+    out = graph.output(tuple(values))
+    out.meta["desc"] = descs
+    out.meta["output_stack_traces"] = [v.meta.get("stack_trace") if isinstance(v, fx.Node) else None for v in values]
+    return graph
+
+
+def split_joint_graph(
+    joint: fx.GraphModule,
+    saved_values: list[fx.Node],
+    saved_sym_nodes: list[fx.Node],
+    *,
+    num_fwd_outputs: int,
+) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """Forward and backward GraphModules for this saved set (see the module docstring); raises
+    ``UnsupportedSplit`` for what it does not reproduce."""
+    start = time.perf_counter()
+    reason = unsupported_reason(joint)
+    if reason is not None:
+        raise UnsupportedSplit(reason)
+    saved_values, saved_sym_nodes = list(saved_values), list(saved_sym_nodes)
+    if len(set(saved_values + saved_sym_nodes)) != len(saved_values) + len(saved_sym_nodes):
+        raise UnsupportedSplit("a value is saved twice")
+    for node in saved_values:
+        if tp.is_script_object(node):
+            raise UnsupportedSplit(f"opaque saved object {node.name}")
+    j = _Joint(joint, num_fwd_outputs)
+
+    _drop_unread(j, saved_values, saved_sym_nodes)
+    _bind_symbols(j, saved_values, saved_sym_nodes)
+    checked = [n for n in saved_values if not n.meta.get("saved_tensor_with_no_vc_check", False)]
+    unchecked = [n for n in saved_values if n.meta.get("saved_tensor_with_no_vc_check", False)]
+    saved_values = checked + unchecked
+
+    fw_inputs = j.primals + j.fwd_seeds
+    fw_outputs = j.fwd_outputs + saved_values + saved_sym_nodes
+    fw_descs = j.fwd_descs + tp.saved_output_descs(len(saved_values), len(checked), len(saved_sym_nodes))
+    fw_order = _raise_getitems(_extract(j, fw_inputs, fw_outputs, "forward"), fw_inputs)
+
+    bw_inputs = saved_sym_nodes + saved_values + j.tangents + j.bwd_seeds
+    bw_kept = _extract(j, bw_inputs, j.bwd_outputs, "backward")
+    reordered = _reorder_like_autograd(bw_inputs, bw_kept, j.bwd_outputs)
+    bw_order = _raise_getitems(reordered if reordered is not None else bw_kept, bw_inputs)
+
+    fw_graph = _build(fw_inputs, fw_order, fw_outputs, fw_descs, copy_input_meta=False, mark_backward=False)
+    bw_graph = _build(
+        bw_inputs, bw_order, j.bwd_outputs, j.bwd_descs, copy_input_meta=reordered is not None, mark_backward=True
+    )
+    fw, bw = tp.make_graph_module(joint, fw_graph), tp.make_graph_module(joint, bw_graph)
+    log.debug(
+        "split: %d forward nodes, %d backward nodes, %d saved, %.4fs",
+        len(fw_order),
+        len(bw_order),
+        len(saved_values) + len(saved_sym_nodes),
+        time.perf_counter() - start,
+    )
+    return fw, bw
+
+
+def split_or_fallback(
+    joint: fx.GraphModule,
+    saved_values: list[fx.Node],
+    saved_sym_nodes: list[fx.Node],
+    *,
+    num_fwd_outputs: int,
+    static_lifetime_input_nodes,
+) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """``split_joint_graph``, or PyTorch's own chain for the graphs it does not handle (``UnsupportedSplit``)."""
+    try:
+        return split_joint_graph(joint, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs)
+    except UnsupportedSplit as why:
+        log.debug("split: PyTorch's extraction for this graph (%s)", why)
+    return tp.split_with_saved_values(
+        joint,
+        list(saved_values),
+        list(saved_sym_nodes),
+        num_fwd_outputs=num_fwd_outputs,
+        static_lifetime_input_nodes=static_lifetime_input_nodes,
+    )

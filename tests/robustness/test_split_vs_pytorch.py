@@ -1,0 +1,224 @@
+"""The fast passes against PyTorch's own: ``cse.prepare_joint_graph`` (one-pass dead code elimination + CSE) and
+``split.split_joint_graph`` (forward/backward extraction) must give, on every graph fxremat partitions here, the
+graphs PyTorch's chain gives (``tp.prepare_joint_graph``; ``tp.split_with_saved_values`` for the same saved set):
+the same generated code (so the same placeholders, outputs, order and names), the same ``node.meta`` node for
+node, the same output descriptors.  Each test runs real partitions (example models, fuzzer programs, dynamic
+shapes, mutated inputs, dropout, multiple outputs) with both computed and compared at every call, then checks
+gradients as the other tests do."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+from fuzz_models import FuzzModel, Program, fresh, loss_of, make_inputs, programs
+from hypothesis import HealthCheck, given, settings
+from robust_helpers import BF16_RTOL, FP32_RTOL, assert_steps_match, eager_step, fxremat_step
+
+from fxremat import partition as partition_module
+from fxremat.examples import EXAMPLES, example
+from fxremat.plan import FxrematBudgetWarning
+from fxremat_passes import _torch_private as tp
+from fxremat_passes import cse, split
+
+
+def _meta_equal(a: dict, b: dict, where: str) -> None:
+    assert a.keys() == b.keys(), f"{where}: meta keys differ: {sorted(a.keys() ^ b.keys())}"
+    for key in a:
+        assert a[key] is b[key] or a[key] == b[key], f"{where}: meta[{key!r}] differs"
+
+
+def assert_same_graph(ours: torch.fx.Graph, theirs: torch.fx.Graph, what: str) -> None:
+    mine, pytorch = list(ours.nodes), list(theirs.nodes)
+    assert [n.name for n in mine] == [n.name for n in pytorch], what
+    for x, y in zip(mine, pytorch):
+        where = f"{what} {x.name}"
+        assert (x.op, x.target, str(x.args), str(x.kwargs), x.type) == (
+            y.op,
+            y.target,
+            str(y.args),
+            str(y.kwargs),
+            y.type,
+        ), where
+        _meta_equal(x.meta, y.meta, where)
+
+
+def assert_same_module(ours: torch.fx.GraphModule, theirs: torch.fx.GraphModule, what: str) -> None:
+    assert ours.code == theirs.code, what
+    assert_same_graph(ours.graph, theirs.graph, what)
+
+
+class Checks:
+    def __init__(self) -> None:
+        self.prepared = 0
+        self.split = 0
+
+
+@contextlib.contextmanager
+def compared_with_pytorch():
+    """Every prepare and split inside partitions done in this context is also done by PyTorch and compared."""
+    checks = Checks()
+    real_prepare, real_split = partition_module.prepare_joint_graph, partition_module.split_or_fallback
+
+    def prepare(joint):
+        before = joint.code
+        theirs = tp.prepare_joint_graph(tp.copy_graph_module(joint))
+        ours = real_prepare(joint)
+        assert joint.code == before, "prepare_joint_graph modified its input"
+        assert_same_graph(ours.graph, theirs.graph, "prepared joint")
+        checks.prepared += 1
+        return ours
+
+    def split_both(joint, saved_values, saved_sym_nodes, *, num_fwd_outputs, static_lifetime_input_nodes):
+        theirs = tp.split_with_saved_values(
+            joint,
+            list(saved_values),
+            list(saved_sym_nodes),
+            num_fwd_outputs=num_fwd_outputs,
+            static_lifetime_input_nodes=static_lifetime_input_nodes,
+        )
+        ours = split.split_joint_graph(joint, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs)
+        for o, t, name in zip(ours, theirs, ("forward", "backward")):
+            assert_same_module(o, t, name)
+            assert o.graph.output_node().meta["desc"] == t.graph.output_node().meta["desc"], name
+        # forward's placeholders share the joint graph's meta dicts, as PyTorch's do
+        joint_meta = {n.name: n.meta for n in joint.graph.nodes}
+        for o, t in ((ours[0], theirs[0]), (ours[1], theirs[1])):
+            for x, y in zip(o.graph.find_nodes(op="placeholder"), t.graph.find_nodes(op="placeholder")):
+                assert (x.meta is joint_meta[x.name]) == (y.meta is joint_meta[y.name]), x.name
+        checks.split += 1
+        return ours
+
+    partition_module.prepare_joint_graph = prepare
+    partition_module.split_or_fallback = split_both
+    try:
+        yield checks
+    finally:
+        partition_module.prepare_joint_graph = real_prepare
+        partition_module.split_or_fallback = real_split
+
+
+CONFIGS = {
+    "default": dict(),
+    "budget 0.5": dict(memory_budget=0.5),
+    "budget 0.0": dict(memory_budget=0.0),
+    "price 0": dict(memory_price=0.0),
+}
+
+
+def _step_checked(model, inputs, loss, config) -> object:
+    with compared_with_pytorch() as checks, warnings.catch_warnings():
+        warnings.simplefilter("ignore", FxrematBudgetWarning)
+        torch.manual_seed(1)
+        result = fxremat_step(model, fresh(inputs), loss, strict=True, compare_default=False, **config)
+    for report in result.reports:
+        assert report.fallback_reason is None
+    assert checks.prepared == checks.split == len(result.reports)
+    return result
+
+
+@pytest.mark.parametrize("config", list(CONFIGS), ids=list(CONFIGS))
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_examples_split_like_pytorch(name, config):
+    model, inputs = example(name)
+    result = _step_checked(model, inputs, lambda out: out.sum(), CONFIGS[config])
+    assert len(result.reports) == 1
+    if name != "dropout":
+        assert_steps_match(result, eager_step(model, fresh(inputs), lambda out: out.sum()), FP32_RTOL, config)
+
+
+@settings(
+    max_examples=20,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(programs())
+def test_fuzzed_programs_split_like_pytorch(program: Program):
+    """Random modules: multiple outputs, mutated inputs, views, splits, dropout, bf16, an unused input."""
+    torch.manual_seed(0)
+    model, inputs = FuzzModel(program), make_inputs(program)
+    rtol = BF16_RTOL if program.touches_bf16 else FP32_RTOL
+    reference = None if program.has_dropout else eager_step(model, fresh(inputs), loss_of)
+    for label in ("default", "budget 0.5"):
+        result = _step_checked(model, inputs, loss_of, CONFIGS[label])
+        if reference is not None:
+            assert_steps_match(result, reference, rtol, label)
+
+
+class Duplicates(nn.Module):
+    """Computations CSE must merge (twice the same sin) and must not (dropout twice; the same add either side of an
+    in-place update; 1 and 1.0 as constants; an output and its duplicate)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.zeros(()))
+
+    def forward(self, x, y):
+        a, b = x.sin() * y, x.sin() * y
+        c = torch.nn.functional.dropout(a, 0.5) + torch.nn.functional.dropout(a, 0.5)
+        before = (x + 1) * (x + 1.0)
+        self.count.add_(1)
+        after = (x + 1) * b
+        return a + c + before + after, b * 2, b * 2
+
+
+def test_duplicates_merge_like_pytorch():
+    model, x, y = Duplicates(), torch.randn(4, 8, requires_grad=True), torch.randn(4, 8, requires_grad=True)
+    result = _step_checked(model, (x, y), lambda out: sum(o.sum() for o in out), CONFIGS["budget 0.5"])
+    assert len(result.reports) == 1
+
+
+def test_dynamic_shapes_split_like_pytorch():
+    """SymInts saved for backward, and the SymInts binding the saved tensors' symbols added by the split."""
+    from functorch.compile import make_boxed_func
+    from test_dynamic_shapes import ReshapeByLength, _loss
+    from torch._dynamo.backends.common import aot_autograd
+
+    import fxremat
+    from fxremat.options import Options
+
+    for config in ("default", "budget 0.5"):
+        torch._dynamo.reset()
+        reports: list = []
+        partition_fn = fxremat.make_partition_fn(Options.create(strict=True, **CONFIGS[config]), reports)
+        nop = lambda gm, _: make_boxed_func(gm.forward)  # noqa: E731
+        backend = aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=partition_fn)
+        model = ReshapeByLength()
+        eager = copy.deepcopy(model)
+        compiled = torch.compile(model, backend=backend, dynamic=True)
+        with compared_with_pytorch() as checks:
+            for length in (5, 9):
+                x = torch.randn(3, length, 8)
+                _loss(compiled(x)).backward()
+                _loss(eager(x)).backward()
+        assert checks.split == len(reports) >= 1
+        assert any(r.saved_symbols for r in reports)
+        for p, q in zip(model.parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    torch._dynamo.reset()
+
+
+def test_unsupported_graph_uses_pytorchs_extraction(monkeypatch):
+    """A graph feature the split does not reproduce: PyTorch's chain, same plan, no fallback of the partition."""
+    monkeypatch.setattr(split, "unsupported_reason", lambda joint: "pretend")
+    model, inputs = example("mlp")
+    ours = fxremat_step(model, fresh(inputs), lambda out: out.sum(), strict=True, compare_default=False)
+    assert ours.reports[0].fallback_reason is None
+    assert_steps_match(ours, eager_step(model, fresh(inputs), lambda out: out.sum()), FP32_RTOL)
+
+
+def test_prepare_leaves_the_joint_graph_untouched():
+    from conftest import capture_joint
+
+    model, inputs = example("block_sdpa")
+    gm, _ = capture_joint(model, inputs)
+    names = [(n.name, dict(n.meta)) for n in gm.graph.nodes]
+    prepared = cse.prepare_joint_graph(gm)
+    assert prepared.graph is not gm.graph
+    assert [(n.name, dict(n.meta)) for n in gm.graph.nodes] == names
