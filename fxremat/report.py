@@ -61,6 +61,7 @@ class CutReport:
     peak_budget_bytes: int | None = None  # the activation peak the plan had to fit
     peak_budget_met: bool | None = None
     peak_candidates: int | None = None  # candidate plans whose peak was estimated
+    peak_simulated: int | None = None  # ... and of those, the shortlist split and simulated
     simulated_peak_bytes: int | None = None  # liveness simulation of the step (passes/liveness.py)
     simulated_activation_peak_bytes: int | None = None  # the same, less the gradients
     simulated_peak_at: str | None = None  # "phase:node" where the simulated peak is reached
@@ -284,9 +285,9 @@ def budget_lines(report: CutReport) -> list[str]:
         )
     if isinstance(report.peak_budget, float):  # relative to the candidates' estimated peaks
         lines.append(
-            f"peak_budget {report.peak_budget!r}: the fastest of {report.peak_candidates} candidate plans whose "
-            f"estimated activation peak is at most {format_bytes(report.peak_budget_bytes)} -> "
-            f"{format_bytes(report.simulated_activation_peak_bytes)} simulated"
+            f"peak_budget {report.peak_budget!r}: the fastest of {report.peak_simulated} simulated plans (of "
+            f"{report.peak_candidates} candidates) whose activation peak is at most "
+            f"{format_bytes(report.peak_budget_bytes)} -> {format_bytes(report.simulated_activation_peak_bytes)}"
         )
     elif report.peak_budget is not None:
         lines.append(
