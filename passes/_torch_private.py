@@ -67,6 +67,7 @@ from torch._functorch.partitioners import (  # noqa: E402
 )
 from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_files  # noqa: E402
 from torch._inductor.decomposition import select_decomp_table  # noqa: E402
+from torch._inductor.graph import GraphLowering  # noqa: E402
 from torch._library.fake_class_registry import FakeScriptObject  # noqa: E402
 from torch.fx._lazy_graph_module import _LazyGraphModule, _make_graph_module  # noqa: E402
 from torch.fx.experimental._backward_state import BackwardState  # noqa: E402
@@ -90,6 +91,7 @@ __all__ = [
     "extract_fwd_bwd_outputs",
     "fx_graph_cse",
     "get_hash_for_files",
+    "inductor_layout_optimisation",
     "is_sym_node",
     "must_be_in_backward",
     "size_hint",
@@ -111,6 +113,13 @@ def size_hint(value) -> int:
     if isinstance(value, torch.SymInt):
         return int(optimization_hint(value, fallback=UNBACKED_SIZE_FALLBACK))
     return int(value)
+
+
+def inductor_layout_optimisation(gm: torch.fx.GraphModule) -> bool:
+    """Whether Inductor will compile this graph with layout optimisation (convolutions and their inputs in
+    channels-last): Inductor's own per-graph decision (``GraphLowering.decide_layout_opt``), read off the same FX
+    graph (its nodes' ``meta["val"]``), so the simulator cannot drift from it."""
+    return bool(GraphLowering.decide_layout_opt(gm, is_inference=False))
 
 
 def must_be_in_backward(node: torch.fx.Node) -> bool:

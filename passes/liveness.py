@@ -19,7 +19,10 @@ What it models (all in one place, so the rule can be checked against measurement
   stay alive to the end.  Tangents are allocated when backward starts.
 * Fusion away: a pointwise/copy/creation value whose every reader is one Inductor fuses it into (pointwise, copy,
   reduction, norm, view) never leaves its kernel, so it allocates nothing (``materialises``).
-* Not modelled: Inductor's channels-last copies of convolution inputs (made after partitioning).
+* Inductor's layout optimisation (``layout.py``): in a forward with 2-D convolutions, the channels-last copies of
+  graph inputs read by a convolution are allocated when forward starts and, when saved, held until their last use
+  in backward; mkldnn's ``convolution_backward`` holds two extra weight-sized buffers while it returns the weight
+  gradient (``workspace_bytes``: counted while the op runs, gone after it).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import torch
 import torch.fx as fx
 
 from .costs import alias_root, value_nbytes
+from .layout import channels_last_copies, layout_optimised, workspace_bytes
 from .ops import FUSIBLE, OpClass, op_class
 
 # Readers a fusible producer folds into (Inductor's pointwise fusion, reduction prologues); views are looked through.
@@ -45,7 +49,7 @@ class PeakEstimate:
     backward_peak_bytes: int
     gradient_bytes: int  # what backward returns (gradients), all of them
     activation_peak_bytes: int  # the most bytes held at once that are not gradients
-    timeline: tuple[tuple[str, str, int], ...]  # (phase, node, bytes live after it)
+    timeline: tuple[tuple[str, str, int], ...]  # (phase, node, most bytes held while it runs)
 
 
 def materialises(node: fx.Node, classes: dict[fx.Node, OpClass], outputs: set[fx.Node]) -> bool:
@@ -104,7 +108,14 @@ class _Phase:
     """One graph run as Inductor schedules it: its materialised buffers grouped into kernels (fusion), the kernels
     in an execution order, and the live storages (root node name -> bytes) walked over that order."""
 
-    def __init__(self, graph: fx.Graph, keep: set[str], carried: dict[str, int], gradients: frozenset = frozenset()):
+    def __init__(
+        self,
+        graph: fx.Graph,
+        keep: set[str],
+        carried: dict[str, int],
+        gradients: frozenset = frozenset(),
+        channels_last: bool = False,
+    ):
         self.nodes = list(graph.nodes)
         self.index = {n: i for i, n in enumerate(self.nodes)}
         self.classes = {n: op_class(n) for n in self.nodes}
@@ -117,6 +128,7 @@ class _Phase:
         self.carried = dict(carried)
         self.activation_peak = 0
         self._find_units()
+        self.workspace = {u: workspace_bytes(u, channels_last) for u in self.units}
         self._fuse()
 
     # --- what runs: units (one per materialised buffer or multi-output op), and what each reads ---------------
@@ -325,7 +337,7 @@ class _Phase:
                     live[node.name] = live.get(node.name, 0) + nbytes
                 for r in self.unit_reads[u]:
                     remaining[r.name] -= 1
-                total = sum(live.values())
+                total = sum(live.values()) + self.workspace[u]  # buffers the op frees before it returns
                 peak = max(peak, total)
                 timeline.append((phase, u.name, total))
                 gradients = sum(b for name, b in live.items() if name in self.gradients)
@@ -345,7 +357,10 @@ def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) 
     fw_classes = {n: op_class(n) for n in fw.graph.nodes}
     saved_roots = {alias_root(n, fw_classes).name for n in saved}
     user_roots = {alias_root(n, fw_classes).name for n in fw_returns[:num_fwd_outputs]}
-    forward = _Phase(fw.graph, keep=saved_roots | user_roots, carried={})
+    # Channels-last copies of graph inputs (Inductor's layout optimisation) are allocated as forward starts and
+    # stand in for their placeholder from then on: freed after its last reader, or carried into backward if saved.
+    channels_last = layout_optimised(fw)
+    forward = _Phase(fw.graph, keep=saved_roots | user_roots, carried=channels_last_copies(fw))
     forward_peak = forward.run("forward", timeline)
 
     # Into backward: saved storages plus the tangents autograd allocates.  Forward returns saved tensors, then saved
@@ -365,7 +380,9 @@ def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) 
         carried[placeholder.name] = _tensor_storage_bytes(placeholder)
     bw_output = next(n for n in reversed(bw.graph.nodes) if n.op == "output")
     gradients = {alias_root(a).name for a in bw_output.all_input_nodes}
-    backward = _Phase(bw.graph, keep=gradients, carried=carried, gradients=frozenset(gradients))
+    backward = _Phase(
+        bw.graph, keep=gradients, carried=carried, gradients=frozenset(gradients), channels_last=channels_last
+    )
     backward_peak = backward.run("backward", timeline)
     gradient_bytes = sum(
         _tensor_storage_bytes(a) for a in bw_output.all_input_nodes if alias_root(a).op != "placeholder"

@@ -25,6 +25,7 @@ import torch
 import torch.fx as fx
 
 from .costs import alias_root
+from .layout import channels_last_copies, layout_optimised, workspace_bytes
 from .liveness import FUSES_INTO, _tensor_storage_bytes
 from .ops import OpClass
 from .roles import GraphRoles, Role
@@ -52,6 +53,11 @@ class JointMemory:
     is_copy: tuple[bool, ...]  # aten.copy_ (the reordering keeps these in place)
     forward_outputs: tuple[int, ...]
     gradients: tuple[int, ...]  # backward's outputs (gradients), as node indices
+    # Inductor's layout optimisation (layout.py): channels-last copies of placeholders (node index -> bytes), made
+    # when forward starts; per node, the most an op holds above what was live before it (mkldnn's convolution_backward
+    # frees buffers before it returns)
+    layout_copies: tuple[tuple[int, int], ...] = ()
+    workspace: tuple[int, ...] = ()
 
 
 def build_joint_memory(joint: fx.GraphModule, roles: GraphRoles, num_fwd_outputs: int) -> JointMemory:
@@ -60,6 +66,8 @@ def build_joint_memory(joint: fx.GraphModule, roles: GraphRoles, num_fwd_outputs
     classes = roles.op_class
     output = nodes[-1] if nodes[-1].op == "output" else next(n for n in reversed(nodes) if n.op == "output")
     returned = list(output.args[0])
+    by_name = {n.name: n for n in nodes}
+    channels_last = layout_optimised(joint)
     hold = []
     for node in nodes:
         cls = classes[node]
@@ -94,7 +102,18 @@ def build_joint_memory(joint: fx.GraphModule, roles: GraphRoles, num_fwd_outputs
         is_copy=tuple(n.op == "call_function" and n.target is torch.ops.aten.copy_.default for n in nodes),
         forward_outputs=tuple(index[a] for a in returned[:num_fwd_outputs] if isinstance(a, fx.Node)),
         gradients=tuple(index[a] for a in returned[num_fwd_outputs:] if isinstance(a, fx.Node)),
+        layout_copies=tuple(sorted((index[by_name[name]], b) for name, b in channels_last_copies(joint).items())),
+        workspace=tuple(_high_water(n, workspace_bytes(n, channels_last)) for n in nodes),
     )
+
+
+def _high_water(node: fx.Node, workspace: int) -> int:
+    """A multi-output op's items are separate nodes that allocate after it: the buffers it frees before returning
+    sit on top of those items, so its high-water mark above what was live before it is both."""
+    if not workspace:
+        return 0
+    items = [u for u in node.users if isinstance(u.meta.get("val"), torch.Tensor)]
+    return workspace + sum(_tensor_storage_bytes(u) for u in items)
 
 
 @dataclass(frozen=True)
@@ -210,9 +229,10 @@ class _Run:
                 total += size
                 if n in self.gradients:
                     grads += size
-            if total > best[1]:
-                best[1:] = [total, phase, n]
-            best[0] = max(best[0], total - grads)
+            during = total + (m.workspace[n] if m.workspace else 0)
+            if during > best[1]:
+                best[1:] = [during, phase, n]
+            best[0] = max(best[0], during - grads)
             for r in dies.get(position, ()):
                 if r in live and r not in self.keep:
                     total -= live.pop(r)
@@ -232,15 +252,18 @@ def estimate_peak(memory: JointMemory, saved: set[int]) -> PlanPeak:
     saved_roots = {m.root[s] for s in saved}
     user_roots = {m.root[o] for o in m.forward_outputs}
     best = [0, 0, "forward", -1]
-    forward = _Run(m, forward_order, set(m.forward_outputs) | saved, saved_roots | user_roots, set())
-    live: dict[int, int] = {}
+    gradient_roots = {m.root[g] for g in m.gradients}
+    backward_nodes = _closure(m, m.gradients, saved)
+    # a placeholder backward reads is saved; a channels-last copy of it is what forward hands over
+    copies = dict(m.layout_copies)
+    saved_copies = {p for p in copies if any(p in m.inputs[n] for n in backward_nodes)}
+    forward = _Run(m, forward_order, set(m.forward_outputs) | saved, saved_roots | user_roots | saved_copies, set())
+    live: dict[int, int] = dict(copies)
     forward.run(live, "forward", best)
-    carried = {r: live[r] for r in saved_roots if r in live}
+    carried = {r: live[r] for r in saved_roots | saved_copies if r in live}
     tangents = [i for i, t in enumerate(m.tangent) if t and m.nbytes[i]]
     for t in tangents:
         carried[t] = m.nbytes[t]
-    gradient_roots = {m.root[g] for g in m.gradients}
-    backward_nodes = _closure(m, m.gradients, saved)
     backward = _Run(m, _backward_order(m, backward_nodes), set(m.gradients), gradient_roots, gradient_roots)
     backward.run(carried, "backward", best)
     return PlanPeak(activation_peak_bytes=best[0], peak_bytes=best[1], peak_phase=best[2], peak_node=best[3])
