@@ -209,16 +209,25 @@ class _Phase:
         for u in fusible:
             for r in self.unit_reads[u]:
                 readers.setdefault(r, []).append(u)
+        unit_order = {u: k for k, u in enumerate(units)}
         for r, us in readers.items():
             nbytes = _tensor_storage_bytes(r)
             p = self.unit.get(r)
+            pairs = []
             if p is not None and p in numel:
-                us = [p, *us]
+                pairs += [(p, b) for b in us if b is not p]  # producer into consumer
+            # two readers (horizontal): only within FUSION_DISTANCE of each other (checked again on merging), which
+            # keeps a storage read by every block (a mask, a rotary table) from making this quadratic
+            us = sorted(us, key=unit_order.__getitem__)
             for i, a in enumerate(us):
                 for b in us[i + 1 :]:
-                    if a is not b and numel[a] == numel[b]:
-                        key = (a, b) if self.index[a] < self.index[b] else (b, a)
-                        candidates[key] = candidates.get(key, 0) + nbytes
+                    if unit_order[b] - unit_order[a] > FUSION_DISTANCE:
+                        break
+                    pairs.append((a, b))
+            for a, b in pairs:
+                if a is not b and numel[a] == numel[b]:
+                    key = (a, b) if self.index[a] < self.index[b] else (b, a)
+                    candidates[key] = candidates.get(key, 0) + nbytes
         lo = {u: self.index[u] for u in units}
         hi = dict(lo)
 
@@ -322,8 +331,24 @@ class _Phase:
             for r in self.unit_reads[u]:
                 remaining[r.name] = remaining.get(r.name, 0) + 1
         live = dict(self.carried)
-        peak = sum(live.values())
+        # running sums instead of summing every live storage at every unit (linear in the graph)
+        total = sum(live.values())
+        gradients = sum(b for name, b in live.items() if name in self.gradients)
+        peak = total
         activation_peak = 0
+        dies: dict[int, list[str]] = {}
+        for name, k in last_use.items():
+            dies.setdefault(k, []).append(name)
+
+        def free(name: str) -> None:
+            nonlocal total, gradients
+            nbytes = live.pop(name)
+            total -= nbytes
+            if name in self.gradients:
+                gradients -= nbytes
+
+        for name in [n for n in live if last_use.get(n, -1) < 0 and n not in self.keep]:
+            free(name)  # carried in, never read here
         for k, head in enumerate(order):
             for u in self.kernels[head]:
                 for node in self.owned[u]:
@@ -333,17 +358,24 @@ class _Phase:
                     if self.classes[u] in KERNEL_CLASSES:
                         reused = self._inplace_candidate(u, nbytes, live, remaining)
                         if reused is not None:
-                            del live[reused]  # Inductor writes the result over an input only this kernel still reads
+                            free(reused)  # Inductor writes the result over an input only this kernel still reads
                     live[node.name] = live.get(node.name, 0) + nbytes
+                    total += nbytes
+                    if node.name in self.gradients:
+                        gradients += nbytes
                 for r in self.unit_reads[u]:
                     remaining[r.name] -= 1
-                total = sum(live.values()) + self.workspace[u]  # buffers the op frees before it returns
-                peak = max(peak, total)
-                timeline.append((phase, u.name, total))
-                gradients = sum(b for name, b in live.items() if name in self.gradients)
-                activation_peak = max(activation_peak, total - gradients)
-            for name in [n for n in live if last_use.get(n, -1) <= k and n not in self.keep]:
-                del live[name]
+                moment = total + self.workspace[u]  # buffers the op frees before it returns
+                peak = max(peak, moment)
+                timeline.append((phase, u.name, moment))
+                activation_peak = max(activation_peak, moment - gradients)
+            for u in self.kernels[head]:
+                for node in self.owned[u]:  # written here and never read later: gone after this kernel
+                    if node.name in live and last_use.get(node.name, -1) < k and node.name not in self.keep:
+                        free(node.name)
+            for name in dies.get(k, ()):
+                if name in live and name not in self.keep:
+                    free(name)
         self.live = live
         self.activation_peak = activation_peak
         return peak
