@@ -23,9 +23,21 @@ import torch.fx as fx
 import torch.utils.flop_counter as flop_counter
 
 from . import _torch_private as tp
-from .ops import FUSIBLE, PARTIAL_READ_OPS, TRANSCENDENTAL_OPS, OpClass, op_class, packet, qualified_name
+from .ops import (
+    FUSIBLE,
+    GELU_TANH_WEIGHT,
+    PARTIAL_READ_OPS,
+    POINTWISE_FLOP_WEIGHTS,
+    POW_INT_WEIGHT,
+    OpClass,
+    get_arg,
+    op_class,
+    packet,
+    qualified_name,
+)
 
 log = logging.getLogger(__name__)
+aten = torch.ops.aten
 
 COST_KEY = "fxremat_cost"
 SYMBOLIC_VALUE_BYTES = 8  # a SymInt/SymFloat kept for backward: tiny, but not free
@@ -220,6 +232,21 @@ def _first_tensor_input(node: fx.Node):
     return None
 
 
+def pointwise_weight(node: fx.Node) -> int:
+    """FLOP-equivalents per element of an elementwise op (``ops.POINTWISE_FLOP_WEIGHTS``, measured), reading the
+    arguments where the op's price depends on them."""
+    pkt = packet(node)
+    if pkt is aten.div and len(node.args) > 1 and not isinstance(node.args[1], fx.Node):
+        return 1  # by a Python scalar: Inductor multiplies by its reciprocal
+    if pkt is aten.pow and len(node.args) > 1 and not isinstance(node.args[1], fx.Node):
+        exponent = node.args[1]
+        if isinstance(exponent, int) or (isinstance(exponent, float) and exponent.is_integer()):
+            return POW_INT_WEIGHT
+    if pkt in (aten.gelu, aten.gelu_backward) and get_arg(node, "approximate", "none") == "tanh":
+        return GELU_TANH_WEIGHT
+    return POINTWISE_FLOP_WEIGHTS.get(pkt, 1)
+
+
 def grouped_mm_flops(a_shape, b_shape, out_shape) -> int:
     """``aten._grouped_mm`` (MoE experts), which FlopCounterMode does not count: 2 FLOPs per multiply-add.  The
     groups (``offs``) partition one dimension, so the count needs shapes only: in a 2-D by 2-D product the groups
@@ -262,8 +289,7 @@ def count_flops(node: fx.Node, cls: OpClass) -> int:
         log.debug("no FLOP formula for %s; estimating from output size", name)
         return 2 * _numel(out) * 64
     if cls is OpClass.POINTWISE:
-        per_element = 4 if pkt in TRANSCENDENTAL_OPS or name == "prims.inductor_random" else 1
-        return per_element * _numel(out)
+        return pointwise_weight(node) * _numel(out)
     if cls in (OpClass.REDUCTION, OpClass.NORM):
         first = _first_tensor_input(node)
         n = _numel(first) if first is not None else _numel(out)

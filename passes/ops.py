@@ -125,35 +125,48 @@ DROPOUT_ARG_OPS = _packets(
     "_scaled_dot_product_cudnn_attention",
     "_scaled_dot_product_attention_math",
 )
-# Elementwise ops that cost several FLOPs per element (exp, log, tanh, erf, ...): their recompute is pricier.
-TRANSCENDENTAL_OPS = _packets(
-    "exp",
-    "exp2",
-    "expm1",
-    "log",
-    "log2",
-    "log1p",
-    "tanh",
-    "tanh_backward",
-    "sigmoid",
-    "sigmoid_backward",
-    "erf",
-    "erfinv",
-    "gelu",
-    "gelu_backward",
-    "silu",
-    "silu_backward",
-    "sin",
-    "cos",
-    "pow",
-    "rsqrt",
-    "sqrt",
-    "reciprocal",
-    "div",
-    "softplus",
-    "mish",
-    "elu",
-)
+# What one elementwise op costs per element, in add/mul equivalents: the FLOP term of the roofline (a recomputed
+# erf/tanh/exp chain is compute bound inside its fused kernel, so this is its price).  Measured on this CPU by
+# benchmarks/pointwise_eager.py (one thread, 4M fp32, median of 15): ATen's vectorised kernel of the op (the same
+# at::vec/SLEEF code Inductor's CPU kernels call) beyond a memory-bound mul/add over the same bytes, over the price of
+# one add inside a fused Inductor kernel (0.076 ns/element, benchmarks/pointwise_weights.py); rounded.  Fused chains
+# measured by benchmarks/pointwise_weights.py put tanh at 50 and exp at 12, so these are lower bounds.  Fixed
+# constants: the same graph gives the same cut on any machine.
+# Ops not listed cost 1 (add, mul, sub, neg, relu, where, tanh_backward and sigmoid_backward, which are a few muls); a
+# division by a Python scalar costs 1 (Inductor multiplies by the reciprocal) and ``pow`` with an integer exponent
+# is ``POW_INT_WEIGHT`` (Inductor expands it into multiplications): costs.pointwise_weight reads the arguments.
+POINTWISE_FLOP_WEIGHTS = {
+    packet: weight
+    for name, weight in (
+        ("tanh", 38),
+        ("sigmoid", 2),
+        ("erf", 17),
+        ("erfinv", 17),  # not measured: priced as erf
+        ("exp", 9),
+        ("exp2", 9),  # not measured: priced as exp
+        ("expm1", 9),  # not measured: priced as exp
+        ("log", 14),
+        ("log2", 14),  # not measured: priced as log
+        ("log1p", 14),  # not measured: priced as log
+        ("sqrt", 2),
+        ("rsqrt", 1),
+        ("reciprocal", 1),
+        ("div", 1),
+        ("pow", 29),
+        ("sin", 16),
+        ("cos", 17),
+        ("gelu", 4),  # the erf form; approximate="tanh" is priced by costs.pointwise_weight
+        ("gelu_backward", 13),
+        ("silu", 3),
+        ("silu_backward", 4),
+        ("softplus", 23),  # not measured: exp + log1p
+        ("mish", 61),  # not measured: softplus + tanh
+        ("elu", 9),  # not measured: an exp
+    )
+    if (packet := getattr(aten, name, None)) is not None
+}
+GELU_TANH_WEIGHT = 20
+POW_INT_WEIGHT = 2
 SYMBOLIC_TARGETS = frozenset(
     {
         operator.add,
