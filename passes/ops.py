@@ -125,6 +125,12 @@ DROPOUT_ARG_OPS = _packets(
     "_scaled_dot_product_cudnn_attention",
     "_scaled_dot_product_attention_math",
 )
+# CUDA attention backward kernels tagged nondeterministic_seeded: they are given the forward's philox seed and offset
+# and replay its dropout mask, so they are deterministic attention (the test on meta tensors found them counted as
+# random ops at one FLOP per element).
+SEEDED_ATTENTION_BACKWARD = _packets(
+    "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_cudnn_attention_backward"
+)
 # What one elementwise op costs per element, in add/mul equivalents: the FLOP term of the roofline (a recomputed
 # erf/tanh/exp chain is compute bound inside its fused kernel, so this is its price).  Measured on this CPU by
 # benchmarks/pointwise_eager.py (one thread, 4M fp32, median of 15): ATen's vectorised kernel of the op (the same
@@ -281,6 +287,8 @@ def _op_class(node: fx.Node) -> OpClass:
     if qualified_name(node) in SEED_OPS:
         return OpClass.SEED
     pkt = target.overloadpacket
+    if pkt in SEEDED_ATTENTION_BACKWARD:
+        return OpClass.ATTENTION
     if has_tag(node, torch.Tag.nondeterministic_seeded):
         if pkt in DROPOUT_ARG_OPS and not get_arg(node, "dropout_p", 0.0):
             return OpClass.ATTENTION

@@ -272,3 +272,48 @@ def _check_transformers_flops(module, args):
     torch.compile(module, backend=backend)(*args).backward()
     assert _check_flops_against_counter(captured["gm"]) > 0
     return captured["gm"]
+
+
+# The CUDA attention kernels, traced on meta tensors (their meta kernels need no GPU): forward and backward.
+CUDA_SDPA = {
+    "flash": lambda q, k, v: torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[0],
+    "efficient": lambda q, k, v: torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, True)[
+        0
+    ],
+    "cudnn": lambda q, k, v: torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, True)[0],
+}
+
+
+def _plain_meta(arg):
+    """A node's value as a plain meta tensor (make_fx records FakeTensors of its own mode)."""
+    if not isinstance(arg, torch.fx.Node):
+        return arg
+    val = arg.meta["val"]
+    if not isinstance(val, torch.Tensor):
+        return val
+    return torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device="meta")
+
+
+@pytest.mark.parametrize("variant", sorted(CUDA_SDPA))
+def test_flops_equal_flop_counter_on_cuda_attention_variants(variant):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    attention = CUDA_SDPA[variant]
+
+    def forward_and_backward(q, k, v):
+        out = attention(q, k, v)
+        return torch.autograd.grad(out.sum(), (q, k, v))
+
+    q, k, v = (torch.empty(2, 4, 128, 64, device="meta", dtype=torch.float16, requires_grad=True) for _ in range(3))
+    graph = make_fx(forward_and_backward)(q, k, v)
+    checked = set()
+    for node in graph.graph.nodes:
+        if node.op != "call_function" or "scaled_dot_product" not in str(node.target):
+            continue
+        meta_args = torch.utils._pytree.tree_map(_plain_meta, (node.args, node.kwargs))
+        with FlopCounterMode(display=False) as counter:
+            node.target(*meta_args[0], **meta_args[1])
+        assert counter.get_total_flops() > 0, node.format_node()
+        assert count_flops(node, op_class(node)) == counter.get_total_flops(), node.format_node()
+        checked.add("backward" if "backward" in str(node.target) else "forward")
+    assert checked == {"forward", "backward"}
