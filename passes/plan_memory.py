@@ -26,7 +26,7 @@ import torch.fx as fx
 
 from .costs import alias_root
 from .layout import channels_last_copies, layout_optimised, workspace_bytes
-from .liveness import FUSES_INTO, _tensor_storage_bytes
+from .liveness import FUSES_INTO, _tensor_storage_bytes, inductor_class
 from .ops import OpClass
 from .roles import GraphRoles, Role
 
@@ -63,7 +63,7 @@ class JointMemory:
 def build_joint_memory(joint: fx.GraphModule, roles: GraphRoles, num_fwd_outputs: int) -> JointMemory:
     nodes = list(joint.graph.nodes)
     index = {n: i for i, n in enumerate(nodes)}
-    classes = roles.op_class
+    classes = {n: inductor_class(n, c) for n, c in roles.op_class.items()}
     output = nodes[-1] if nodes[-1].op == "output" else next(n for n in reversed(nodes) if n.op == "output")
     returned = list(output.args[0])
     by_name = {n.name: n for n in nodes}
