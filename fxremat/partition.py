@@ -31,7 +31,7 @@ from fxremat_passes.roles import Policy, Role, classify, recompute_tag
 from fxremat_passes.split import split_or_fallback
 
 from .options import Options
-from .plan import FxrematBudgetWarning, choose_plan, peak_candidates
+from .plan import FxrematBudgetWarning, choose_plan, fastest_first, peak_candidates, peak_shortlist, plan_key
 from .report import CutReport, describe_fields, never_recomputed_counts
 
 log = logging.getLogger(__name__)
@@ -262,71 +262,38 @@ def _choose_plan_for_peak(flow, roles, joint, options: Options, profile: DeviceP
     candidates = peak_candidates(problem, forward, options, profile, fields.get("budget_bytes"))
     if "budget_bytes" in fields:
         candidates = [p for p in candidates if p.saved_bytes <= fields["budget_bytes"]]
-    candidates = sorted(
-        {(p.saved, p.recomputed): p for p in [default_plan, *candidates]}.values(),
-        key=lambda p: (p.seconds, p.saved_bytes),
-    )
+    candidates = fastest_first([default_plan, *candidates])
     estimates = {
-        (p.saved, p.recomputed): estimate_peak(memory, {value_node[v] for v in p.saved}).activation_peak_bytes
-        for p in candidates
+        plan_key(p): estimate_peak(memory, {value_node[v] for v in p.saved}).activation_peak_bytes for p in candidates
     }
-
-    def estimate(plan: Plan) -> int:
-        return estimates[(plan.saved, plan.recomputed)]
-
-    # Simulate the real splits of a shortlist: the Pareto front of (estimated seconds, estimated peak), thinned
-    # evenly, plus the default plan.  The estimate is off by up to ~25% on some graphs (Llama: it leaves out
-    # Inductor's fusion order), so the choice is made on the real simulations alone; the shortlist does not depend
-    # on the budget, so a tighter budget only removes plans and the peak found is monotone in the budget.
-    shortlist = _thin(_pareto_front(candidates, estimate), PEAK_SIMULATED_CANDIDATES)
-    if all(_key(p) != _key(default_plan) for p in shortlist):
-        shortlist.append(default_plan)
-    shortlist.sort(key=lambda p: (p.seconds, p.saved_bytes))
+    # The estimate is off by up to 26% on Llama (it leaves out Inductor's fusion order), so the choice is made on
+    # real simulations of a shortlist alone; the shortlist does not depend on the budget, so a tighter budget only
+    # removes plans and the peak found is monotone in the budget.
+    shortlist = peak_shortlist(candidates, lambda p: estimates[plan_key(p)], default_plan, PEAK_SIMULATED_CANDIDATES)
     splits, real = {}, {}
     for plan in shortlist:
-        splits[_key(plan)] = split(plan)
-        real[_key(plan)] = simulate_step(*splits[_key(plan)], request.num_fwd_outputs).activation_peak_bytes
-    lowest = min(shortlist, key=lambda p: (real[_key(p)], p.seconds))
+        splits[plan_key(plan)] = split(plan)
+        real[plan_key(plan)] = simulate_step(*splits[plan_key(plan)], request.num_fwd_outputs).activation_peak_bytes
+    lowest = min(shortlist, key=lambda p: (real[plan_key(p)], p.seconds))
     budget = options.peak_budget
     if isinstance(budget, float):
-        target = int(real[_key(lowest)] + budget * max(0, real[_key(default_plan)] - real[_key(lowest)]))
+        target = int(real[plan_key(lowest)] + budget * max(0, real[plan_key(default_plan)] - real[plan_key(lowest)]))
     else:
         target = budget
     fields.update(
         peak_budget=budget, peak_budget_bytes=target, peak_candidates=len(candidates), peak_simulated=len(shortlist)
     )
-    chosen = next((p for p in shortlist if real[_key(p)] <= target), None)
+    chosen = next((p for p in shortlist if real[plan_key(p)] <= target), None)
     if chosen is not None:
-        return chosen, dict(fields, peak_budget_met=True), splits[_key(chosen)]
+        return chosen, dict(fields, peak_budget_met=True), splits[plan_key(chosen)]
     warnings.warn(
         f"fxremat: {request.graph_id} cannot keep its simulated activation peak within {target} bytes "
-        f"(peak_budget={budget!r}); the lowest any candidate plan reaches is {real[_key(lowest)]} bytes. "
+        f"(peak_budget={budget!r}); the lowest any candidate plan reaches is {real[plan_key(lowest)]} bytes. "
         "Using that plan.",
         FxrematBudgetWarning,
         stacklevel=3,
     )
-    return lowest, dict(fields, peak_budget_met=False), splits[_key(lowest)]
-
-
-def _key(plan: Plan) -> tuple:
-    return plan.saved, plan.recomputed
-
-
-def _pareto_front(plans: list[Plan], estimate) -> list[Plan]:
-    """From plans sorted fastest first: each one whose estimate is lower than every faster plan's."""
-    front, best = [], None
-    for plan in plans:
-        if best is None or estimate(plan) < best:
-            front.append(plan)
-            best = estimate(plan)
-    return front
-
-
-def _thin(plans: list[Plan], most: int) -> list[Plan]:
-    """At most ``most`` plans, evenly spaced, keeping the first and the last."""
-    if len(plans) <= most:
-        return list(plans)
-    return [plans[round(i * (len(plans) - 1) / (most - 1))] for i in range(most)]
+    return lowest, dict(fields, peak_budget_met=False), splits[plan_key(lowest)]
 
 
 @contextlib.contextmanager

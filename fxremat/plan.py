@@ -43,11 +43,38 @@ def _budget_bytes(budget: float | int, default: Plan, fewest: Plan) -> int:
     return int(budget)
 
 
+def _prices(options: Options, profile: DeviceProfile) -> tuple[float, float]:
+    """(the price of memory of the default plan, the price standing for infinity), in seconds per byte."""
+    return options.memory_price / profile.mem_bandwidth, FEWEST_BYTES_PRICE_UNITS / profile.mem_bandwidth
+
+
+def _cheapest_within(
+    problem: ParametricProblem, target: int, price: float, max_price: float, default: Plan, fewest: Plan
+) -> tuple[Plan, bool]:
+    """The price search's plan within ``target`` saved bytes, refined by the MILP on graphs small enough; and
+    whether the budget was met (if not: the fewest-bytes plan)."""
+    result = search_budget(problem, target, price, max_price, default_plan=default, fewest_bytes_plan=fewest)
+    plan = result.plan
+    if result.budget_met and plan is not default and problem.num_values <= MILP_REFINE_LIMIT:
+        plan = _refine(problem, plan, price, target)
+    return plan, result.budget_met
+
+
+def plan_key(plan: Plan) -> tuple:
+    """What makes two plans the same plan."""
+    return plan.saved, plan.recomputed
+
+
+def fastest_first(plans) -> list[Plan]:
+    """Distinct plans, fastest (estimated) first, fewer saved bytes first among equals."""
+    distinct = {plan_key(p): p for p in plans}
+    return sorted(distinct.values(), key=lambda p: (p.seconds, p.saved_bytes))
+
+
 def choose_plan(
     problem: ParametricProblem, options: Options, profile: DeviceProfile, graph_id: str
 ) -> tuple[Plan, dict]:
-    price = options.memory_price / profile.mem_bandwidth
-    max_price = FEWEST_BYTES_PRICE_UNITS / profile.mem_bandwidth
+    price, max_price = _prices(options, profile)
     budget = options.memory_budget
     fields: dict = {}
     if options.solver == "milp":
@@ -65,10 +92,7 @@ def choose_plan(
             except MilpFailed:
                 plan, met = fewest, fewest.saved_bytes <= target
         else:
-            result = search_budget(problem, target, price, max_price, default_plan=default, fewest_bytes_plan=fewest)
-            plan, met = result.plan, result.budget_met
-            if met and plan is not default and problem.num_values <= MILP_REFINE_LIMIT:
-                plan = _refine(problem, plan, price, target)
+            plan, met = _cheapest_within(problem, target, price, max_price, default, fewest)
         if not met:
             warnings.warn(
                 f"fxremat: {graph_id} cannot keep its saved activations within {target} bytes (memory_budget="
@@ -107,19 +131,14 @@ PEAK_CANDIDATE_FRACTIONS = (0.75, 0.5, 0.25, 0.1)
 
 def candidate_plans(problem: ParametricProblem, options: Options, profile: DeviceProfile) -> list[Plan]:
     """Distinct plans spanning default to fewest bytes, fastest (estimated) first."""
-    price = options.memory_price / profile.mem_bandwidth
-    max_price = FEWEST_BYTES_PRICE_UNITS / profile.mem_bandwidth
+    price, max_price = _prices(options, profile)
     plans = frontier(problem, price, max_price)
     default, fewest = plans[0], plans[-1]
     for fraction in PEAK_CANDIDATE_FRACTIONS:
-        target = _budget_bytes(fraction, default, fewest)
-        result = search_budget(problem, target, price, max_price, default_plan=default, fewest_bytes_plan=fewest)
-        plan = result.plan
-        if problem.num_values <= MILP_REFINE_LIMIT:
-            plan = _refine(problem, plan, price, target)
-        plans.append(plan)
-    distinct = {(p.saved, p.recomputed): p for p in plans}
-    return sorted(distinct.values(), key=lambda p: (p.seconds, p.saved_bytes))
+        plans.append(
+            _cheapest_within(problem, _budget_bytes(fraction, default, fewest), price, max_price, default, fewest)[0]
+        )
+    return fastest_first(plans)
 
 
 # Solves per checkpoint set: its plans from the default price to the fewest bytes (within the checkpoint constraint).
@@ -138,19 +157,26 @@ def peak_candidates(
     lazily (the bytes-only frontier has no plan whose recompute is spread over backward).  With a saved-bytes
     budget too, each checkpoint set also gets its cheapest plan within that budget."""
     plans = candidate_plans(problem, options, profile)
-    price = options.memory_price / profile.mem_bandwidth
-    max_price = FEWEST_BYTES_PRICE_UNITS / profile.mem_bandwidth
+    price, max_price = _prices(options, profile)
     for constrained in checkpoint_grid(problem, forward):
         found = frontier(constrained, price, max_price, max_solves=CHECKPOINT_FRONTIER_SOLVES)
         if budget_bytes is not None:
-            result = search_budget(
-                constrained, budget_bytes, price, max_price, default_plan=found[0], fewest_bytes_plan=found[-1]
-            )
-            if result.budget_met:
-                plan = result.plan
-                if problem.num_values <= MILP_REFINE_LIMIT:
-                    plan = _refine(constrained, plan, price, budget_bytes)
+            plan, met = _cheapest_within(constrained, budget_bytes, price, max_price, found[0], found[-1])
+            if met:
                 found.append(plan)
         plans.extend(dataclasses.replace(plan, method="checkpoints") for plan in found)
-    distinct = {(p.saved, p.recomputed): p for p in plans}
-    return sorted(distinct.values(), key=lambda p: (p.seconds, p.saved_bytes))
+    return fastest_first(plans)
+
+
+def peak_shortlist(candidates: list[Plan], estimate, default: Plan, most: int) -> list[Plan]:
+    """The candidates worth splitting and simulating for a peak budget: the Pareto front of (estimated seconds,
+    estimated peak) — each plan whose estimate is lower than every faster plan's — thinned evenly to at most
+    ``most`` (keeping the fastest and the lowest), plus the default plan; fastest first."""
+    front, best = [], None
+    for plan in fastest_first(candidates):
+        if best is None or estimate(plan) < best:
+            front.append(plan)
+            best = estimate(plan)
+    if len(front) > most:
+        front = [front[round(i * (len(front) - 1) / (most - 1))] for i in range(most)]
+    return fastest_first([*front, default])

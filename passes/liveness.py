@@ -54,24 +54,36 @@ class PeakEstimate:
     timeline: tuple[tuple[str, str, int], ...]  # (phase, node, most bytes held while it runs)
 
 
-def materialises(node: fx.Node, classes: dict[fx.Node, OpClass], outputs: set[fx.Node]) -> bool:
+# How a node's output is held: never (views, tuples, placeholders, in-place mutations), always, or only when some
+# reader does not fuse it away.  One rule for the simulation of a split (``materialises``) and of a plan
+# (``plan_memory.py``).
+NEVER, ALWAYS, FUSIBLE_VALUE = 0, 1, 2
+
+
+def storage_kind(node: fx.Node, classes: dict[fx.Node, OpClass]) -> int:
     cls = classes[node]
     if cls is OpClass.GETITEM:
         # an item of a multi-output op (SDPA, var_mean) owns its storage; an item of a view tuple (split) does not
         parent = node.args[0]
-        return classes.get(parent) is not OpClass.VIEW and isinstance(node.meta.get("val"), torch.Tensor)
+        owns = classes.get(parent) is not OpClass.VIEW and isinstance(node.meta.get("val"), torch.Tensor)
+        return ALWAYS if owns else NEVER
     if isinstance(node.meta.get("val"), (tuple, list)):
-        return False  # the tuple itself holds nothing: its items are allocated (above)
+        return NEVER  # the tuple itself holds nothing: its items are allocated (above)
     if cls in (OpClass.VIEW, OpClass.SYMBOLIC, OpClass.PLACEHOLDER, OpClass.OUTPUT):
-        return False
+        return NEVER
     if cls is OpClass.MUTATION:
-        return False  # writes into an existing storage (e.g. BatchNorm's running stats)
+        return NEVER  # writes into an existing storage (e.g. BatchNorm's running stats)
+    return FUSIBLE_VALUE if cls in FUSIBLE else ALWAYS
+
+
+def materialises(node: fx.Node, classes: dict[fx.Node, OpClass], outputs: set[fx.Node]) -> bool:
+    kind = storage_kind(node, classes)
+    if kind != FUSIBLE_VALUE:
+        return kind == ALWAYS
     if node in outputs:
         return True
     readers = _readers_through_views(node, classes)
-    if cls in FUSIBLE and readers and all(classes[u] in FUSES_INTO for u in readers) and not readers & outputs:
-        return False
-    return True
+    return not (readers and all(classes[u] in FUSES_INTO for u in readers) and not readers & outputs)
 
 
 def _readers_through_views(node: fx.Node, classes: dict[fx.Node, OpClass]) -> set[fx.Node]:

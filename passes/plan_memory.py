@@ -26,14 +26,19 @@ import torch.fx as fx
 
 from .costs import alias_root
 from .layout import channels_last_copies, layout_optimised, workspace_bytes
-from .liveness import FUSES_INTO, _tensor_storage_bytes, inductor_class
+from .liveness import (
+    ALWAYS,
+    FUSES_INTO,
+    FUSIBLE_VALUE,
+    _tensor_storage_bytes,
+    inductor_class,
+    storage_kind,
+)
 from .ops import OpClass
 from .roles import GraphRoles, Role
 
 # Kernels that may write over a dying input of the same size (Inductor's in-place buffer reuse).
 INPLACE_CLASSES = frozenset({OpClass.POINTWISE, OpClass.COPY})
-# How a node's output is held: never (views, tuples, placeholders...), always, or only if not fused into readers.
-NEVER, ALWAYS, FUSIBLE_VALUE = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -68,32 +73,12 @@ def build_joint_memory(joint: fx.GraphModule, roles: GraphRoles, num_fwd_outputs
     returned = list(output.args[0])
     by_name = {n.name: n for n in nodes}
     channels_last = layout_optimised(joint)
-    hold = []
-    for node in nodes:
-        cls = classes[node]
-        val = node.meta.get("val")
-        if cls is OpClass.GETITEM:
-            parent = node.args[0]
-            owns = classes.get(parent) is not OpClass.VIEW and isinstance(val, torch.Tensor)
-            hold.append(ALWAYS if owns else NEVER)
-        elif isinstance(val, (tuple, list)) or cls in (
-            OpClass.VIEW,
-            OpClass.SYMBOLIC,
-            OpClass.PLACEHOLDER,
-            OpClass.OUTPUT,
-            OpClass.MUTATION,
-        ):
-            hold.append(NEVER)
-        elif cls in FUSES_INTO and cls not in (OpClass.REDUCTION, OpClass.NORM):
-            hold.append(FUSIBLE_VALUE)
-        else:
-            hold.append(ALWAYS)
     return JointMemory(
         inputs=tuple(tuple(index[a] for a in dict.fromkeys(n.all_input_nodes)) for n in nodes),
         users=tuple(tuple(index[u] for u in n.users) for n in nodes),
         root=tuple(index[alias_root(n, classes)] for n in nodes),
         nbytes=tuple(_tensor_storage_bytes(n) for n in nodes),
-        hold=tuple(hold),
+        hold=tuple(storage_kind(n, classes) for n in nodes),
         fuses_into=tuple(classes[n] in FUSES_INTO for n in nodes),
         view_like=tuple(classes[n] in (OpClass.VIEW, OpClass.GETITEM) for n in nodes),
         inplace=tuple(classes[n] in INPLACE_CLASSES for n in nodes),
