@@ -273,7 +273,15 @@ def _choose_plan_for_peak(flow, roles, joint, options: Options, profile: DeviceP
     splits, real = {}, {}
     for plan in shortlist:
         splits[plan_key(plan)] = split(plan)
-        real[plan_key(plan)] = simulate_step(*splits[plan_key(plan)], request.num_fwd_outputs).activation_peak_bytes
+        # the default plan must simulate (its peak anchors a fraction); another candidate that cannot is dropped
+        if plan_key(plan) == plan_key(default_plan):
+            simulated = simulate_step(*splits[plan_key(plan)], request.num_fwd_outputs)
+        else:
+            simulated = _simulate(*splits[plan_key(plan)], request.num_fwd_outputs)
+            if simulated is None:
+                continue
+        real[plan_key(plan)] = simulated.activation_peak_bytes
+    shortlist = [p for p in shortlist if plan_key(p) in real]
     lowest = min(shortlist, key=lambda p: (real[plan_key(p)], p.seconds))
     budget = options.peak_budget
     if isinstance(budget, float):

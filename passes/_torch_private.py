@@ -5,8 +5,8 @@ that meet AOTAutograd's contract (output order, SymInts last, RNG threading).  `
 their result faster for ordinary graphs (tested node for node against them) and hand the rest (subgraphs, opaque
 objects, ...) to them; the rules those two modules read (placeholder roles, symbol bindings, purity, mutation
 regions, output descriptors) come from here too.  They are private and move between releases:
-``check_torch_version()`` gates them, and ``tests/passes/test_torch_private.py`` imports each one so that a torch
-upgrade fails loudly in CI rather than in a user's training run.
+``check_torch_version()`` gates them, and ``tests/passes/test_options_and_private.py`` checks every name in ``__all__``
+so that a torch upgrade fails loudly in CI rather than in a user's training run.
 """
 
 from __future__ import annotations
@@ -84,22 +84,49 @@ from torch.utils.checkpoint import CheckpointPolicy  # noqa: E402
 __all__ = [
     "CheckpointPolicy",
     "CustomPartitionerFn",
+    "RANDOM_OP_PACKETS",
     "SUPPORTED_TORCH",
+    "activation_quantization_enabled",
     "aot_autograd",
     "aot_autograd_as_inductor",
+    "aten_target",
+    "copy_graph_module",
+    "cse_enabled",
+    "dce_impure_random",
     "default_partition",
     "extract_fwd_bwd_outputs",
+    "extract_fwd_bwd_outputs_and_descs",
+    "find_symbol_bindings",
     "fx_graph_cse",
     "get_hash_for_files",
+    "has_free_unbacked_symbols",
     "inductor_layout_optimisation",
+    "is_backward_state",
+    "is_bwd_seed_offset",
+    "is_fwd_seed_offset",
+    "is_mutation_op",
+    "is_primal",
+    "is_script_object",
     "is_sym_node",
+    "is_tangent",
+    "lazy_graph_module",
+    "lazy_graph_modules",
+    "make_graph_module",
+    "mark_must_save",
     "must_be_in_backward",
-    "size_hint",
     "must_be_in_forward",
+    "mutated_inputs",
     "prepare_joint_graph",
+    "pytorch_dead_code_and_cse",
     "pytorch_default_partition",
+    "saved_output_descs",
+    "size_hint",
     "split_with_saved_values",
+    "symbol_bound_by",
+    "torch_version_tuple",
     "unsupported_torch_reason",
+    "value_free_symbols",
+    "wait_tensor_target",
 ]
 
 

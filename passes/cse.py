@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import sympy
 import torch
@@ -83,22 +84,41 @@ def _storage(node: fx.Node):
         return None
 
 
-def live_nodes(graph: fx.Graph) -> list[fx.Node]:
-    """The nodes ``Graph.eliminate_dead_code`` keeps: impure ones and everything a kept node reads, in order."""
+def impurity_test() -> Callable[[fx.Node], bool]:
+    """``Node.is_impure`` with the random-op setting PyTorch's dead code elimination uses, cached per op (for an
+    OpOverload the rule reads only the op): what DCE here and the split (``split.py``) both keep."""
     impure_random = tp.dce_impure_random()
     by_target: dict = {}
+
+    def impure(node: fx.Node) -> bool:
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload):
+            cached = by_target.get(target)
+            if cached is None:
+                cached = by_target[target] = node.is_impure(impure_random)
+            return cached
+        return node.is_impure(impure_random)
+
+    return impure
+
+
+def subgraph_node(graph: fx.Graph) -> str | None:
+    """The first node that calls a subgraph or module (``get_attr``, ``call_module``, ``call_method``), which our
+    passes leave to PyTorch's own, or None."""
+    for node in graph.nodes:
+        if node.op in ("get_attr", "call_module", "call_method"):
+            return f"{node.op} node {node.name} (a subgraph or module call)"
+    return None
+
+
+def live_nodes(graph: fx.Graph) -> list[fx.Node]:
+    """The nodes ``Graph.eliminate_dead_code`` keeps: impure ones and everything a kept node reads, in order."""
+    impure = impurity_test()
     needed: set[fx.Node] = set()
     kept = []
     for node in reversed(graph.nodes):
         if node not in needed:
-            target = node.target
-            if node.op == "call_function" and isinstance(target, torch._ops.OpOverload):
-                impure = by_target.get(target)
-                if impure is None:
-                    impure = by_target[target] = node.is_impure(impure_random)
-            else:
-                impure = node.is_impure(impure_random)
-            if not impure:
+            if not impure(node):
                 continue
         kept.append(node)
         needed.update(node.all_input_nodes)
@@ -138,7 +158,7 @@ def dead_code_and_cse(graph: fx.Graph, cse: bool = True) -> fx.Graph:
             is_mutation = mutation_by_target[rule_key] = tp.is_mutation_op(node)
         if is_mutation:
             region += 1
-        aten_target = getattr(target, "overloadpacket", target)
+        aten_target = tp.aten_target(node)
         val = node.meta.get("val")
         if (
             node.op in ("placeholder", "output", "get_attr")
@@ -152,7 +172,6 @@ def dead_code_and_cse(graph: fx.Graph, cse: bool = True) -> fx.Graph:
             continue
         try:
             key = (target, _key(node.args, env), _key(node.kwargs, env))
-            hash(key)
         except _UnknownStructure:
             key = (target, _pytree_key(node.args, env), _pytree_key(node.kwargs, env))
         previous = seen.get(key)
@@ -173,18 +192,11 @@ def dead_code_and_cse(graph: fx.Graph, cse: bool = True) -> fx.Graph:
     return new_graph
 
 
-def _needs_pytorch_prepare(joint: fx.GraphModule) -> str | None:
-    for node in joint.graph.nodes:
-        if node.op in ("get_attr", "call_module", "call_method"):
-            return f"{node.op} node {node.name} (subgraphs are cleaned by PyTorch's own passes)"
-    return None
-
-
 def prepare_joint_graph(joint: fx.GraphModule) -> fx.GraphModule:
     """The clean-up PyTorch's partitioner does before deciding anything (dead code out, CSE, MUST_SAVE marks:
     ``tp.mark_must_save``), on a new graph: ``joint`` itself is left as it came.  Graphs with subgraphs or module
     calls go through PyTorch's own passes, on a copy."""
-    reason = _needs_pytorch_prepare(joint)
+    reason = subgraph_node(joint.graph)
     if reason is not None:
         log.debug("prepare: PyTorch's dead code elimination and CSE (%s)", reason)
         prepared = tp.copy_graph_module(joint)

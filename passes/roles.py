@@ -1,5 +1,6 @@
 """classify: the role of every node of a joint forward+backward graph, what backward needs, and what may never be
-recomputed (and why).  The one place that knows how AOTAutograd names placeholders."""
+recomputed (and why).  Placeholder roles come from AOTAutograd's own name predicates (``_torch_private``), which the
+split (``split.py``) uses too."""
 
 from __future__ import annotations
 
@@ -29,9 +30,9 @@ class Role(enum.Enum):
 
 
 def placeholder_role(node: fx.Node) -> Role:
-    """AOTAutograd recognises roles by placeholder name, and so do we (TORCH_NOTES: keep the names)."""
-    name = str(node.target)
-    if name.startswith("tangents") or name in ("bwd_seed", "bwd_base_offset"):
+    """AOTAutograd recognises roles by placeholder name, and so do we, with its own predicates (the same ones the
+    split uses; TORCH_NOTES: keep the names)."""
+    if tp.is_tangent(node) or tp.is_bwd_seed_offset(node):
         return Role.TANGENT
     return Role.INPUT  # primals_*, fwd_seed, fwd_base_offset
 
@@ -139,7 +140,7 @@ def classify(
             needed.add(out)
     order = {n: i for i, n in enumerate(nodes)}
 
-    primals = [n for n in nodes if n.op == "placeholder" and str(n.target).startswith("primals")]
+    primals = [n for n in nodes if tp.is_primal(n)]
     static = frozenset(primals[i] for i in (static_lifetime_input_indices or []) if i < len(primals))
 
     no_recompute: dict[fx.Node, str] = {}

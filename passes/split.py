@@ -23,7 +23,7 @@ through), ``BackwardState`` inputs, opaque saved objects (script objects), activ
 output that only exists in backward (PyTorch's replacement rules for triton-kernel aliases), duplicate saved values.
 
 Tested against PyTorch's chain (generated code, placeholders, outputs, meta, results) in
-``tests/passes/test_split.py``.
+``tests/robustness/test_split_vs_pytorch.py``.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import torch
 import torch.fx as fx
 
 from . import _torch_private as tp
+from .cse import impurity_test, subgraph_node
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +50,11 @@ def unsupported_reason(joint: fx.GraphModule) -> str | None:
     """Why this joint graph needs PyTorch's extraction, or None."""
     if tp.activation_quantization_enabled():
         return "activation quantization (activation_quantization_aten_pass) is configured"
+    subgraph = subgraph_node(joint.graph)
+    if subgraph is not None:
+        return subgraph
     for node in joint.graph.nodes:
-        if node.op in ("get_attr", "call_module", "call_method"):
-            return f"{node.op} node {node.name} (a subgraph or module call)"
-        if node.op == "placeholder" and tp.is_backward_state(node):
+        if tp.is_backward_state(node):
             return f"BackwardState input {node.name}"
     return None
 
@@ -79,17 +81,7 @@ class _Joint:
                     self.backward_only.add(node)
                 if tp.must_be_in_forward(node):
                     self.forward_only.add(node)
-        self._impure_random = tp.dce_impure_random()
-        self._impure_by_target: dict = {}
-
-    def is_impure(self, node: fx.Node) -> bool:
-        target = node.target
-        if isinstance(target, torch._ops.OpOverload):  # the rule reads only the op for these
-            cached = self._impure_by_target.get(target)
-            if cached is None:
-                cached = self._impure_by_target[target] = node.is_impure(self._impure_random)
-            return cached
-        return node.is_impure(self._impure_random)
+        self.is_impure = impurity_test()
 
 
 def _extract(joint: _Joint, inputs: list[fx.Node], outputs: list, subgraph: str) -> list[fx.Node]:
@@ -200,7 +192,7 @@ def _reorder_like_autograd(inputs: list[fx.Node], kept: list[fx.Node], output_ar
     output = _OUTPUT
     sequence = [*inputs, *kept, output]
     order = {n: i for i, n in enumerate(sequence)}
-    tangent_readers = [n for n in kept if any(tp.is_tangent(a) for a in n.all_input_nodes if a in order)]
+    tangent_readers = [n for n in kept if any(tp.is_tangent(a) for a in n.all_input_nodes)]
     if any(tp.is_tangent(a) for a in output_args if isinstance(a, fx.Node)):
         tangent_readers.append(output)
     if not tangent_readers:
