@@ -15,27 +15,10 @@ import copy
 import sys
 import time
 import warnings
+from pathlib import Path
 
-
-def capture(blocks: int, dim: int, batch: int, seq: int):
-    import torch
-    from functorch.compile import aot_module, make_boxed_func
-    from torch._functorch.partitioners import default_partition
-
-    from fxremat.examples import Stack
-
-    captured = {}
-
-    def partition_fn(gm, joint_inputs, **kwargs):
-        captured.update(gm=copy.deepcopy(gm), kwargs=kwargs)
-        return default_partition(gm, joint_inputs, **kwargs)
-
-    torch.manual_seed(0)
-    compiled = aot_module(
-        Stack(blocks, dim=dim), fw_compiler=lambda g, i: make_boxed_func(g.forward), partition_fn=partition_fn
-    )
-    compiled(torch.randn(batch, seq, dim)).sum().backward()
-    return captured["gm"], captured["kwargs"]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from solve_time import capture  # noqa: E402  (the same Stack joint graph the solve-time benchmark times)
 
 
 def main(argv=None) -> int:
@@ -54,7 +37,8 @@ def main(argv=None) -> int:
     warnings.simplefilter("ignore")
     rows = []
     for blocks in args.blocks:
-        joint, kwargs = capture(blocks, args.dim, args.batch, args.seq)
+        captured = capture(blocks, args.dim, args.batch, args.seq)
+        joint, kwargs = captured["gm"], captured["kwargs"]
         for label, options in (
             ("default", {}),
             ("memory_budget=0.0", dict(memory_budget=0.0)),

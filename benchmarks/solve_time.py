@@ -29,7 +29,9 @@ import time
 import torch
 
 
-def capture(blocks: int):
+def capture(blocks: int, dim: int = 64, batch: int = 2, seq: int = 16) -> dict:
+    """The joint graph of ``Stack(blocks, dim)`` on a batch x seq x dim input (aot_module, no Inductor): gm, the
+    joint inputs and the partitioner's kwargs."""
     from functorch.compile import aot_module, make_boxed_func
 
     from fxremat.examples import Stack
@@ -42,9 +44,10 @@ def capture(blocks: int):
 
         return default_partition(gm, joint_inputs, **kwargs)
 
-    model = Stack(blocks, dim=64)
+    torch.manual_seed(0)
+    model = Stack(blocks, dim=dim)
     compiled = aot_module(model, fw_compiler=lambda g, i: make_boxed_func(g.forward), partition_fn=partition_fn)
-    compiled(torch.randn(2, 16, 64)).sum().backward()
+    compiled(torch.randn(batch, seq, dim)).sum().backward()
     return captured
 
 

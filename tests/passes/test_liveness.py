@@ -57,7 +57,7 @@ def test_peak_budget_is_met_monotone_and_keeps_gradients():
     model, inputs = example("stack")
     _, expected = eager_grads(model, inputs)
     default = run_fxremat_aot(model, inputs, strict=True, compare_default=False)[3][0]
-    peaks = []
+    peaks, met = [], []
     for fraction in (1.0, 0.9, 0.8, 0.5, 0.1):
         budget = int(default.simulated_activation_peak_bytes * fraction)
         with warnings.catch_warnings(record=True) as caught:
@@ -71,6 +71,8 @@ def test_peak_budget_is_met_monotone_and_keeps_gradients():
         else:
             assert len(warned) == 1
         peaks.append(report.simulated_activation_peak_bytes)
+        met.append(report.peak_budget_met)
+    assert met[:3] == [True, True, True], met  # measured: 1.0, 0.9 and 0.8 are met; 0.5 and 0.1 are not
     assert peaks == sorted(peaks, reverse=True), peaks
     assert peaks[-1] < peaks[0]
 

@@ -41,7 +41,6 @@ def test_plan_estimate_matches_the_simulated_split(name):
         )
         simulated = simulate_step(fw, bw, num_fwd_outputs).activation_peak_bytes
         estimated = estimate_peak(memory, {index[n] for n in saved}).activation_peak_bytes
-        # measured: equal, or within 1% (two saved views of one storage are freed at different times)
         # measured: equal on the default-ish plans, -4.4% at worst (stack, 32 KiB saved): fusion order is not modelled
         assert abs(estimated - simulated) <= 0.05 * simulated, (name, plan.saved_bytes, estimated, simulated)
 
@@ -65,9 +64,10 @@ def test_tightest_peak_budget_grows_like_sqrt_n():
     recomputes the whole forward at the start of backward and grows linearly."""
     lowest_3, fewest_3, default_3 = _lowest_peak(3)
     lowest_12, fewest_12, default_12 = _lowest_peak(12)
-    assert lowest_12 <= 2.2 * lowest_3, (lowest_3, lowest_12)
-    assert fewest_12 >= 3 * fewest_3 * 0.9, (fewest_3, fewest_12)  # the failure mode, for contrast
-    assert lowest_12 < 0.4 * fewest_12 and lowest_12 < 0.4 * default_12, (lowest_12, fewest_12, default_12)
+    # measured: lowest 73,728 -> 123,648 B (1.68x), fewest-bytes 3.77x, lowest / fewest 0.15 and / default 0.26 at 12
+    assert lowest_12 <= 2.0 * lowest_3, (lowest_3, lowest_12)
+    assert fewest_12 >= 3.4 * fewest_3, (fewest_3, fewest_12)  # the failure mode, for contrast: ~linear
+    assert lowest_12 < 0.25 * fewest_12 and lowest_12 < 0.35 * default_12, (lowest_12, fewest_12, default_12)
 
 
 def test_report_text_says_what_was_asked_and_achieved():

@@ -121,3 +121,36 @@ def assert_steps_match(actual: StepResult, expected: StepResult, rtol: float, wh
         if (err := close_scaled(a, e, rtol)) is not None:
             bad[f"input {k} after the step"] = err
     assert not bad, f"{what}: differs from the reference (relative error > {rtol}): {bad}"
+
+
+# --- selective activation checkpointing: a policy context, and dropout tagged MUST_RECOMPUTE ----------------------
+
+
+def _policy(kind, ctx, op, *args, **kwargs):
+    return kind
+
+
+def sac_context(kind):
+    """A ``context_fn`` whose policy answers ``kind`` for every op (Dynamo needs a functools.partial, not a lambda)."""
+    import functools
+
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return functools.partial(create_selective_checkpoint_contexts, functools.partial(_policy, kind))
+
+
+class TaggedDropout(torch.nn.Module):
+    """y = dropout(x * w) in a region whose policy says MUST_RECOMPUTE for every op: with a sum loss,
+    grad_w = sum(y / w) over the batch for the mask the forward drew; a redrawn mask breaks that."""
+
+    def __init__(self, dim: int = 32):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.rand(dim) + 0.5)
+
+    def _body(self, x):
+        return torch.nn.functional.dropout(x * self.w, 0.5, training=True)
+
+    def forward(self, x):
+        from torch.utils.checkpoint import CheckpointPolicy, checkpoint
+
+        return checkpoint(self._body, x, use_reentrant=False, context_fn=sac_context(CheckpointPolicy.MUST_RECOMPUTE))

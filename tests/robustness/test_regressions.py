@@ -7,7 +7,6 @@ and asks for the marker to go.
 from __future__ import annotations
 
 import copy
-import functools
 
 import pytest
 import torch
@@ -15,9 +14,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from functorch.compile import make_boxed_func
 from fuzz_models import FuzzModel, Program, Step, fresh, loss_of, make_inputs
-from robust_helpers import FP32_RTOL, assert_steps_match, eager_step, fxremat_step
+from robust_helpers import FP32_RTOL, TaggedDropout, assert_steps_match, eager_step, fxremat_step
 from torch._dynamo.backends.common import aot_autograd
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 import fxremat
 from fxremat.options import Options
@@ -124,26 +122,8 @@ def test_fuzzer_program_with_a_mutated_input():
 # Fixed (roles.classify: a MUST_RECOMPUTE value that cannot be recomputed is saved, as a tag conflict):
 # Was: a MUST_RECOMPUTE tag on native_dropout is overridden (random op), but not on its getitem outputs: the mask can
 # be neither saved (tagged MUST_RECOMPUTE) nor recomputed (its producer never is), and the cut is infeasible
-# (InfeasibleCutError) instead of a tag conflict
+# (InfeasibleCutError) instead of a tag conflict (TaggedDropout: robust_helpers)
 
-
-def _must_recompute(ctx, op, *args, **kwargs):
-    return CheckpointPolicy.MUST_RECOMPUTE
-
-
-class TaggedDropout(nn.Module):
-    """y = dropout(x * w), every op of the region tagged MUST_RECOMPUTE; with a sum loss grad_w = sum(y / w)."""
-
-    def __init__(self, dim: int = 32):
-        super().__init__()
-        self.w = nn.Parameter(torch.rand(dim) + 0.5)
-
-    def _body(self, x):
-        return F.dropout(x * self.w, 0.5, training=True)
-
-    def forward(self, x):
-        context = functools.partial(create_selective_checkpoint_contexts, _must_recompute)
-        return checkpoint(self._body, x, use_reentrant=False, context_fn=context)
 
 
 def test_must_recompute_tag_on_dropout_is_a_conflict():
@@ -154,6 +134,7 @@ def test_must_recompute_tag_on_dropout_is_a_conflict():
     compiled = torch.compile(model, backend=aot_autograd(fw_compiler=_nop, bw_compiler=_nop, partition_fn=partition_fn))
     y = compiled(torch.randn(8, 32))
     y.sum().backward()
+    assert 0.2 < (y == 0).float().mean().item() < 0.8  # a mask was drawn: otherwise the identity below is trivial
     implied = (y.detach() / model.w.detach()).sum(0)
     torch.testing.assert_close(model.w.grad, implied, rtol=1e-5, atol=1e-6)
     (report,) = reports
@@ -165,6 +146,7 @@ def test_must_recompute_tag_on_dropout_through_aot_module():
     torch.manual_seed(0)
     model = TaggedDropout()
     result = fxremat_step(model, (torch.randn(8, 32),), lambda out: out.sum(), strict=True)
+    assert 0.2 < (result.outputs[0] == 0).float().mean().item() < 0.8  # a mask was drawn
     implied = (result.outputs[0] / model.w.detach()).sum(0)
     torch.testing.assert_close(result.grads["param w"], implied, rtol=1e-5, atol=1e-6)
     assert any("random" in why for _, why in result.reports[0].tag_conflicts)

@@ -15,8 +15,7 @@ import functools
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
-from robust_helpers import close_scaled
+from robust_helpers import TaggedDropout, close_scaled
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 import fxremat
@@ -211,21 +210,6 @@ def test_autocast_bf16_step_matches_eager(run, autocast_run):
 
 
 # --- SAC tags dropout MUST_RECOMPUTE ------------------------------------------------------------------------------
-
-
-class TaggedDropout(nn.Module):
-    """y = dropout(x * w) in a region whose policy says MUST_RECOMPUTE for every op: with a sum loss,
-    grad_w = sum(y / w) over the batch for the mask the forward drew; a redrawn mask breaks that."""
-
-    def __init__(self, dim: int = 32):
-        super().__init__()
-        self.w = nn.Parameter(torch.rand(dim) + 0.5)
-
-    def _body(self, x):
-        return F.dropout(x * self.w, 0.5, training=True)
-
-    def forward(self, x):
-        return checkpoint(self._body, x, use_reentrant=False, context_fn=_context(CheckpointPolicy.MUST_RECOMPUTE))
 
 
 def test_sac_must_recompute_on_dropout_keeps_the_mask():
