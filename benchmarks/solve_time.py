@@ -11,7 +11,8 @@ For each N: trace the joint graph once (AOTAutograd, no Inductor), then time, in
     returned GraphModules generate their Python code on first use, after the partition);
   - ``codegen``: generating and compiling the Python code of fxremat's forward and backward GraphModules alone
     (what an eager-GraphModule partition cannot avoid);
-  - a sweep of ``--sweep`` budgets from 1.0 to 0.0 over one flow problem (what a frontier costs);
+  - a sweep of ``--sweep`` budgets from 1.0 to 0.0 over one flow problem (what a frontier costs), with the
+    searches sharing one ``SolveCache`` and (``_unshared``) each bisecting from scratch;
   - the max-flow alone on fxremat's flow problem: scipy's Dinic (ours) vs networkx's ``minimum_cut``.
 Times are medians of ``--repeats`` runs (seconds), on one thread; the machine's load shows in the spread, which
 goes to stderr.
@@ -85,7 +86,7 @@ def measure(blocks: int, sweep: int, repeats: int = 1) -> dict:
     import fxremat
     from fxremat.options import Options
     from fxremat_passes import _torch_private as tp
-    from fxremat_passes.budget import search_budget, solve_at
+    from fxremat_passes.budget import SolveCache, search_budget, solve_at
     from fxremat_passes.costs import PROFILES, annotate_costs
     from fxremat_passes.flow_problem import build_flow_problem
     from fxremat_passes.mincut import solve_min_cut
@@ -140,14 +141,20 @@ def measure(blocks: int, sweep: int, repeats: int = 1) -> dict:
     price, max_price = 2.0 / profile.mem_bandwidth, 1e6 / profile.mem_bandwidth
     row["flow_values"] = problem.num_values
 
-    def budget_sweep():
+    def budget_sweep(shared: bool):
+        # shared: one SolveCache for the whole sweep (what fxremat does when it searches several budgets of one
+        # graph); not shared: each budget bisects from scratch
+        cache = SolveCache(problem) if shared else None
         default, fewest = solve_at(problem, price), solve_at(problem, max_price)
         for i in range(sweep):
             fraction = 1.0 - i / max(1, sweep - 1)
             target = int(fewest.saved_bytes + fraction * (default.saved_bytes - fewest.saved_bytes))
-            search_budget(problem, target, price, max_price, default_plan=default, fewest_bytes_plan=fewest)
+            search_budget(
+                problem, target, price, max_price, default_plan=default, fewest_bytes_plan=fewest, cache=cache
+            )
 
-    row[f"fxremat_sweep_{sweep}_s"] = timed(budget_sweep)
+    row[f"fxremat_sweep_{sweep}_s"] = timed(lambda: budget_sweep(shared=True))
+    row[f"fxremat_sweep_{sweep}_unshared_s"] = timed(lambda: budget_sweep(shared=False))
     cut, _ = problem.at(price)
     row["maxflow_scipy_s"] = statistics.median(timed(lambda: solve_min_cut(cut)) for _ in range(3))
     row["maxflow_networkx_s"] = networkx_seconds(cut)

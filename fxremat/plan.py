@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import warnings
 
-from fxremat_passes.budget import Plan, frontier, search_budget, solve_at
+from fxremat_passes.budget import Plan, SolveCache, frontier, search_budget
 from fxremat_passes.checkpoints import checkpoint_grid
 from fxremat_passes.costs import DeviceProfile
 from fxremat_passes.milp import MilpFailed, objective, solve_milp
@@ -49,11 +49,19 @@ def _prices(options: Options, profile: DeviceProfile) -> tuple[float, float]:
 
 
 def _cheapest_within(
-    problem: ParametricProblem, target: int, price: float, max_price: float, default: Plan, fewest: Plan
+    problem: ParametricProblem,
+    target: int,
+    price: float,
+    max_price: float,
+    default: Plan,
+    fewest: Plan,
+    cache: SolveCache | None = None,
 ) -> tuple[Plan, bool]:
     """The price search's plan within ``target`` saved bytes, refined by the MILP on graphs small enough; and
     whether the budget was met (if not: the fewest-bytes plan)."""
-    result = search_budget(problem, target, price, max_price, default_plan=default, fewest_bytes_plan=fewest)
+    result = search_budget(
+        problem, target, price, max_price, default_plan=default, fewest_bytes_plan=fewest, cache=cache
+    )
     plan = result.plan
     if result.budget_met and plan is not default and problem.num_values <= MILP_REFINE_LIMIT:
         plan = _refine(problem, plan, price, target)
@@ -77,13 +85,14 @@ def choose_plan(
     price, max_price = _prices(options, profile)
     budget = options.memory_budget
     fields: dict = {}
+    cache = SolveCache(problem)  # the budget search and the frontier share their max-flows
     if options.solver == "milp":
         default = solve_milp(problem, price, None, MILP_TIME_LIMIT)
     else:
-        default = solve_at(problem, price)
+        default = cache.at(price)
     plan = default
     if budget is not None and budget != 1.0:
-        fewest = solve_at(problem, max_price)
+        fewest = cache.at(max_price)
         target = _budget_bytes(budget, default, fewest)
         if options.solver == "milp":
             try:
@@ -92,7 +101,7 @@ def choose_plan(
             except MilpFailed:
                 plan, met = fewest, fewest.saved_bytes <= target
         else:
-            plan, met = _cheapest_within(problem, target, price, max_price, default, fewest)
+            plan, met = _cheapest_within(problem, target, price, max_price, default, fewest, cache)
         if not met:
             warnings.warn(
                 f"fxremat: {graph_id} cannot keep its saved activations within {target} bytes (memory_budget="
@@ -104,7 +113,7 @@ def choose_plan(
     fields["default_plan_saved_bytes"] = default.saved_bytes
     fields["plan_method"] = plan.method
     if options.compare_default:  # a report-oriented run: also show the frontier
-        points = frontier(problem, price, max_price)
+        points = frontier(problem, price, max_price, cache=cache)
         # (saved bytes, estimated recompute seconds, memory_price): the same axes as the report's own figures
         fields["frontier"] = tuple(
             (p.saved_bytes, p.recompute_seconds, p.price * profile.mem_bandwidth) for p in points
@@ -132,12 +141,12 @@ PEAK_CANDIDATE_FRACTIONS = (0.75, 0.5, 0.25, 0.1)
 def candidate_plans(problem: ParametricProblem, options: Options, profile: DeviceProfile) -> list[Plan]:
     """Distinct plans spanning default to fewest bytes, fastest (estimated) first."""
     price, max_price = _prices(options, profile)
-    plans = frontier(problem, price, max_price)
+    cache = SolveCache(problem)
+    plans = frontier(problem, price, max_price, cache=cache)
     default, fewest = plans[0], plans[-1]
     for fraction in PEAK_CANDIDATE_FRACTIONS:
-        plans.append(
-            _cheapest_within(problem, _budget_bytes(fraction, default, fewest), price, max_price, default, fewest)[0]
-        )
+        target = _budget_bytes(fraction, default, fewest)
+        plans.append(_cheapest_within(problem, target, price, max_price, default, fewest, cache)[0])
     return fastest_first(plans)
 
 
@@ -159,9 +168,10 @@ def peak_candidates(
     plans = candidate_plans(problem, options, profile)
     price, max_price = _prices(options, profile)
     for constrained in checkpoint_grid(problem, forward):
-        found = frontier(constrained, price, max_price, max_solves=CHECKPOINT_FRONTIER_SOLVES)
+        cache = SolveCache(constrained)
+        found = frontier(constrained, price, max_price, max_solves=CHECKPOINT_FRONTIER_SOLVES, cache=cache)
         if budget_bytes is not None:
-            plan, met = _cheapest_within(constrained, budget_bytes, price, max_price, found[0], found[-1])
+            plan, met = _cheapest_within(constrained, budget_bytes, price, max_price, found[0], found[-1], cache)
             if met:
                 found.append(plan)
         plans.extend(dataclasses.replace(plan, method="checkpoints") for plan in found)

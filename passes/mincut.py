@@ -26,6 +26,7 @@ Tested against networkx and brute force in ``tests/solver``.  This module never 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -80,19 +81,61 @@ class CutProblem:
         n = self.num_values
         if len(self.save_cost) != n or len(self.recompute_cost) != n:
             raise ValueError("save_cost and recompute_cost need one entry per value")
-        for name, costs in (("save_cost", self.save_cost), ("recompute_cost", self.recompute_cost)):
-            for c in costs:
-                if c is not None and (not isinstance(c, (int, np.integer)) or c < 0):
-                    raise ValueError(f"{name} entries must be non-negative ints or None, got {c!r}")
-        for u, w in self.edges:
-            if not (0 <= u < n and 0 <= w < n) or u == w:
-                raise ValueError(f"bad edge {(u, w)} for {n} values")
-        for v in self.needed:
-            if not 0 <= v < n:
-                raise ValueError(f"needed value {v} out of range")
+        self.cost_arrays  # validates the costs
+        u, w, needed = _structure(self.edges, self.needed)
+        bad = (u < 0) | (u >= n) | (w < 0) | (w >= n) | (u == w)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"bad edge {self.edges[i]} for {n} values")
+        bad_needed = (needed < 0) | (needed >= n)
+        if bad_needed.any():
+            raise ValueError(f"needed value {self.needed[int(np.flatnonzero(bad_needed)[0])]} out of range")
+
+    @functools.cached_property
+    def cost_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(save_cost, recompute_cost) as int64 arrays, ``INFINITE`` for None (computed once, checked)."""
+        return _cost_array("save_cost", self.save_cost), _cost_array("recompute_cost", self.recompute_cost)
 
     def finite_total(self) -> int:
-        return sum(c for c in (*self.save_cost, *self.recompute_cost) if c is not None)
+        save, recompute = self.cost_arrays
+        return int(save[save > 0].sum() + recompute[recompute > 0].sum())
+
+
+INFINITE = -1  # a None (infinite) cost in the int64 arrays below
+
+
+def _cost_array(name: str, costs: tuple[int | None, ...]) -> np.ndarray:
+    """The costs as int64, ``INFINITE`` for None; a clear error for anything but non-negative ints and None."""
+    values = [INFINITE if c is None else c for c in costs]
+    array = np.array(values) if values else np.zeros(0, dtype=np.int64)
+    if array.dtype.kind not in "iub" or array.ndim != 1:
+        bad = next((c for c in costs if c is not None and not isinstance(c, (int, np.integer))), array.dtype)
+        raise ValueError(f"{name} entries must be non-negative ints or None, got {bad!r}")
+    array = array.astype(np.int64)
+    negative = (array < 0) & np.array([c is not None for c in costs], dtype=bool)
+    if negative.any():
+        raise ValueError(
+            f"{name} entries must be non-negative ints or None, got {costs[int(np.flatnonzero(negative)[0])]!r}"
+        )
+    return array
+
+
+def _structure(edges, needed) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(edge sources, edge targets, needed values) as int64 arrays.  Cached for tuples: a price sweep solves one
+    structure at many prices (``ParametricProblem.at`` passes the same tuples each time), and turning thousands of
+    pairs into arrays was a third of a solve."""
+    try:
+        return _cached_structure(edges, needed)
+    except TypeError:  # lists: unhashable, not cached
+        return _structure_arrays(edges, needed)
+
+
+def _structure_arrays(edges, needed) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    pairs = np.array(edges, dtype=np.int64).reshape(-1, 2)
+    return pairs[:, 0], pairs[:, 1], np.array(needed, dtype=np.int64).reshape(-1)
+
+
+_cached_structure = functools.lru_cache(maxsize=16)(_structure_arrays)
 
 
 @dataclass(frozen=True)
@@ -154,30 +197,26 @@ def _build_network(problem: CutProblem) -> tuple[csr_array, int]:
             "(scipy's max-flow takes int32 capacities and silently truncates larger ones)"
         )
     inf = total + 1
-    rows: list[int] = []
-    cols: list[int] = []
-    caps: list[int] = []
-    for v in range(n):
-        s, r = problem.save_cost[v], problem.recompute_cost[v]
-        rows.append(v_in(v))
-        cols.append(v_out(v))
-        caps.append(inf if s is None else int(s))
-        if r is None or r > 0:
-            rows.append(SOURCE)
-            cols.append(v_in(v))
-            caps.append(inf if r is None else int(r))
-    for u, w in problem.edges:
-        rows.append(v_out(u))
-        cols.append(v_in(w))
-        caps.append(inf)
-    for v in problem.needed:
-        rows.append(v_out(v))
-        cols.append(SINK)
-        caps.append(inf)
+    save, recompute = problem.cost_arrays
+    u, w, needed = _structure(problem.edges, problem.needed)
+    values = np.arange(n, dtype=np.int64)
+    from_source = recompute != 0  # a zero-cost recompute edge is left out (cutting it is free)
+    infinite = np.int64(inf)
+    # Split edges, recompute edges from the source, data edges, sink edges; the sort below fixes the order.
+    rows = np.concatenate((2 + 2 * values, np.full(int(from_source.sum()), SOURCE), 3 + 2 * u, 3 + 2 * needed))
+    cols = np.concatenate((3 + 2 * values, 2 + 2 * values[from_source], 2 + 2 * w, np.full(len(needed), SINK)))
+    caps = np.concatenate(
+        (
+            np.where(save == INFINITE, infinite, save),
+            np.where(recompute[from_source] == INFINITE, infinite, recompute[from_source]),
+            np.full(len(u), infinite),
+            np.full(len(needed), infinite),
+        )
+    )
     size = 2 + 2 * n
     # Parallel edges with infinite capacity are merged with max, not sum, so that infinity stays in int32.
-    keys = np.asarray(rows, dtype=np.int64) * size + np.asarray(cols, dtype=np.int64)
-    cap_arr = np.asarray(caps, dtype=np.int64)
+    keys = rows.astype(np.int64) * size + cols.astype(np.int64)
+    cap_arr = caps.astype(np.int64)
     order = np.lexsort((-cap_arr, keys))
     keys, cap_arr = keys[order], cap_arr[order]
     first = np.ones(len(keys), dtype=bool)

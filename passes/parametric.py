@@ -11,8 +11,11 @@ this object directly.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+import numpy as np
 
 from .mincut import CAPACITY_LIMIT, CutProblem
 
@@ -62,17 +65,39 @@ class ParametricProblem:
         """Estimated time a plan spends recomputing (what a report calls est_recompute_seconds)."""
         return sum(self.recompute_seconds[v] or 0.0 for v in recomputed)
 
+    @functools.cached_property
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(traffic seconds, value bytes, save scale, recompute seconds) as arrays, NaN for None:
+        ``at`` runs once per price, hundreds of times in a sweep."""
+        traffic = np.array([np.nan if t is None else t for t in self.traffic_seconds], dtype=np.float64)
+        value_bytes = np.array([self.value_bytes(v) for v in range(self.num_values)], dtype=np.int64)
+        recompute = np.array([np.nan if r is None else r for r in self.recompute_seconds], dtype=np.float64)
+        scale = np.array(self.save_scale, dtype=np.float64)
+        return traffic, value_bytes, scale, recompute
+
     def at(self, price: float) -> tuple[CutProblem, float]:
         """The min-cut problem at this price of memory (seconds per byte), and its ints-per-second scale."""
-        save = [self.save_seconds(v, price) for v in range(self.num_values)]
-        quantised, scale = quantise(save + list(self.recompute_seconds))
+        traffic, value_bytes, scale, recompute = self._arrays
+        # elementwise what save_seconds computes, in the same float operations (so the same bits)
+        save = (traffic + price * value_bytes.astype(np.float64)) * scale
+        quantised, scale = _quantise_array(np.concatenate((save, recompute)))
         n = self.num_values
         problem = CutProblem(n, tuple(quantised[:n]), tuple(quantised[n:]), self.edges, self.needed)
         return problem, scale
 
 
+def _quantise_array(values: np.ndarray) -> tuple[list[int | None], float]:
+    """``quantise`` over an array with NaN for None, giving the same ints (round() and np.rint both round half to
+    even; the total is summed in order, as ``sum`` does)."""
+    finite = ~np.isnan(values)
+    total = sum(values[finite].tolist())
+    scale = (CAPACITY_LIMIT // 2) / total if total > 0 else 1.0
+    ints = np.where(values > 0, np.maximum(1, np.rint(values * scale)), 0).astype(np.int64)
+    return [int(i) if f else None for i, f in zip(ints.tolist(), finite.tolist())], scale
+
+
 def quantise(values: list[float | None]) -> tuple[list[int | None], float]:
-    """Seconds -> ints with the finite total at half the solver's limit; a non-zero cost stays non-zero."""
+    """(The reference ``_quantise_array`` is tested against.)  Seconds -> ints with the finite total at half the solver's limit; a non-zero cost stays non-zero."""
     total = sum(v for v in values if v is not None)
     scale = (CAPACITY_LIMIT // 2) / total if total > 0 else 1.0
     out: list[int | None] = []

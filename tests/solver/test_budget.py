@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fxremat_passes.budget import Plan, frontier, search_budget, solve_at
+from fxremat_passes.budget import Plan, SolveCache, frontier, search_budget, solve_at
 from fxremat_passes.milp import objective, solve_milp
 from fxremat_passes.mincut import check_plan
-from fxremat_passes.parametric import ParametricProblem
+from fxremat_passes.parametric import ParametricProblem, quantise
 
 DEFAULT_PRICE = 1e-10
 MAX_PRICE = 1e-3
@@ -84,6 +84,43 @@ def test_bytes_fall_and_time_rises_as_the_budget_drops(problem):
     for a, b in itertools.pairwise(plans):
         assert b.saved_bytes <= a.saved_bytes
         assert b.seconds >= a.seconds - 1e-12
+
+
+@settings(max_examples=40, deadline=None)
+@given(problems(shared_storage=True), st.permutations([1.0, 0.9, 0.75, 0.5, 0.3, 0.25, 0.1, 0.0]))
+def test_a_shared_solve_cache_keeps_every_budget_met_and_monotone_in_any_order(problem, fractions):
+    """Budgets searched in any order over one SolveCache: each plan fits, bytes fall and time rises as the budget
+    drops, as with independent searches; and the shared searches solve no more max-flows than independent ones."""
+    if not feasible(problem):
+        return
+    default, fewest = solve_at(problem, DEFAULT_PRICE), solve_at(problem, MAX_PRICE)
+    cache = SolveCache(problem)
+    shared, alone = {}, 0
+    for f in fractions:
+        budget = int(fewest.saved_bytes + f * (default.saved_bytes - fewest.saved_bytes))
+        result = search_budget(problem, budget, DEFAULT_PRICE, MAX_PRICE, cache=cache)
+        assert result.budget_met and result.plan.saved_bytes <= budget
+        shared[budget] = result.plan
+        alone += search_budget(problem, budget, DEFAULT_PRICE, MAX_PRICE).solves
+    assert len(cache.plans) <= alone
+    ordered = [shared[b] for b in sorted(shared, reverse=True)]
+    for a, b in itertools.pairwise(ordered):
+        assert b.saved_bytes <= a.saved_bytes
+        assert b.seconds >= a.seconds - 1e-12
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems(shared_storage=True), st.floats(1e-12, 1e-2))
+def test_vectorised_cut_problem_matches_the_scalar_costs(problem, price):
+    """``at`` prices and quantises with numpy; the ints must be what save_seconds + quantise give, bit for bit,
+    since a one-unit change can flip a tie between two plans."""
+    cut, scale = problem.at(price)
+    n = problem.num_values
+    expected, expected_scale = quantise(
+        [problem.save_seconds(v, price) for v in range(n)] + list(problem.recompute_seconds)
+    )
+    assert scale == expected_scale
+    assert list(cut.save_cost) + list(cut.recompute_cost) == expected
 
 
 def test_unreachable_budget_gives_fewest_bytes_plan_and_says_so():
