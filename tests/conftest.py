@@ -27,13 +27,21 @@ from fxremat.measure import measure_saved  # noqa: E402
 from fxremat.options import Options  # noqa: E402
 
 
-def _noop_compiler(gm, example_inputs):
+def noop_compiler(gm, example_inputs):
+    """A "compiler" that runs the graph as it is: partition tests take milliseconds, not Inductor's minutes."""
     return make_boxed_func(gm.forward)
+
+
+def aot_eager(partition_fn):
+    """A torch.compile backend: AOTAutograd with ``partition_fn`` and no-op compilers for both graphs."""
+    from fxremat_passes import _torch_private as tp
+
+    return tp.aot_autograd(fw_compiler=noop_compiler, bw_compiler=noop_compiler, partition_fn=partition_fn)
 
 
 def run_aot(model, inputs, partition_fn, loss=lambda out: out.sum()):
     """One training step of ``model`` through aot_module with ``partition_fn``; returns (output, grads, saved)."""
-    compiled = aot_module(model, fw_compiler=_noop_compiler, bw_compiler=_noop_compiler, partition_fn=partition_fn)
+    compiled = aot_module(model, fw_compiler=noop_compiler, bw_compiler=noop_compiler, partition_fn=partition_fn)
     model.zero_grad(set_to_none=True)
     exclude = [*model.parameters(), *model.buffers(), *inputs]
     out, saved = measure_saved(lambda: compiled(*inputs), exclude)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import capture_joint
+from conftest import aot_eager, capture_joint
 from cost_model import materialise  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -257,8 +257,6 @@ def _grouped_mm_flops_by_group(node) -> int:
 
 def _check_transformers_flops(module, args):
     # through Dynamo (aot_module cannot take tied weights), capturing the joint graph AOTAutograd builds
-    from functorch.compile import make_boxed_func
-
     from fxremat_passes import _torch_private as tp
 
     captured = {}
@@ -267,10 +265,7 @@ def _check_transformers_flops(module, args):
         captured["gm"] = tp.copy_graph_module(gm)
         return tp.default_partition(gm, joint_inputs, **kwargs)
 
-    def nop(gm, example_inputs):
-        return make_boxed_func(gm.forward)
-
-    backend = tp.aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=partition_fn)
+    backend = aot_eager(partition_fn)
     torch.compile(module, backend=backend)(*args).backward()
     assert _check_flops_against_counter(captured["gm"]) > 0
     return captured["gm"]

@@ -7,23 +7,17 @@ import logging
 
 import torch
 import torch.nn as nn
-from conftest import assert_grads_close, run_fxremat_aot
-from functorch.compile import make_boxed_func
+from conftest import aot_eager, assert_grads_close, run_fxremat_aot
 
 import fxremat
 from fxremat.examples import example
 from fxremat.options import Options
-from fxremat_passes import _torch_private as tp
-
-
-def _nop(gm, example_inputs):
-    return make_boxed_func(gm.forward)
 
 
 def test_dynamic_shapes_one_partition_serves_every_length_with_symbolic_bytes():
     reports: list = []
     pf = fxremat.make_partition_fn(Options.create(strict=True), reports)
-    backend = tp.aot_autograd(fw_compiler=_nop, bw_compiler=_nop, partition_fn=pf)
+    backend = aot_eager(pf)
     model, _ = example("block_sdpa")
     eager = copy.deepcopy(model)
     compiled = torch.compile(model, backend=backend, dynamic=True)

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from functorch.compile import aot_module, make_boxed_func
+from conftest import noop_compiler
+from functorch.compile import aot_module
 
 import fxremat
 from fxremat.measure import SavedTensors, max_relative_error, measure_saved
@@ -25,10 +26,6 @@ from fxremat_passes._torch_private import min_cut_rematerialization_partition as
 
 FP32_RTOL = 1e-4
 BF16_RTOL = 2e-2
-
-
-def _noop_compiler(gm, example_inputs):
-    return make_boxed_func(gm.forward)
 
 
 def as_tuple(out) -> tuple:
@@ -73,7 +70,7 @@ def eager_step(model, inputs, loss: Callable) -> StepResult:
 def aot_step(model, inputs, partition_fn, loss: Callable, reports: list | None = None) -> StepResult:
     """One step through aot_module with ``partition_fn`` and no-op compilers, on a copy of ``model``."""
     model = copy.deepcopy(model)
-    compiled = aot_module(model, fw_compiler=_noop_compiler, bw_compiler=_noop_compiler, partition_fn=partition_fn)
+    compiled = aot_module(model, fw_compiler=noop_compiler, bw_compiler=noop_compiler, partition_fn=partition_fn)
     exclude = [*model.parameters(), *model.buffers(), *inputs]
     out, saved = measure_saved(lambda: compiled(*inputs), exclude)
     loss(out).backward()

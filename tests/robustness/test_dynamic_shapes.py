@@ -10,9 +10,8 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from functorch.compile import make_boxed_func
+from conftest import aot_eager
 from robust_helpers import FP32_RTOL, close_scaled
-from torch._dynamo.backends.common import aot_autograd
 
 import fxremat
 from fxremat.options import Options
@@ -40,13 +39,9 @@ class ReshapeByLength(nn.Module):
         return y.mean(1), y  # mean over t: its backward expands by t
 
 
-def _nop(gm, example_inputs):
-    return make_boxed_func(gm.forward)
-
-
 def _compile(model, reports, dynamic, **options):
     partition_fn = fxremat.make_partition_fn(Options.create(strict=True, **options), reports)
-    backend = aot_autograd(fw_compiler=_nop, bw_compiler=_nop, partition_fn=partition_fn)
+    backend = aot_eager(partition_fn)
     return torch.compile(model, backend=backend, dynamic=dynamic)
 
 

@@ -12,10 +12,9 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from functorch.compile import make_boxed_func
+from conftest import aot_eager
 from fuzz_models import FuzzModel, Program, Step, fresh, loss_of, make_inputs
 from robust_helpers import FP32_RTOL, TaggedDropout, assert_steps_match, eager_step, fxremat_step
-from torch._dynamo.backends.common import aot_autograd
 
 import fxremat
 from fxremat.options import Options
@@ -89,16 +88,12 @@ def test_reader_of_a_mutated_input_is_not_recomputed(module, config):
     assert_steps_match(actual, expected, FP32_RTOL, f"{module.__name__} {config}")
 
 
-def _nop(gm, example_inputs):
-    return make_boxed_func(gm.forward)
-
-
 def test_reader_of_a_mutated_input_through_torch_compile():
     torch.manual_seed(0)
     model, (x, aux) = MutateInputThenRead(), _inputs()
     eager = copy.deepcopy(model)
     partition_fn = fxremat.make_partition_fn(Options.create(strict=True), [])
-    compiled = torch.compile(model, backend=aot_autograd(fw_compiler=_nop, bw_compiler=_nop, partition_fn=partition_fn))
+    compiled = torch.compile(model, backend=aot_eager(partition_fn))
     x1, aux1 = fresh((x, aux))
     weighted_sum(compiled(x1, aux1)).backward()
     x2, aux2 = fresh((x, aux))
@@ -125,13 +120,12 @@ def test_fuzzer_program_with_a_mutated_input():
 # (InfeasibleCutError) instead of a tag conflict (TaggedDropout: robust_helpers)
 
 
-
 def test_must_recompute_tag_on_dropout_is_a_conflict():
     """Dynamo + AOTAutograd without Inductor (aot_eager-style): native_dropout and its mask reach the partitioner."""
     torch.manual_seed(0)
     model, reports = TaggedDropout(), []
     partition_fn = fxremat.make_partition_fn(Options.create(strict=True), reports)
-    compiled = torch.compile(model, backend=aot_autograd(fw_compiler=_nop, bw_compiler=_nop, partition_fn=partition_fn))
+    compiled = torch.compile(model, backend=aot_eager(partition_fn))
     y = compiled(torch.randn(8, 32))
     y.sum().backward()
     assert 0.2 < (y == 0).float().mean().item() < 0.8  # a mask was drawn: otherwise the identity below is trivial

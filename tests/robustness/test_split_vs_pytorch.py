@@ -180,9 +180,8 @@ def test_duplicates_merge_like_pytorch():
 
 def test_dynamic_shapes_split_like_pytorch():
     """SymInts saved for backward, and the SymInts binding the saved tensors' symbols added by the split."""
-    from functorch.compile import make_boxed_func
+    from conftest import aot_eager
     from test_dynamic_shapes import ReshapeByLength, _loss
-    from torch._dynamo.backends.common import aot_autograd
 
     import fxremat
     from fxremat.options import Options
@@ -191,8 +190,7 @@ def test_dynamic_shapes_split_like_pytorch():
         torch._dynamo.reset()
         reports: list = []
         partition_fn = fxremat.make_partition_fn(Options.create(strict=True, **CONFIGS[config]), reports)
-        nop = lambda gm, _: make_boxed_func(gm.forward)  # noqa: E731
-        backend = aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=partition_fn)
+        backend = aot_eager(partition_fn)
         model = ReshapeByLength()
         eager = copy.deepcopy(model)
         compiled = torch.compile(model, backend=backend, dynamic=True)

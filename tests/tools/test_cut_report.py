@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_fxremat_aot
-from functorch.compile import make_boxed_func
+from conftest import noop_compiler, run_fxremat_aot
 
 import fxremat
 from fxremat import cli
@@ -108,10 +107,6 @@ def assert_ok(result) -> None:
     assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
 
 
-def _noop_compiler(gm, example_inputs):
-    return make_boxed_func(gm.forward)
-
-
 def measured_saved_bytes(name: str) -> tuple[int, int]:
     """(saved bytes measured with saved_tensors_hooks, report.saved_bytes), for a built-in example compiled the
     way ``--no-codegen`` compiles it: Dynamo + AOTAutograd with no-op compilers and fxremat's partition_fn."""
@@ -121,7 +116,7 @@ def measured_saved_bytes(name: str) -> tuple[int, int]:
     model, inputs = example(name)
     reports: list[CutReport] = []
     partition_fn = fxremat.make_partition_fn(Options.create(), reports)
-    backend = tp.aot_autograd_as_inductor(partition_fn, _noop_compiler)
+    backend = tp.aot_autograd_as_inductor(partition_fn, noop_compiler)
     compiled = torch.compile(model, backend=backend)
     exclude = [*model.parameters(), *model.buffers(), *inputs]
     out, saved = measure_saved(lambda: compiled(*inputs), exclude)
