@@ -272,7 +272,10 @@ def _choose_plan_for_peak(flow, roles, joint, options: Options, profile: DeviceP
     shortlist = peak_shortlist(candidates, lambda p: estimates[plan_key(p)], default_plan, PEAK_SIMULATED_CANDIDATES)
     splits, real = {}, {}
     for plan in shortlist:
-        splits[plan_key(plan)] = split(plan)
+        # lazy modules: a candidate's code is generated only if it is the one chosen and then called (9 of 10
+        # candidates' codegen was half of a peak-budget partition)
+        with tp.lazy_graph_modules():
+            splits[plan_key(plan)] = split(plan)
         # the default plan must simulate (its peak anchors a fraction); another candidate that cannot is dropped
         if plan_key(plan) == plan_key(default_plan):
             simulated = simulate_step(*splits[plan_key(plan)], request.num_fwd_outputs)
