@@ -18,7 +18,8 @@ What it models (all in one place, so the rule can be checked against measurement
   ends (the caller drops them: ``model(x).sum().backward()`` keeps only the loss).  Backward's outputs (gradients)
   stay alive to the end.  Tangents are allocated when backward starts.
 * Fusion away: a pointwise/copy/creation value whose every reader is one Inductor fuses it into (pointwise, copy,
-  reduction, norm, view) never leaves its kernel, so it allocates nothing (``materialises``).
+  reduction, norm, view) never leaves its kernel, so it allocates nothing (``materialises``), whether or not those
+  readers are returned.
 * Inductor's layout optimisation (``layout.py``): in a forward with 2-D convolutions, the channels-last copies of
   graph inputs read by a convolution are allocated when forward starts and, when saved, held until their last use
   in backward; mkldnn's ``convolution_backward`` holds two extra weight-sized buffers while it returns the weight
@@ -82,8 +83,10 @@ def materialises(node: fx.Node, classes: dict[fx.Node, OpClass], outputs: set[fx
         return kind == ALWAYS
     if node in outputs:
         return True
+    # A returned reader fuses it like any other: Inductor computes a value inside each kernel that reads it, whether
+    # or not that kernel's result is returned (the zeros a gradient's index_put starts from never exist alone).
     readers = _readers_through_views(node, classes)
-    return not (readers and all(classes[u] in FUSES_INTO for u in readers) and not readers & outputs)
+    return not (readers and all(classes[u] in FUSES_INTO for u in readers))
 
 
 def _readers_through_views(node: fx.Node, classes: dict[fx.Node, OpClass]) -> set[fx.Node]:

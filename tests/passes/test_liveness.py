@@ -187,3 +187,48 @@ def test_moe_gathered_expert_weights_never_exist_whole_under_inductor():
     # measured: 659,968 simulated vs 918,024 (-28%): one tokens x hidden buffer (256 KiB) live in backward is not
     # modelled yet; before the bmm/scatter rule the simulation held the gathered weights (> 16 MiB)
     assert 0.6 * measured <= report.simulated_peak_bytes <= measured, (report.simulated_peak_bytes, measured)
+
+
+def _inductor_split(model, inputs):
+    """fxremat's (forward, backward, num_fwd_outputs) of one step, on the joint graph Inductor would partition (its
+    decompositions), with no-op compilers: what ``simulate_step`` is given under ``torch.compile``."""
+    from functorch.compile import make_boxed_func
+
+    import fxremat
+    from fxremat.options import Options
+    from fxremat_passes import _torch_private as tp
+
+    reports, split = [], {}
+    partition_fn = fxremat.make_partition_fn(Options.create(), reports)
+
+    def capture(gm, joint_inputs, **kwargs):
+        split["fw"], split["bw"] = partition_fn(gm, joint_inputs, **kwargs)
+        split["n"] = kwargs["num_fwd_outputs"]
+        return split["fw"], split["bw"]
+
+    backend = tp.aot_autograd_as_inductor(capture, lambda gm, _: make_boxed_func(gm.forward))
+    torch.compile(model, backend=backend)(*inputs).sum().backward()
+    return split["fw"], split["bw"], split["n"]
+
+
+def _simulated_units(graph_module) -> set[str]:
+    from fxremat_passes.liveness import _Phase
+
+    return {u.name for u in _Phase(graph_module.graph, keep=set(), carried={}).units}
+
+
+def test_zeros_a_returned_scatter_starts_from_are_never_allocated():
+    """A weight gradient built by index_put into zeros is returned; Inductor fills the gradient's own buffer with
+    the zeros inside the scatter's kernel, so the zeros never exist alone (Mixtral: one zeros tensor of each expert
+    weight's size, 1.5 MiB of its 23 simulated, was held through both layers' backward)."""
+    from fxremat_passes.liveness import simulate_step
+
+    torch.manual_seed(0)
+    fw, bw, num_fwd_outputs = _inductor_split(TokenExperts(), (torch.randn(64, 64),))
+    returned = {a.name for a in next(n for n in bw.graph.nodes if n.op == "output").all_input_nodes}
+    scatters = [n for n in bw.graph.nodes if n.target is torch.ops.aten.index_put.default]
+    zeros = {n.args[0].name for n in scatters if n.args[0].target is torch.ops.aten.full.default}
+    assert zeros and {n.name for n in scatters} <= returned  # the premise: returned scatters into zeros
+    assert not zeros & _simulated_units(bw)
+    simulated = {node for phase, node, _ in simulate_step(fw, bw, num_fwd_outputs).timeline if phase == "backward"}
+    assert not zeros & simulated
