@@ -19,7 +19,7 @@ What it models (all in one place, so the rule can be checked against measurement
   stay alive to the end.  Tangents are allocated when backward starts.
 * Fusion away: a pointwise/copy/creation value whose every reader is one Inductor fuses it into (pointwise, copy,
   reduction, norm, view) never leaves its kernel, so it allocates nothing (``materialises``), whether or not those
-  readers are returned.
+  readers are returned.  An ``add`` of an ``mm`` is one addmm (``addmm_matmul``).
 * Inductor's layout optimisation (``layout.py``): in a forward with 2-D convolutions, the channels-last copies of
   graph inputs read by a convolution are allocated when forward starts and, when saved, held until their last use
   in backward; mkldnn's ``convolution_backward`` holds two extra weight-sized buffers while it returns the weight
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from . import _torch_private as tp
 from .costs import alias_root, value_nbytes
 from .layout import channels_last_copies, layout_optimised, workspace_bytes
 from .ops import FUSIBLE, OpClass, op_class
@@ -74,6 +75,8 @@ def storage_kind(node: fx.Node, classes: dict[fx.Node, OpClass]) -> int:
         return NEVER
     if cls is OpClass.MUTATION:
         return NEVER  # writes into an existing storage (e.g. BatchNorm's running stats)
+    if cls is OpClass.MATMUL and _folded_into_addmm(node, classes):
+        return NEVER  # the addmm that reads it writes the product and the sum at once (``addmm_matmul``)
     return FUSIBLE_VALUE if cls in FUSIBLE else ALWAYS
 
 
@@ -130,6 +133,8 @@ def inductor_class(node: fx.Node, cls: OpClass) -> OpClass:
         # a load fuses into its reader; a scatter is a kernel that reads its values through a loader, so the
         # pointwise producer of those values (an outer product of MoE weight gradients) never exists whole
         return OpClass.POINTWISE if packet in FUSED_LOADS else OpClass.REDUCTION
+    if cls is OpClass.POINTWISE and addmm_matmul(node) is not None:
+        return OpClass.MATMUL
     if cls is OpClass.MATMUL and packet is aten.bmm and len(node.args) >= 2:
         a, b = (arg.meta.get("val") if isinstance(arg, fx.Node) else None for arg in node.args[:2])
         if (
@@ -141,6 +146,81 @@ def inductor_class(node: fx.Node, cls: OpClass) -> OpClass:
         ):
             return OpClass.REDUCTION
     return cls
+
+
+def _hinted_shape(val: torch.Tensor) -> list[int]:
+    return [tp.size_hint(s) for s in val.shape]
+
+
+def _hinted_layout(val: torch.Tensor) -> list[int]:
+    return [*_hinted_shape(val), *(tp.size_hint(s) for s in val.stride())]
+
+
+def _noop_view_source(node: fx.Node) -> fx.Node:
+    """What a chain of views that changes nothing (the same shape and strides at both ends: a permute and its
+    inverse), each read only by the next, reads from: Inductor drops such views (``pointless_permute_pair``) before
+    it matches patterns.  ``node`` itself when it is no such chain."""
+    val = node.meta.get("val")
+    src = node
+    while (
+        src.op == "call_function"
+        and getattr(src.target, "is_view", False)
+        and src.args
+        and isinstance(src.args[0], fx.Node)
+        and len(src.args[0].users) == 1
+    ):
+        src = src.args[0]
+    found = src.meta.get("val")
+    same = isinstance(val, torch.Tensor) and isinstance(found, torch.Tensor)
+    return src if same and _hinted_layout(val) == _hinted_layout(found) else node
+
+
+def addmm_matmul(node: fx.Node) -> fx.Node | None:
+    """The ``mm`` Inductor folds into this ``add``, or None.  Its post-grad pass rewrites ``add(mm(a, b), c)`` (either
+    order, the mm read by nothing else, ``c`` a tensor of their dtype that broadcasts to the product) into one
+    ``addmm(c, a, b)``: an extern kernel whose output is the sum, so the product never exists alone and the sum
+    does not fuse into its readers (``fx_passes/post_grad.py: addmm``; on a GPU only when some reader of the sum is
+    not pointwise).  T5's tied embedding gradient (lm_head's product plus the embedding's scatter) is one."""
+    if node.op != "call_function" or node.target is not aten.add.Tensor or len(node.args) != 2 or node.kwargs:
+        return None
+    for mm_arg, other in (node.args, node.args[::-1]):
+        if not isinstance(mm_arg, fx.Node) or not isinstance(other, fx.Node):
+            return None
+        mm = _noop_view_source(mm_arg)
+        if mm.target is not aten.mm.default or len(mm_arg.users) != 1 or len(mm.users) != 1:
+            continue
+        a, b = (x.meta.get("val") if isinstance(x, fx.Node) else None for x in mm.args[:2])
+        c = other.meta.get("val")
+        if not all(isinstance(t, torch.Tensor) for t in (a, b, c)) or not c.dtype == a.dtype == b.dtype:
+            continue
+        product = [tp.size_hint(a.shape[0]), tp.size_hint(b.shape[1])]
+        shape = _hinted_shape(c)
+        if len(shape) > 2 or any(s not in (1, p) for s, p in zip(reversed(shape), reversed(product))):
+            continue
+        if a.device.type != "cpu" and _only_pointwise_readers(node):
+            continue  # Inductor keeps mm + a pointwise add on a GPU (``should_prefer_unfused_addmm``)
+        return mm
+    return None
+
+
+def _only_pointwise_readers(node: fx.Node) -> bool:
+    """``torch._inductor.utils.is_pointwise_use`` for every reader: pointwise, looking through views."""
+    stack = list(node.users)
+    while stack:
+        user = stack.pop()
+        cls = op_class(user)
+        if cls in (OpClass.VIEW, OpClass.GETITEM):
+            stack.extend(user.users)
+        elif cls is not OpClass.POINTWISE:
+            return False
+    return True
+
+
+def _folded_into_addmm(node: fx.Node, classes: dict[fx.Node, OpClass]) -> bool:
+    if node.target is not aten.mm.default:
+        return False
+    readers = _readers_through_views(node, classes)
+    return len(readers) == 1 and addmm_matmul(next(iter(readers))) is node
 
 
 # Scheduler nodes apart beyond which Inductor does not fuse horizontally (torch/_inductor/scheduler.py).

@@ -232,3 +232,35 @@ def test_zeros_a_returned_scatter_starts_from_are_never_allocated():
     assert not zeros & _simulated_units(bw)
     simulated = {node for phase, node, _ in simulate_step(fw, bw, num_fwd_outputs).timeline if phase == "backward"}
     assert not zeros & simulated
+
+
+class AddToProduct(nn.Module):
+    """relu(x @ w + y): Inductor's post-grad pass rewrites the add into one addmm, whose output the relu reads; with
+    ``share`` the product is read twice and stays an mm and an add."""
+
+    def __init__(self, share: bool):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(32, 48))
+        self.share = share
+
+    def forward(self, x, y):
+        product = torch.mm(x, self.w)
+        out = (product + y).relu()
+        return out + product.sin() if self.share else out
+
+
+def test_an_add_of_a_matmul_is_one_addmm_whose_product_never_exists_alone():
+    from fxremat_passes.liveness import addmm_matmul
+
+    for share in (False, True):
+        torch.manual_seed(0)
+        fw, _, _ = _inductor_split(AddToProduct(share), (torch.randn(16, 32), torch.randn(16, 48)))
+        (mm,) = [n for n in fw.graph.nodes if n.target is torch.ops.aten.mm.default]
+        add = next(u for u in mm.users if u.target is torch.ops.aten.add.Tensor)
+        units = _simulated_units(fw)
+        if share:
+            assert addmm_matmul(add) is None and mm.name in units
+        else:
+            assert addmm_matmul(add) is mm
+            # the addmm writes the sum, which the relu reads rather than computing it in its own loop
+            assert mm.name not in units and add.name in units
