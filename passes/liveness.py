@@ -19,7 +19,9 @@ What it models (all in one place, so the rule can be checked against measurement
   stay alive to the end.  Tangents are allocated when backward starts.
 * Fusion away: a pointwise/copy/creation value whose every reader is one Inductor fuses it into (pointwise, copy,
   reduction, norm, view) never leaves its kernel, so it allocates nothing (``materialises``), whether or not those
-  readers are returned.  An ``add`` of an ``mm`` is one addmm (``addmm_matmul``).
+  readers are returned; unless several nodes read it and computing it is costly (``_realized_on_reuse``).
+* A loop's size: what a kernel writes or reads, except that a scatter loops over the values it scatters and a
+  gather over the rows it picks (``scatter_values``).  An ``add`` of an ``mm`` is one addmm (``addmm_matmul``).
 * Inductor's layout optimisation (``layout.py``): in a forward with 2-D convolutions, the channels-last copies of
   graph inputs read by a convolution are allocated when forward starts and, when saved, held until their last use
   in backward; mkldnn's ``convolution_backward`` holds two extra weight-sized buffers while it returns the weight
@@ -223,6 +225,35 @@ def _folded_into_addmm(node: fx.Node, classes: dict[fx.Node, OpClass]) -> bool:
     return len(readers) == 1 and addmm_matmul(next(iter(readers))) is node
 
 
+def scatter_values(node: fx.Node) -> fx.Node | None:
+    """The values a scatter writes (its largest tensor argument, not counting the tensor it scatters into, which
+    has the output's shape), or None for a gather.  Inductor's scatter kernel loops over them: a scatter fuses with
+    the kernel that computes its values (T5's and GPT-2's embedding gradients, ``_unsafe_masked_index_put_accumulate``
+    over the rows' gradients, run inside the norm backward that produces those), and its output is filled
+    beforehand (the zeros it starts from are fused into that fill)."""
+    if getattr(node.target, "overloadpacket", None) in FUSED_LOADS:
+        return None
+    out = node.meta.get("val")
+    args = [a for a in node.args if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)]
+    if args and args[0] is node.args[0] and isinstance(out, torch.Tensor):
+        if _hinted_shape(args[0].meta["val"]) == _hinted_shape(out):
+            args = args[1:]  # ``self``, the tensor scattered into
+    return max(args, key=_numel, default=None)
+
+
+# Ops whose Inductor code calls exp, log, sigmoid or tanh (directly or through their decomposition): a value
+# computing one is stored, not recomputed, when several nodes read it on CPU (``_realized_on_reuse``).
+HEAVY_OPS = frozenset(
+    getattr(aten, name)
+    for name in (
+        "exp log log10 log1p log2 sigmoid tanh silu silu_backward gelu_backward softplus softplus_backward mish "
+        "mish_backward logit"
+    ).split()
+    if hasattr(aten, name)
+)
+REALIZE_READS_THRESHOLD = 4  # torch._inductor.config.realize_reads_threshold
+
+
 # Scheduler nodes apart beyond which Inductor does not fuse horizontally (torch/_inductor/scheduler.py).
 FUSION_DISTANCE = 64
 
@@ -274,29 +305,59 @@ class _Phase:
         return node if materialises(node, self.classes, self.returned) else None
 
     def _find_units(self) -> None:
-        self.unit = {n: self._unit_of(n) for n in self.nodes}
-        self.units = [n for n in self.nodes if self.unit[n] is n]
+        self.unit = {}
         # storages each node's computation reads: through views to their root, through fused-away values to theirs
         reads: dict[fx.Node, frozenset[fx.Node]] = {}
+        # what sizes its loop: the same, less the tables a fused load picks rows from (an embedding's weight), plus
+        # the fused-away values computed inside it (the rows picked)
+        loop: dict[fx.Node, frozenset[fx.Node]] = {}
+        heavy: dict[fx.Node, bool] = {}  # its computation, fused-away producers included, has a costly op
         for node in self.nodes:
             found: set[fx.Node] = set()
+            sized: set[fx.Node] = set()
+            costly = getattr(node.target, "overloadpacket", None) in HEAVY_OPS
+            table = node.args[0] if getattr(node.target, "overloadpacket", None) in FUSED_LOADS else None
             for arg in node.all_input_nodes:
                 if not isinstance(arg.meta.get("val"), torch.Tensor):
                     continue  # an item of a multi-output op: its kernel is the op's
                 root = self.roots[arg]
                 if root.op == "placeholder" or self.unit[root] is not None:
                     found.add(root)
+                    if arg is not table:
+                        sized.add(root)
                 else:
                     found |= reads[root]
+                    sized |= loop[root] | {root}
+                    costly = costly or heavy[root]
             reads[node] = frozenset(found)
+            loop[node] = frozenset(sized)
+            heavy[node] = costly
+            unit = self._unit_of(node)
+            if unit is None and self._realized_on_reuse(node, found, costly):
+                unit = node
+            self.unit[node] = unit
+        self.units = [n for n in self.nodes if self.unit[n] is n]
         members: dict[fx.Node, list[fx.Node]] = {u: [] for u in self.units}
         for node in self.nodes:
             if self.unit[node] is not None:
                 members[self.unit[node]].append(node)
         self.members = members
         self.unit_reads = {u: frozenset().union(*(reads[m] for m in members[u])) for u in self.units}
+        self.loop_reads = {u: frozenset().union(*(loop[m] for m in members[u])) for u in self.units}
         # every storage a unit owns (a multi-output op owns its items')
         self.owned = {u: [m for m in members[u] if self._allocates(m)] for u in self.units}
+
+    def _realized_on_reuse(self, node: fx.Node, reads: set[fx.Node], costly: bool) -> bool:
+        """Inductor stores a value read by more than one node instead of computing it inside each reader when that
+        computation is costly: on CPU one with exp, log, sigmoid or tanh, or one reading more than 4 buffers
+        (``StorageBox.should_realize_on_reuse``, ``config.realize_reads_threshold``).  E.g. a SiLU backward read
+        by both the expert weight's gradient and the input's: one tokens x hidden buffer."""
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or len(node.users) < 2:
+            return False
+        if storage_kind(node, self.classes) != FUSIBLE_VALUE:
+            return False
+        return (costly and val.device.type == "cpu") or len(reads) > REALIZE_READS_THRESHOLD
 
     def _allocates(self, node: fx.Node) -> bool:
         return (
@@ -306,8 +367,12 @@ class _Phase:
         )
 
     def _numel(self, unit: fx.Node) -> int:
-        """The iteration space of a unit's loop: the largest tensor it writes or reads (a reduction's input)."""
-        return max((_numel(n) for n in (*self.owned[unit], *self.unit_reads[unit])), default=0)
+        """The iteration space of a unit's loop: the largest tensor it writes or reads (a reduction's input); a
+        scatter's loop runs over the values it scatters (``scatter_values``), whatever the size of its output."""
+        values = scatter_values(unit) if op_class(unit) is OpClass.GATHER else None
+        if values is not None:
+            return _numel(values)
+        return max((_numel(n) for n in (*self.owned[unit], *self.loop_reads[unit])), default=0)
 
     # --- fusion: kernels Inductor merges (shared reads, producer into consumer) when the loops match ----------
 
