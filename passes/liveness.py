@@ -18,7 +18,10 @@ What it models (all in one place, so the rule can be checked against measurement
   ends (the caller drops them: ``model(x).sum().backward()`` keeps only the loss).  Backward's outputs (gradients)
   stay alive to the end.  Tangents are allocated when backward starts.
 * Fusion away: a pointwise/copy/creation value whose every reader is one Inductor fuses it into (pointwise, copy,
-  reduction, norm, view) never leaves its kernel, so it allocates nothing (``materialises``).
+  reduction, norm, view) never leaves its kernel, so it allocates nothing (``materialises``), whether or not those
+  readers are returned; unless several nodes read it and computing it is costly (``_realized_on_reuse``).
+* A loop's size: what a kernel writes or reads, except that a scatter loops over the values it scatters and a
+  gather over the rows it picks (``scatter_values``).  An ``add`` of an ``mm`` is one addmm (``addmm_matmul``).
 * Inductor's layout optimisation (``layout.py``): in a forward with 2-D convolutions, the channels-last copies of
   graph inputs read by a convolution are allocated when forward starts and, when saved, held until their last use
   in backward; mkldnn's ``convolution_backward`` holds two extra weight-sized buffers while it returns the weight
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from . import _torch_private as tp
 from .costs import alias_root, value_nbytes
 from .layout import channels_last_copies, layout_optimised, workspace_bytes
 from .ops import FUSIBLE, OpClass, op_class
@@ -73,6 +77,8 @@ def storage_kind(node: fx.Node, classes: dict[fx.Node, OpClass]) -> int:
         return NEVER
     if cls is OpClass.MUTATION:
         return NEVER  # writes into an existing storage (e.g. BatchNorm's running stats)
+    if cls is OpClass.MATMUL and _folded_into_addmm(node, classes):
+        return NEVER  # the addmm that reads it writes the product and the sum at once (``addmm_matmul``)
     return FUSIBLE_VALUE if cls in FUSIBLE else ALWAYS
 
 
@@ -82,8 +88,10 @@ def materialises(node: fx.Node, classes: dict[fx.Node, OpClass], outputs: set[fx
         return kind == ALWAYS
     if node in outputs:
         return True
+    # A returned reader fuses it like any other: Inductor computes a value inside each kernel that reads it, whether
+    # or not that kernel's result is returned (the zeros a gradient's index_put starts from never exist alone).
     readers = _readers_through_views(node, classes)
-    return not (readers and all(classes[u] in FUSES_INTO for u in readers) and not readers & outputs)
+    return not (readers and all(classes[u] in FUSES_INTO for u in readers))
 
 
 def _readers_through_views(node: fx.Node, classes: dict[fx.Node, OpClass]) -> set[fx.Node]:
@@ -127,6 +135,8 @@ def inductor_class(node: fx.Node, cls: OpClass) -> OpClass:
         # a load fuses into its reader; a scatter is a kernel that reads its values through a loader, so the
         # pointwise producer of those values (an outer product of MoE weight gradients) never exists whole
         return OpClass.POINTWISE if packet in FUSED_LOADS else OpClass.REDUCTION
+    if cls is OpClass.POINTWISE and addmm_matmul(node) is not None:
+        return OpClass.MATMUL
     if cls is OpClass.MATMUL and packet is aten.bmm and len(node.args) >= 2:
         a, b = (arg.meta.get("val") if isinstance(arg, fx.Node) else None for arg in node.args[:2])
         if (
@@ -138,6 +148,110 @@ def inductor_class(node: fx.Node, cls: OpClass) -> OpClass:
         ):
             return OpClass.REDUCTION
     return cls
+
+
+def _hinted_shape(val: torch.Tensor) -> list[int]:
+    return [tp.size_hint(s) for s in val.shape]
+
+
+def _hinted_layout(val: torch.Tensor) -> list[int]:
+    return [*_hinted_shape(val), *(tp.size_hint(s) for s in val.stride())]
+
+
+def _noop_view_source(node: fx.Node) -> fx.Node:
+    """What a chain of views that changes nothing (the same shape and strides at both ends: a permute and its
+    inverse), each read only by the next, reads from: Inductor drops such views (``pointless_permute_pair``) before
+    it matches patterns.  ``node`` itself when it is no such chain."""
+    val = node.meta.get("val")
+    src = node
+    while (
+        src.op == "call_function"
+        and getattr(src.target, "is_view", False)
+        and src.args
+        and isinstance(src.args[0], fx.Node)
+        and len(src.args[0].users) == 1
+    ):
+        src = src.args[0]
+    found = src.meta.get("val")
+    same = isinstance(val, torch.Tensor) and isinstance(found, torch.Tensor)
+    return src if same and _hinted_layout(val) == _hinted_layout(found) else node
+
+
+def addmm_matmul(node: fx.Node) -> fx.Node | None:
+    """The ``mm`` Inductor folds into this ``add``, or None.  Its post-grad pass rewrites ``add(mm(a, b), c)`` (either
+    order, the mm read by nothing else, ``c`` a tensor of their dtype that broadcasts to the product) into one
+    ``addmm(c, a, b)``: an extern kernel whose output is the sum, so the product never exists alone and the sum
+    does not fuse into its readers (``fx_passes/post_grad.py: addmm``; on a GPU only when some reader of the sum is
+    not pointwise).  T5's tied embedding gradient (lm_head's product plus the embedding's scatter) is one."""
+    if node.op != "call_function" or node.target is not aten.add.Tensor or len(node.args) != 2 or node.kwargs:
+        return None
+    for mm_arg, other in (node.args, node.args[::-1]):
+        if not isinstance(mm_arg, fx.Node) or not isinstance(other, fx.Node):
+            return None
+        mm = _noop_view_source(mm_arg)
+        if mm.target is not aten.mm.default or len(mm_arg.users) != 1 or len(mm.users) != 1:
+            continue
+        a, b = (x.meta.get("val") if isinstance(x, fx.Node) else None for x in mm.args[:2])
+        c = other.meta.get("val")
+        if not all(isinstance(t, torch.Tensor) for t in (a, b, c)) or not c.dtype == a.dtype == b.dtype:
+            continue
+        product = [tp.size_hint(a.shape[0]), tp.size_hint(b.shape[1])]
+        shape = _hinted_shape(c)
+        if len(shape) > 2 or any(s not in (1, p) for s, p in zip(reversed(shape), reversed(product))):
+            continue
+        if a.device.type != "cpu" and _only_pointwise_readers(node):
+            continue  # Inductor keeps mm + a pointwise add on a GPU (``should_prefer_unfused_addmm``)
+        return mm
+    return None
+
+
+def _only_pointwise_readers(node: fx.Node) -> bool:
+    """``torch._inductor.utils.is_pointwise_use`` for every reader: pointwise, looking through views."""
+    stack = list(node.users)
+    while stack:
+        user = stack.pop()
+        cls = op_class(user)
+        if cls in (OpClass.VIEW, OpClass.GETITEM):
+            stack.extend(user.users)
+        elif cls is not OpClass.POINTWISE:
+            return False
+    return True
+
+
+def _folded_into_addmm(node: fx.Node, classes: dict[fx.Node, OpClass]) -> bool:
+    if node.target is not aten.mm.default:
+        return False
+    readers = _readers_through_views(node, classes)
+    return len(readers) == 1 and addmm_matmul(next(iter(readers))) is node
+
+
+def scatter_values(node: fx.Node) -> fx.Node | None:
+    """The values a scatter writes (its largest tensor argument, not counting the tensor it scatters into, which
+    has the output's shape), or None for a gather.  Inductor's scatter kernel loops over them: a scatter fuses with
+    the kernel that computes its values (T5's and GPT-2's embedding gradients, ``_unsafe_masked_index_put_accumulate``
+    over the rows' gradients, run inside the norm backward that produces those), and its output is filled
+    beforehand (the zeros it starts from are fused into that fill)."""
+    if getattr(node.target, "overloadpacket", None) in FUSED_LOADS:
+        return None
+    out = node.meta.get("val")
+    args = [a for a in node.args if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)]
+    if args and args[0] is node.args[0] and isinstance(out, torch.Tensor):
+        if _hinted_shape(args[0].meta["val"]) == _hinted_shape(out):
+            args = args[1:]  # ``self``, the tensor scattered into
+    return max(args, key=_numel, default=None)
+
+
+# Ops whose Inductor code calls exp, log, sigmoid or tanh (directly or through their decomposition): a value
+# computing one is stored, not recomputed, when several nodes read it on CPU (``_realized_on_reuse``).
+HEAVY_OPS = frozenset(
+    getattr(aten, name)
+    for name in (
+        "exp log log10 log1p log2 sigmoid tanh silu silu_backward gelu_backward softplus softplus_backward mish "
+        "mish_backward logit"
+    ).split()
+    if hasattr(aten, name)
+)
+REALIZE_READS_THRESHOLD = 4  # torch._inductor.config.realize_reads_threshold
 
 
 # Scheduler nodes apart beyond which Inductor does not fuse horizontally (torch/_inductor/scheduler.py).
@@ -191,29 +305,59 @@ class _Phase:
         return node if materialises(node, self.classes, self.returned) else None
 
     def _find_units(self) -> None:
-        self.unit = {n: self._unit_of(n) for n in self.nodes}
-        self.units = [n for n in self.nodes if self.unit[n] is n]
+        self.unit = {}
         # storages each node's computation reads: through views to their root, through fused-away values to theirs
         reads: dict[fx.Node, frozenset[fx.Node]] = {}
+        # what sizes its loop: the same, less the tables a fused load picks rows from (an embedding's weight), plus
+        # the fused-away values computed inside it (the rows picked)
+        loop: dict[fx.Node, frozenset[fx.Node]] = {}
+        heavy: dict[fx.Node, bool] = {}  # its computation, fused-away producers included, has a costly op
         for node in self.nodes:
             found: set[fx.Node] = set()
+            sized: set[fx.Node] = set()
+            costly = getattr(node.target, "overloadpacket", None) in HEAVY_OPS
+            table = node.args[0] if getattr(node.target, "overloadpacket", None) in FUSED_LOADS else None
             for arg in node.all_input_nodes:
                 if not isinstance(arg.meta.get("val"), torch.Tensor):
                     continue  # an item of a multi-output op: its kernel is the op's
                 root = self.roots[arg]
                 if root.op == "placeholder" or self.unit[root] is not None:
                     found.add(root)
+                    if arg is not table:
+                        sized.add(root)
                 else:
                     found |= reads[root]
+                    sized |= loop[root] | {root}
+                    costly = costly or heavy[root]
             reads[node] = frozenset(found)
+            loop[node] = frozenset(sized)
+            heavy[node] = costly
+            unit = self._unit_of(node)
+            if unit is None and self._realized_on_reuse(node, found, costly):
+                unit = node
+            self.unit[node] = unit
+        self.units = [n for n in self.nodes if self.unit[n] is n]
         members: dict[fx.Node, list[fx.Node]] = {u: [] for u in self.units}
         for node in self.nodes:
             if self.unit[node] is not None:
                 members[self.unit[node]].append(node)
         self.members = members
         self.unit_reads = {u: frozenset().union(*(reads[m] for m in members[u])) for u in self.units}
+        self.loop_reads = {u: frozenset().union(*(loop[m] for m in members[u])) for u in self.units}
         # every storage a unit owns (a multi-output op owns its items')
         self.owned = {u: [m for m in members[u] if self._allocates(m)] for u in self.units}
+
+    def _realized_on_reuse(self, node: fx.Node, reads: set[fx.Node], costly: bool) -> bool:
+        """Inductor stores a value read by more than one node instead of computing it inside each reader when that
+        computation is costly: on CPU one with exp, log, sigmoid or tanh, or one reading more than 4 buffers
+        (``StorageBox.should_realize_on_reuse``, ``config.realize_reads_threshold``).  E.g. a SiLU backward read
+        by both the expert weight's gradient and the input's: one tokens x hidden buffer."""
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or len(node.users) < 2:
+            return False
+        if storage_kind(node, self.classes) != FUSIBLE_VALUE:
+            return False
+        return (costly and val.device.type == "cpu") or len(reads) > REALIZE_READS_THRESHOLD
 
     def _allocates(self, node: fx.Node) -> bool:
         return (
@@ -223,8 +367,12 @@ class _Phase:
         )
 
     def _numel(self, unit: fx.Node) -> int:
-        """The iteration space of a unit's loop: the largest tensor it writes or reads (a reduction's input)."""
-        return max((_numel(n) for n in (*self.owned[unit], *self.unit_reads[unit])), default=0)
+        """The iteration space of a unit's loop: the largest tensor it writes or reads (a reduction's input); a
+        scatter's loop runs over the values it scatters (``scatter_values``), whatever the size of its output."""
+        values = scatter_values(unit) if op_class(unit) is OpClass.GATHER else None
+        if values is not None:
+            return _numel(values)
+        return max((_numel(n) for n in (*self.owned[unit], *self.loop_reads[unit])), default=0)
 
     # --- fusion: kernels Inductor merges (shared reads, producer into consumer) when the loops match ----------
 

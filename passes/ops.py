@@ -85,6 +85,7 @@ GATHER_OPS = _packets(
     "index_put",
     "_unsafe_index",
     "_unsafe_index_put",
+    "_unsafe_masked_index_put_accumulate",  # Inductor's decomposition of embedding_dense_backward
     "take_along_dim",
     "select_scatter",
     "slice_scatter",

@@ -189,7 +189,7 @@ class _Run:
                 stack.extend(m.users[u])
             else:
                 readers.append(u)
-        return not readers or not all(m.fuses_into[u] for u in readers) or any(u in self.returned for u in readers)
+        return not readers or not all(m.fuses_into[u] for u in readers)  # as liveness.materialises
 
     def run(self, live: dict[int, int], phase: str, best: list) -> int:
         """Walk the order; ``best`` = [activation peak, peak, phase, node] is updated in place."""
