@@ -97,7 +97,8 @@ def _quantise_array(values: np.ndarray) -> tuple[list[int | None], float]:
 
 
 def quantise(values: list[float | None]) -> tuple[list[int | None], float]:
-    """(The reference ``_quantise_array`` is tested against.)  Seconds -> ints with the finite total at half the solver's limit; a non-zero cost stays non-zero."""
+    """Seconds -> ints with the finite total at half the solver's limit; a non-zero cost stays non-zero.  (The
+    reference ``_quantise_array`` is tested against.)"""
     total = sum(v for v in values if v is not None)
     scale = (CAPACITY_LIMIT // 2) / total if total > 0 else 1.0
     out: list[int | None] = []
