@@ -136,7 +136,7 @@ def dead_code_and_cse(graph: fx.Graph, cse: bool = True) -> fx.Graph:
     lookup = env.__getitem__
     if not cse:
         for node in nodes:
-            env[node] = new_graph.node_copy(node, lookup)
+            env[node] = tp.copy_node(new_graph, node, lookup)
         return new_graph
 
     output = nodes[-1]
@@ -167,7 +167,7 @@ def dead_code_and_cse(graph: fx.Graph, cse: bool = True) -> fx.Graph:
             or (output_storages and _storage(node) in output_storages)
             or (isinstance(val, sympy.Symbol) and tp.has_free_unbacked_symbols(val))
         ):
-            new = env[node] = new_graph.node_copy(node, lookup)
+            new = env[node] = tp.copy_node(new_graph, node, lookup)
             new.meta["mutation_region_id"] = region
             continue
         try:
@@ -179,7 +179,7 @@ def dead_code_and_cse(graph: fx.Graph, cse: bool = True) -> fx.Graph:
             env[node] = previous[0]
             merged += 1
             continue
-        new = env[node] = new_graph.node_copy(node, lookup)
+        new = env[node] = tp.copy_node(new_graph, node, lookup)
         new.meta["mutation_region_id"] = region
         seen[key] = (new, region)
     log.debug(

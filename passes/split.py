@@ -281,7 +281,7 @@ def _build(
         env[node] = placeholder
     lookup = env.__getitem__
     for node in order:
-        new = graph.node_copy(node, lookup)
+        new = tp.copy_node(graph, node, lookup)
         if mark_backward:
             new.meta["autograd_backward"] = True
         env[node] = new
