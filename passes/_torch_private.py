@@ -124,6 +124,7 @@ __all__ = [
     "saved_output_descs",
     "size_hint",
     "split_with_saved_values",
+    "storage_identity",
     "symbol_bound_by",
     "torch_version_tuple",
     "unsupported_torch_reason",
@@ -142,6 +143,13 @@ def size_hint(value) -> int:
     if isinstance(value, torch.SymInt):
         return int(optimization_hint(value, fallback=UNBACKED_SIZE_FALLBACK))
     return int(value)
+
+
+def storage_identity(tensor: torch.Tensor) -> int:
+    """An int naming the tensor's storage: what ``StorageWeakRef`` (PyTorch's CSE) compares, its StorageImpl's
+    address, without taking and dropping a weak reference per tensor.  Meaningful while the tensor lives (every
+    graph keeps its values in ``meta``)."""
+    return tensor.untyped_storage()._cdata
 
 
 def inductor_layout_optimisation(gm: torch.fx.GraphModule) -> bool:

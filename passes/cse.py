@@ -28,7 +28,6 @@ from collections.abc import Callable
 import sympy
 import torch
 import torch.fx as fx
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
 from . import _torch_private as tp
@@ -79,7 +78,7 @@ def _storage(node: fx.Node):
     if not isinstance(val, torch.Tensor):
         return None
     try:
-        return StorageWeakRef(val.untyped_storage())
+        return tp.storage_identity(val)
     except NotImplementedError:
         return None
 
