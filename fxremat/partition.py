@@ -24,7 +24,7 @@ from fxremat_passes.budget import Plan
 from fxremat_passes.costs import DeviceProfile, annotate_costs
 from fxremat_passes.cse import prepare_joint_graph
 from fxremat_passes.describe import describe_split
-from fxremat_passes.flow_problem import build_flow_problem
+from fxremat_passes.flow_problem import VALUE_ROLES, build_flow_problem
 from fxremat_passes.layout import CONVOLUTION
 from fxremat_passes.liveness import PeakEstimate, simulate_step
 from fxremat_passes.plan_memory import build_joint_memory, estimate_peak
@@ -276,7 +276,8 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
         )
         return _Split(fw, bw, fields, recipe)
     _enter("annotate_costs")
-    costs = annotate_costs(joint.graph, profile)
+    # the values the cut decides on; backward's own nodes are never priced by it (half the graph)
+    costs = annotate_costs(joint.graph, profile, [n for n, r in roles.role.items() if r in VALUE_ROLES])
     _enter("build_flow_problem")
     flow = build_flow_problem(roles, costs, profile)
     _enter("solve_min_cut")
