@@ -2,6 +2,9 @@
 
     prepare -> classify -> annotate_costs -> build_flow_problem -> solve_min_cut -> split -> describe
 
+The report's simulated peak (a liveness simulation of the step) is left for the first read of its fields
+(``report.Deferred``): the partition hands back graphs and a report whose simulation has not run yet.
+
 Any exception inside our passes: one warning naming the graph and the cause, then PyTorch's default partitioner
 (with its own defaults) for that graph, and ``fallback_reason`` in the report; ``strict=True`` raises instead.
 """
