@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,12 +27,14 @@ class Deferred:
     def __init__(self, compute: Callable[[], dict[str, Any]]) -> None:
         self._compute: Callable[[], dict[str, Any]] | None = compute
         self._values: dict[str, Any] | None = None
+        self._lock = threading.Lock()  # two threads reading a report compute it once
 
     def values(self) -> dict[str, Any]:
-        if self._values is None:
-            compute, self._compute = self._compute, None
-            self._values = compute()
-        return self._values
+        with self._lock:
+            if self._values is None:
+                compute, self._compute = self._compute, None
+                self._values = compute()
+            return self._values
 
 
 class _DeferrableField:
