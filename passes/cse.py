@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 
 _LEAF_TYPES = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+_SEQUENCES = (tuple, list, fx.immutable_collections.immutable_list)
+_MAPPINGS = (dict, fx.immutable_collections.immutable_dict)
 
 
 class _UnknownStructure(Exception):
@@ -46,13 +48,12 @@ def _key(value, env):
     """A hashable stand-in for an argument structure: equal keys <=> equal pytree leaves (each with its type)
     and equal pytree structure, after replacing merged nodes."""
     if isinstance(value, fx.Node):
-        new = env[value]
-        return (new, fx.Node)
+        return env[value]  # a node equals only itself: no constant's key can equal it
     cls = type(value)
-    if cls in (tuple, list, fx.immutable_collections.immutable_list):
-        return (cls, tuple(_key(v, env) for v in value))
-    if cls in (dict, fx.immutable_collections.immutable_dict):
-        return (cls, tuple(value.keys()), tuple(_key(v, env) for v in value.values()))
+    if cls in _SEQUENCES:
+        return (cls, tuple([_key(v, env) for v in value]))
+    if cls in _MAPPINGS:
+        return (cls, tuple(value.keys()), tuple([_key(v, env) for v in value.values()]))
     if isinstance(value, _SYM_TYPES):
         return (value.node, cls)
     if cls in _LEAF_TYPES:
