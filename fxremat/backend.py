@@ -116,6 +116,7 @@ class FxrematBackend:
         self.options = options
         self.inductor_config = dict(inductor_config or {})
         self.reports: list[CutReport] = []
+        self._unwritten: list[tuple[CutReport, str | None, int]] = []  # (report, store key, number): _write_reports
         self._lock = threading.Lock()
         self._partitioner = FxrematPartitioner(options, self._record)
 
@@ -125,22 +126,31 @@ class FxrematBackend:
     def _record(self, report: CutReport, key: str | None) -> None:
         with self._lock:
             self.reports.append(report)
-        if key is not None:
-            try:
-                path = report_store_dir() / f"{key}.json"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(report.to_json())
-            except OSError as error:  # a report must never break training
-                log.warning("fxremat: could not store report: %s", error)
-        self._write_report_dir(report)
+            self._unwritten.append((report, key, len(self.reports)))
 
-    def _write_report_dir(self, report: CutReport) -> None:
+    def _write_reports(self) -> None:
+        """Write the reports of this compile's partitions to the report store and ``report_dir``, once Inductor is
+        done: a report's JSON holds its deferred fields (the step's simulation), computed here rather than inside
+        the partition."""
+        with self._lock:
+            unwritten, self._unwritten = self._unwritten, []
+        for report, key, number in unwritten:
+            if key is not None:
+                try:
+                    path = report_store_dir() / f"{key}.json"
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text(report.to_json())
+                except OSError as error:  # a report must never break training
+                    log.warning("fxremat: could not store report: %s", error)
+            self._write_report_dir(report, number)
+
+    def _write_report_dir(self, report: CutReport, number: int) -> None:
         if not self.options.report_dir:
             return
         try:
             directory = Path(self.options.report_dir)
             directory.mkdir(parents=True, exist_ok=True)
-            name = f"{report.graph_id}-{os.getpid()}-{len(self.reports)}.json"
+            name = f"{report.graph_id}-{os.getpid()}-{number}.json"
             (directory / name).write_text(report.to_json())
         except OSError as error:
             warnings.warn(f"fxremat: could not write report to {self.options.report_dir}: {error}", stacklevel=2)
@@ -163,6 +173,7 @@ class FxrematBackend:
             compiled = compile_fx(gm, example_inputs, config_patches=patches)
         finally:
             self._partitioner.current_key = None
+            self._write_reports()
         if len(self.reports) == before:
             self._reemit_cached_report(key)
         return compiled
@@ -179,7 +190,8 @@ class FxrematBackend:
             return
         with self._lock:
             self.reports.append(report)
-        self._write_report_dir(report)
+            number = len(self.reports)
+        self._write_report_dir(report, number)
 
 
 def backend(**options: Any) -> FxrematBackend:

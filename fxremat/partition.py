@@ -2,6 +2,9 @@
 
     prepare -> classify -> annotate_costs -> build_flow_problem -> solve_min_cut -> split -> describe
 
+The report's simulated peak (a liveness simulation of the step) is left for the first read of its fields
+(``report.Deferred``): the partition hands back graphs and a report whose simulation has not run yet.
+
 Any exception inside our passes: one warning naming the graph and the cause, then PyTorch's default partitioner
 (with its own defaults) for that graph, and ``fallback_reason`` in the report; ``strict=True`` raises instead.
 """
@@ -24,15 +27,16 @@ from fxremat_passes.budget import Plan
 from fxremat_passes.costs import DeviceProfile, annotate_costs
 from fxremat_passes.cse import prepare_joint_graph
 from fxremat_passes.describe import describe_split
-from fxremat_passes.flow_problem import build_flow_problem
+from fxremat_passes.flow_problem import VALUE_ROLES, build_flow_problem
+from fxremat_passes.layout import CONVOLUTION
 from fxremat_passes.liveness import PeakEstimate, simulate_step
 from fxremat_passes.plan_memory import build_joint_memory, estimate_peak
 from fxremat_passes.roles import Policy, Role, classify, recompute_tag
-from fxremat_passes.split import split_or_fallback
+from fxremat_passes.split import SplitRecipe, split_with_recipe
 
 from .options import Options
 from .plan import FxrematBudgetWarning, choose_plan, fastest_first, peak_candidates, peak_shortlist, plan_key
-from .report import CutReport, describe_fields, never_recomputed_counts
+from .report import CutReport, Deferred, describe_fields, never_recomputed_counts
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +137,53 @@ def _peak_fields(peak: PeakEstimate | None) -> dict:
     )
 
 
+def _baseline_peak_fields(peak: PeakEstimate | None) -> dict:
+    if peak is None:
+        return {}
+    return dict(
+        baseline_simulated_peak_bytes=peak.peak_bytes,
+        baseline_simulated_peak_at=f"{peak.peak_phase}:{peak.peak_node}",
+        baseline_memory_timeline=_timeline(peak),
+    )
+
+
+def _can_simulate_later(fw_nodes) -> bool:
+    """Whether a split's simulation gives the same result after this compile as during it.  It reads the graphs
+    (a later simulation builds its own copies from the recipe: Inductor rewrites the ones it gets) and one thing of
+    the compile's context: Inductor's layout decision, made from config flags in force during the compile only,
+    and always False for a forward without convolutions."""
+    return not any(n.target is CONVOLUTION for n in fw_nodes)
+
+
+def _later(compute: Callable[[], dict], names: tuple[str, ...]) -> dict:
+    """The report fields ``names``, all filled by one ``compute()`` on the first read of any of them (informative:
+    a failure is logged and leaves them at their defaults)."""
+
+    def run() -> dict:
+        with gc_paused():
+            try:
+                return compute()
+            except Exception as error:
+                log.debug("deferred report fields failed: %s", error, exc_info=True)
+                return {}
+
+    return dict.fromkeys(names, Deferred(run))
+
+
+PEAK_FIELDS = ("simulated_peak_bytes", "simulated_activation_peak_bytes", "simulated_peak_at", "memory_timeline")
+BASELINE_PEAK_FIELDS = ("baseline_simulated_peak_bytes", "baseline_simulated_peak_at", "baseline_memory_timeline")
+
+
+def _report_peak_fields(fw, bw, num_fwd_outputs: int, recipe: SplitRecipe | None, peak: PeakEstimate | None) -> dict:
+    """The simulated-peak fields of our split: the simulation the peak budget already ran, or one deferred to the
+    first read of the fields (from the recipe's own copy of the split), or, where neither applies, one run now."""
+    if peak is not None:
+        return _peak_fields(peak)
+    if recipe is not None and _can_simulate_later(recipe.fw_order):
+        return _later(lambda: _peak_fields(simulate_step(*recipe.build(lazy=True), num_fwd_outputs)), PEAK_FIELDS)
+    return _peak_fields(_simulate(fw, bw, num_fwd_outputs))
+
+
 # Candidate plans for a peak budget whose real split is simulated (each costs a split and a simulation).
 PEAK_SIMULATED_CANDIDATES = 10
 
@@ -155,7 +206,13 @@ def _baseline(request: PartitionRequest, profile: DeviceProfile, compare_budgets
         log.warning("PyTorch's default partitioner failed on %s: %s", request.graph_id, error)
         return dict(baseline_error=f"{type(error).__name__}: {error}")
     default_seconds = time.perf_counter() - start
-    peak = _simulate(fw, bw, request.num_fwd_outputs)
+    # PyTorch's split is ours alone (nobody compiles it): simulated on the first read of its fields
+    if _can_simulate_later(fw.graph.nodes):
+        peak_fields = _later(
+            lambda: _baseline_peak_fields(simulate_step(fw, bw, request.num_fwd_outputs)), BASELINE_PEAK_FIELDS
+        )
+    else:
+        peak_fields = _baseline_peak_fields(_simulate(fw, bw, request.num_fwd_outputs))
     budget_points = []
     for budget in PYTORCH_BUDGETS if compare_budgets else ():
         try:
@@ -171,10 +228,8 @@ def _baseline(request: PartitionRequest, profile: DeviceProfile, compare_budgets
         except Exception as error:  # informative only
             log.warning("PyTorch at activation_memory_budget=%s failed on %s: %s", budget, request.graph_id, error)
     return dict(
+        **peak_fields,
         baseline_budget_points=tuple(budget_points),
-        baseline_simulated_peak_bytes=None if peak is None else peak.peak_bytes,
-        baseline_simulated_peak_at=None if peak is None else f"{peak.peak_phase}:{peak.peak_node}",
-        baseline_memory_timeline=() if peak is None else _timeline(peak),
         baseline_saved_bytes=described.saved_bytes,
         baseline_recompute_flops=described.recompute_flops,
         baseline_est_recompute_seconds=described.recompute_seconds,
@@ -184,8 +239,19 @@ def _baseline(request: PartitionRequest, profile: DeviceProfile, compare_budgets
     )
 
 
-def _fxremat_partition(request: PartitionRequest, options: Options, profile: DeviceProfile):
-    """Our passes, in order.  Returns (forward, backward, report fields)."""
+@dataclass
+class _Split:
+    """Our split of a joint graph, and what its report's simulation can start from."""
+
+    fw: fx.GraphModule
+    bw: fx.GraphModule
+    fields: dict
+    recipe: SplitRecipe | None = None  # None where PyTorch's extraction made the split
+    peak: PeakEstimate | None = None  # the split's simulation, where choosing the plan ran it already
+
+
+def _fxremat_partition(request: PartitionRequest, options: Options, profile: DeviceProfile) -> _Split:
+    """Our passes, in order."""
     joint = request.joint
     _enter("prepare")
     joint = prepare_joint_graph(joint)  # a new graph: request.joint stays as it came, for the fallback
@@ -204,24 +270,25 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
     if not roles.has_backward:
         # Nothing for backward to read: the plain split, saving nothing.  (PyTorch's default_partition, which its
         # own partitioner uses here, asserts on a dead random op: the fuzzer found one.)
-        fw, bw = split_or_fallback(
+        fw, bw, recipe = split_with_recipe(
             joint,
             [],
             [],
             num_fwd_outputs=request.num_fwd_outputs,
             static_lifetime_input_nodes=roles.static_inputs,
         )
-        return fw, bw, fields
+        return _Split(fw, bw, fields, recipe)
     _enter("annotate_costs")
-    costs = annotate_costs(joint.graph, profile)
+    # the values the cut decides on; backward's own nodes are never priced by it (half the graph)
+    costs = annotate_costs(joint.graph, profile, [n for n, r in roles.role.items() if r in VALUE_ROLES])
     _enter("build_flow_problem")
     flow = build_flow_problem(roles, costs, profile)
     _enter("solve_min_cut")
     solve_start = time.perf_counter()
 
-    def split(plan: Plan) -> tuple[fx.GraphModule, fx.GraphModule]:
+    def split(plan: Plan) -> tuple[fx.GraphModule, fx.GraphModule, SplitRecipe | None]:
         saved_nodes = [flow.nodes[i] for i in plan.saved]
-        return split_or_fallback(
+        return split_with_recipe(
             joint,
             [n for n in saved_nodes if not tp.is_sym_node(n)],
             [n for n in saved_nodes if tp.is_sym_node(n)],
@@ -231,9 +298,11 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
 
     if options.peak_budget is None:
         plan, plan_fields = choose_plan(flow.parametric, options, profile, request.graph_id)
-        split_done = None
+        split_done, peak = None, None
     else:
-        plan, plan_fields, split_done = _choose_plan_for_peak(flow, roles, joint, options, profile, request, split)
+        plan, plan_fields, split_done, peak = _choose_plan_for_peak(
+            flow, roles, joint, options, profile, request, split
+        )
     fields.update(plan_fields)
     fields["solve_seconds"] = time.perf_counter() - solve_start
     recomputed_nodes = [flow.nodes[i] for i in plan.recomputed]
@@ -244,8 +313,8 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
         (n.name, _why_recomputed(n, roles.role[n])) for n in recomputed_nodes if roles.role[n] is Role.FORWARD
     )
     _enter("split")
-    fw, bw = split_done if split_done is not None else split(plan)
-    return fw, bw, fields
+    fw, bw, recipe = split_done if split_done is not None else split(plan)
+    return _Split(fw, bw, fields, recipe, peak)
 
 
 def _choose_plan_for_peak(flow, roles, joint, options: Options, profile: DeviceProfile, request, split):
@@ -270,19 +339,21 @@ def _choose_plan_for_peak(flow, roles, joint, options: Options, profile: DeviceP
     # real simulations of a shortlist alone; the shortlist does not depend on the budget, so a tighter budget only
     # removes plans and the peak found is monotone in the budget.
     shortlist = peak_shortlist(candidates, lambda p: estimates[plan_key(p)], default_plan, PEAK_SIMULATED_CANDIDATES)
-    splits, real = {}, {}
+    splits, simulations, real = {}, {}, {}
     for plan in shortlist:
         # lazy modules: a candidate's code is generated only if it is the one chosen and then called (9 of 10
         # candidates' codegen was half of a peak-budget partition)
         with tp.lazy_graph_modules():
             splits[plan_key(plan)] = split(plan)
+        fw_bw = splits[plan_key(plan)][:2]
         # the default plan must simulate (its peak anchors a fraction); another candidate that cannot is dropped
         if plan_key(plan) == plan_key(default_plan):
-            simulated = simulate_step(*splits[plan_key(plan)], request.num_fwd_outputs)
+            simulated = simulate_step(*fw_bw, request.num_fwd_outputs)
         else:
-            simulated = _simulate(*splits[plan_key(plan)], request.num_fwd_outputs)
+            simulated = _simulate(*fw_bw, request.num_fwd_outputs)
             if simulated is None:
                 continue
+        simulations[plan_key(plan)] = simulated  # the chosen plan's is its report's
         real[plan_key(plan)] = simulated.activation_peak_bytes
     shortlist = [p for p in shortlist if plan_key(p) in real]
     lowest = min(shortlist, key=lambda p: (real[plan_key(p)], p.seconds))
@@ -296,7 +367,8 @@ def _choose_plan_for_peak(flow, roles, joint, options: Options, profile: DeviceP
     )
     chosen = next((p for p in shortlist if real[plan_key(p)] <= target), None)
     if chosen is not None:
-        return chosen, dict(fields, peak_budget_met=True), splits[plan_key(chosen)]
+        key = plan_key(chosen)
+        return chosen, dict(fields, peak_budget_met=True), splits[key], simulations[key]
     warnings.warn(
         f"fxremat: {request.graph_id} cannot keep its simulated activation peak within {target} bytes "
         f"(peak_budget={budget!r}); the lowest any candidate plan reaches is {real[plan_key(lowest)]} bytes. "
@@ -304,7 +376,7 @@ def _choose_plan_for_peak(flow, roles, joint, options: Options, profile: DeviceP
         FxrematBudgetWarning,
         stacklevel=3,
     )
-    return lowest, dict(fields, peak_budget_met=False), splits[plan_key(lowest)]
+    return lowest, dict(fields, peak_budget_met=False), splits[plan_key(lowest)], simulations[plan_key(lowest)]
 
 
 @contextlib.contextmanager
@@ -346,9 +418,11 @@ def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphMod
     fallback_reason = None
     fields: dict = {}
     try:
-        fw, bw, fields = _fxremat_partition(request, options, profile)
+        ours = _fxremat_partition(request, options, profile)
+        fw, bw, fields = ours.fw, ours.bw, ours.fields
         _enter("describe")
         described = describe_split(fw, bw, request.num_fwd_outputs, profile)
+        peak_fields = _report_peak_fields(fw, bw, request.num_fwd_outputs, ours.recipe, ours.peak)
     except Exception as error:
         if options.strict:
             raise
@@ -368,10 +442,11 @@ def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphMod
             static_lifetime_input_indices=request.static_lifetime_input_indices,
         )
         described = describe_split(fw, bw, request.num_fwd_outputs, profile)
+        peak_fields = _peak_fields(_simulate(fw, bw, request.num_fwd_outputs))
     report = CutReport(
         **common,
         **describe_fields(described),
-        **_peak_fields(_simulate(fw, bw, request.num_fwd_outputs)),
+        **peak_fields,
         **fields,
         **baseline,
         partition_seconds=time.perf_counter() - start - comparison_seconds,

@@ -8,13 +8,55 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from fxremat_passes.describe import RecomputedNode, SavedValue, SplitDescription
 
 SCHEMA_VERSION = 1
+
+
+class Deferred:
+    """Report fields that only the report needs, computed together the first time one of them is read:
+    ``compute()`` returns their values by field name (a field it leaves out keeps its default).  What ``compute``
+    holds (graphs) is released once it has run."""
+
+    def __init__(self, compute: Callable[[], dict[str, Any]]) -> None:
+        self._compute: Callable[[], dict[str, Any]] | None = compute
+        self._values: dict[str, Any] | None = None
+        self._lock = threading.Lock()  # two threads reading a report compute it once
+
+    def values(self) -> dict[str, Any]:
+        with self._lock:
+            if self._values is None:
+                compute, self._compute = self._compute, None
+                self._values = compute()
+            return self._values
+
+
+class _DeferrableField:
+    """A ``CutReport`` field whose value may be given as a ``Deferred``: the first read computes it and stores the
+    value in its place, so a report reads the same whether its fields were computed early or late."""
+
+    def __init__(self, default: Any) -> None:
+        self.default = default
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name, self.slot = name, f"_{name}"
+
+    def __get__(self, report: Any, owner: type | None = None) -> Any:
+        if report is None:
+            return self.default  # what dataclasses takes as the field's default
+        value = report.__dict__[self.slot]
+        if isinstance(value, Deferred):
+            value = report.__dict__[self.slot] = value.values().get(self.name, self.default)
+        return value
+
+    def __set__(self, report: Any, value: Any) -> None:
+        report.__dict__[self.slot] = value
 
 
 @dataclass(frozen=True)
@@ -25,6 +67,9 @@ class CutReport:
     ``baseline_*``: the same figures for PyTorch's default ``min_cut_rematerialization_partition`` on a copy of
     the same joint graph (None when ``compare_default=False`` or when it failed).
     ``fallback_reason``: None unless fxremat fell back to PyTorch's partitioner for this graph.
+
+    The simulated-peak fields (``DEFERRED_FIELDS``) are computed when first read, not while partitioning: until
+    then the report holds what the simulation needs (the joint graph and the split's recipe).
     """
 
     graph_id: str
@@ -62,17 +107,25 @@ class CutReport:
     peak_budget_met: bool | None = None
     peak_candidates: int | None = None  # candidate plans whose peak was estimated
     peak_simulated: int | None = None  # ... and of those, the shortlist split and simulated
-    simulated_peak_bytes: int | None = None  # liveness simulation of the step (passes/liveness.py)
-    simulated_activation_peak_bytes: int | None = None  # the same, less the gradients
-    simulated_peak_at: str | None = None  # "phase:node" where the simulated peak is reached
-    memory_timeline: tuple[tuple[str, str, int], ...] = ()  # (phase, node, bytes live), downsampled
-    baseline_simulated_peak_bytes: int | None = None
-    baseline_simulated_peak_at: str | None = None  # the same for PyTorch's default split of the same joint graph
-    baseline_memory_timeline: tuple[tuple[str, str, int], ...] = ()
+    # liveness simulation of the step (passes/liveness.py), computed when first read (_DeferrableField)
+    simulated_peak_bytes: int | None = _DeferrableField(None)
+    simulated_activation_peak_bytes: int | None = _DeferrableField(None)  # the same, less the gradients
+    simulated_peak_at: str | None = _DeferrableField(None)  # "phase:node" where the simulated peak is reached
+    memory_timeline: tuple[tuple[str, str, int], ...] = _DeferrableField(())  # (phase, node, bytes live), downsampled
+    # the same for PyTorch's default split of the same joint graph
+    baseline_simulated_peak_bytes: int | None = _DeferrableField(None)
+    baseline_simulated_peak_at: str | None = _DeferrableField(None)
+    baseline_memory_timeline: tuple[tuple[str, str, int], ...] = _DeferrableField(())
     fallback_reason: str | None = None
     from_cache: bool = False
     torch_version: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # pickle and deepcopy see computed values, never a Deferred (it holds graphs and a closure)
+        for name in DEFERRED_FIELDS:
+            getattr(self, name)
+        return dict(self.__dict__)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -108,6 +161,9 @@ class CutReport:
 
     def with_changes(self, **changes: Any) -> CutReport:
         return dataclasses.replace(self, **changes)
+
+
+DEFERRED_FIELDS = tuple(name for name, value in vars(CutReport).items() if isinstance(value, _DeferrableField))
 
 
 def describe_fields(description: SplitDescription) -> dict[str, Any]:

@@ -11,6 +11,7 @@ so that a torch upgrade fails loudly in CI rather than in a user's training run.
 
 from __future__ import annotations
 
+import copy
 import re
 
 import torch
@@ -91,6 +92,7 @@ __all__ = [
     "aot_autograd_as_inductor",
     "aten_target",
     "copy_graph_module",
+    "copy_node",
     "cse_enabled",
     "dce_impure_random",
     "default_partition",
@@ -122,6 +124,7 @@ __all__ = [
     "saved_output_descs",
     "size_hint",
     "split_with_saved_values",
+    "storage_identity",
     "symbol_bound_by",
     "torch_version_tuple",
     "unsupported_torch_reason",
@@ -140,6 +143,13 @@ def size_hint(value) -> int:
     if isinstance(value, torch.SymInt):
         return int(optimization_hint(value, fallback=UNBACKED_SIZE_FALLBACK))
     return int(value)
+
+
+def storage_identity(tensor: torch.Tensor) -> int:
+    """An int naming the tensor's storage: what ``StorageWeakRef`` (PyTorch's CSE) compares, its StorageImpl's
+    address, without taking and dropping a weak reference per tensor.  Meaningful while the tensor lives (every
+    graph keeps its values in ``meta``)."""
+    return tensor.untyped_storage()._cdata
 
 
 def inductor_layout_optimisation(gm: torch.fx.GraphModule) -> bool:
@@ -197,6 +207,32 @@ def make_graph_module(root: torch.fx.GraphModule, graph: torch.fx.Graph) -> torc
     """A GraphModule as PyTorch's partitioner makes one: lazy (no code generated until used) inside Inductor's
     compile, which turns lazy graph modules on; an ordinary one elsewhere."""
     return _make_graph_module(root, graph)
+
+
+_map_arg = torch._C._fx_map_arg  # ``fx.map_arg`` without its callable check: the C walk itself
+
+
+def copy_node(graph: torch.fx.Graph, node: torch.fx.Node, lookup) -> torch.fx.Node:
+    """``graph.node_copy(node, lookup)``, for graphs we build ourselves (split.py, cse.py): the same node (op,
+    target, args and kwargs mapped by ``lookup``, name, type, a shallow copy of ``meta``) inserted the same way,
+    without ``create_node``'s scan of the arguments for raw SymInts.  That scan walks every argument through
+    pytree, half the cost of a copy (48 blocks: 12k copies per partition), and on a copy it can only repeat the
+    warning the original node already gave.  A graph owned by a module goes through ``node_copy`` (its create-node
+    hooks)."""
+    if graph.owning_module is not None:
+        return graph.node_copy(node, lookup)
+    args = _map_arg(node.args, lookup) if node.args else ()
+    kwargs = _map_arg(node.kwargs, lookup) if node.kwargs else torch.fx.immutable_collections.immutable_dict()
+    namespace = graph._graph_namespace
+    name = namespace.create_name(node.name, None)
+    new = torch.fx.Node(graph, name, node.op, node.target, args, kwargs, node.type)
+    namespace.associate_name_with_obj(name, new)
+    graph._insert(new)
+    graph._find_nodes_lookup_table.insert(new)
+    graph._len += 1
+    # Node.__setattr__ would take the node out of the find_nodes table and back in for every attribute
+    object.__setattr__(new, "meta", copy.copy(node.meta))
+    return new
 
 
 def lazy_graph_modules():
@@ -384,7 +420,6 @@ def pytorch_default_partition(
 
 def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A structural copy that shares node metadata objects (FakeTensors are not deep-copied)."""
-    import copy
     import warnings
 
     with warnings.catch_warnings():

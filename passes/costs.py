@@ -1,7 +1,8 @@
 """annotate_costs: a ``NodeCost`` per node (bytes, FLOPs, bytes moved, estimated seconds on a ``DeviceProfile``).
 
-One ``node.meta`` key (``COST_KEY``), one reader (``node_cost``).  Sizes are read through size hints, never by
-comparing SymInts (that installs guards and recompiles).
+One ``node.meta`` key (``COST_KEY``), one reader (``node_cost``, which computes the cost of a node the pass was
+not asked to annotate: the partition annotates only the values its cut decides on).  Sizes are read through size
+hints, never by comparing SymInts (that installs guards and recompiles).
 
 Fusion rule, in one place (``recompute_seconds``): a view, pointwise, copy or creation op is assumed to fuse into
 its consumer, so recomputing it costs its FLOPs only, no memory traffic; every other op runs as its own kernel and
@@ -16,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -349,11 +351,14 @@ def compute_node_cost(node: fx.Node, profile: DeviceProfile, classes: dict[fx.No
     )
 
 
-def annotate_costs(graph: fx.Graph, profile: DeviceProfile) -> dict[fx.Node, NodeCost]:
-    """Attach a NodeCost to every node of ``graph`` (``node.meta[COST_KEY]``) and return them."""
+def annotate_costs(
+    graph: fx.Graph, profile: DeviceProfile, nodes: Iterable[fx.Node] | None = None
+) -> dict[fx.Node, NodeCost]:
+    """Attach a NodeCost to ``nodes`` of ``graph`` (all of them by default; ``node.meta[COST_KEY]``) and return
+    them.  A node left out gets its cost when ``node_cost`` first asks for it."""
     start = time.perf_counter()
-    nodes = list(graph.nodes)
-    classes = {n: op_class(n) for n in nodes}
+    classes = {n: op_class(n) for n in graph.nodes}
+    nodes = list(classes) if nodes is None else list(nodes)
     costs: dict[fx.Node, NodeCost] = {}
     for node in nodes:
         cost = compute_node_cost(node, profile, classes)

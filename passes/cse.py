@@ -28,7 +28,6 @@ from collections.abc import Callable
 import sympy
 import torch
 import torch.fx as fx
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
 from . import _torch_private as tp
@@ -37,6 +36,8 @@ log = logging.getLogger(__name__)
 
 _LEAF_TYPES = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+_SEQUENCES = (tuple, list, fx.immutable_collections.immutable_list)
+_MAPPINGS = (dict, fx.immutable_collections.immutable_dict)
 
 
 class _UnknownStructure(Exception):
@@ -47,13 +48,12 @@ def _key(value, env):
     """A hashable stand-in for an argument structure: equal keys <=> equal pytree leaves (each with its type)
     and equal pytree structure, after replacing merged nodes."""
     if isinstance(value, fx.Node):
-        new = env[value]
-        return (new, fx.Node)
+        return env[value]  # a node equals only itself: no constant's key can equal it
     cls = type(value)
-    if cls in (tuple, list, fx.immutable_collections.immutable_list):
-        return (cls, tuple(_key(v, env) for v in value))
-    if cls in (dict, fx.immutable_collections.immutable_dict):
-        return (cls, tuple(value.keys()), tuple(_key(v, env) for v in value.values()))
+    if cls in _SEQUENCES:
+        return (cls, tuple([_key(v, env) for v in value]))
+    if cls in _MAPPINGS:
+        return (cls, tuple(value.keys()), tuple([_key(v, env) for v in value.values()]))
     if isinstance(value, _SYM_TYPES):
         return (value.node, cls)
     if cls in _LEAF_TYPES:
@@ -79,7 +79,7 @@ def _storage(node: fx.Node):
     if not isinstance(val, torch.Tensor):
         return None
     try:
-        return StorageWeakRef(val.untyped_storage())
+        return tp.storage_identity(val)
     except NotImplementedError:
         return None
 
@@ -136,7 +136,7 @@ def dead_code_and_cse(graph: fx.Graph, cse: bool = True) -> fx.Graph:
     lookup = env.__getitem__
     if not cse:
         for node in nodes:
-            env[node] = new_graph.node_copy(node, lookup)
+            env[node] = tp.copy_node(new_graph, node, lookup)
         return new_graph
 
     output = nodes[-1]
@@ -167,7 +167,7 @@ def dead_code_and_cse(graph: fx.Graph, cse: bool = True) -> fx.Graph:
             or (output_storages and _storage(node) in output_storages)
             or (isinstance(val, sympy.Symbol) and tp.has_free_unbacked_symbols(val))
         ):
-            new = env[node] = new_graph.node_copy(node, lookup)
+            new = env[node] = tp.copy_node(new_graph, node, lookup)
             new.meta["mutation_region_id"] = region
             continue
         try:
@@ -179,7 +179,7 @@ def dead_code_and_cse(graph: fx.Graph, cse: bool = True) -> fx.Graph:
             env[node] = previous[0]
             merged += 1
             continue
-        new = env[node] = new_graph.node_copy(node, lookup)
+        new = env[node] = tp.copy_node(new_graph, node, lookup)
         new.meta["mutation_region_id"] = region
         seen[key] = (new, region)
     log.debug(

@@ -98,13 +98,14 @@ def classify(
     graph = joint.graph
     nodes = list(graph.nodes)
     classes = {n: op_class(n) for n in nodes}
+    inputs_of = {n: n.all_input_nodes for n in nodes}  # read once: each call of all_input_nodes builds a list
 
     # Backward: everything downstream of a tangent or of a node tagged for backward.
     backward: set[fx.Node] = set()
     for node in nodes:
         if node.op == "placeholder" and placeholder_role(node) is Role.TANGENT:
             backward.add(node)
-        elif node.op != "output" and (tp.must_be_in_backward(node) or any(a in backward for a in node.all_input_nodes)):
+        elif node.op != "output" and (not backward.isdisjoint(inputs_of[node]) or tp.must_be_in_backward(node)):
             backward.add(node)
 
     fwd_outputs, bwd_outputs = tp.extract_fwd_bwd_outputs(joint, num_fwd_outputs)
@@ -116,7 +117,7 @@ def classify(
         if node in forward:
             continue
         forward.add(node)
-        stack.extend(node.all_input_nodes)
+        stack.extend(inputs_of[node])
 
     role: dict[fx.Node, Role] = {}
     for node in nodes:
@@ -134,7 +135,7 @@ def classify(
     needed: set[fx.Node] = set()
     for node in nodes:
         if role[node] is Role.BACKWARD:
-            needed.update(a for a in node.all_input_nodes if role[a] not in (Role.BACKWARD, Role.TANGENT))
+            needed.update(a for a in inputs_of[node] if role[a] not in (Role.BACKWARD, Role.TANGENT))
     for out in bwd_outputs:
         if isinstance(out, fx.Node) and role[out] not in (Role.BACKWARD, Role.TANGENT):
             needed.add(out)
@@ -152,7 +153,7 @@ def classify(
     reads_mutated: set[fx.Node] = set()
     for node in nodes:
         if role.get(node) is Role.FORWARD and any(
-            a in mutated or a in reads_mutated and classes[a] is OpClass.VIEW for a in node.all_input_nodes
+            a in mutated or a in reads_mutated and classes[a] is OpClass.VIEW for a in inputs_of[node]
         ):
             reads_mutated.add(node)
     for node in nodes:
@@ -184,8 +185,10 @@ def classify(
     for node in nodes:
         if role[node] in (Role.OUTPUT, Role.BACKWARD, Role.TANGENT):
             continue
-        recomputable[node] = node not in no_recompute and role[node] is not Role.INPUT and all(
-            a not in no_save or recomputable.get(a, False) for a in node.all_input_nodes
+        recomputable[node] = (
+            node not in no_recompute
+            and role[node] is not Role.INPUT
+            and all(a not in no_save or recomputable.get(a, False) for a in inputs_of[node])
         )
         if no_save.get(node) == "tagged MUST_RECOMPUTE" and not recomputable[node]:
             del no_save[node]

@@ -32,6 +32,7 @@ import copy
 import logging
 import operator
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
@@ -65,6 +66,10 @@ class _Joint:
     def __init__(self, joint: fx.GraphModule, num_fwd_outputs: int) -> None:
         self.module = joint
         self.nodes = list(joint.graph.nodes)
+        self.calls = [n for n in self.nodes if n.op == "call_function"]
+        # every node's inputs, read once (``all_input_nodes`` builds a new list at every call, and the extractions
+        # and the reordering ask tens of thousands of times)
+        self.inputs_of: dict[fx.Node, list[fx.Node]] = {n: n.all_input_nodes for n in self.nodes}
         self.fwd_outputs, self.bwd_outputs, self.fwd_descs, self.bwd_descs = tp.extract_fwd_bwd_outputs_and_descs(
             joint, num_fwd_outputs
         )
@@ -75,12 +80,11 @@ class _Joint:
         self.bwd_seeds = [n for n in placeholders if tp.is_bwd_seed_offset(n)]
         self.backward_only: set[fx.Node] = set()  # must run in backward: never in forward
         self.forward_only: set[fx.Node] = set()  # must run in forward: never in backward
-        for node in self.nodes:
-            if node.op == "call_function":
-                if tp.must_be_in_backward(node):
-                    self.backward_only.add(node)
-                if tp.must_be_in_forward(node):
-                    self.forward_only.add(node)
+        for node in self.calls:
+            if tp.must_be_in_backward(node):
+                self.backward_only.add(node)
+            if tp.must_be_in_forward(node):
+                self.forward_only.add(node)
         self.is_impure = impurity_test()
 
 
@@ -90,11 +94,12 @@ def _extract(joint: _Joint, inputs: list[fx.Node], outputs: list, subgraph: str)
     input_set = set(inputs)
     valid = set(inputs)
     excluded = joint.backward_only if subgraph == "forward" else joint.forward_only
+    inputs_of = joint.inputs_of
     candidates = []
-    for node in joint.nodes:
-        if node in input_set or node.op != "call_function" or node in excluded:
+    for node in joint.calls:
+        if node in input_set or node in excluded:
             continue
-        if all(a in valid for a in node.all_input_nodes):
+        if valid.issuperset(inputs_of[node]):
             valid.add(node)
             candidates.append(node)
     needed = set()
@@ -107,17 +112,17 @@ def _extract(joint: _Joint, inputs: list[fx.Node], outputs: list, subgraph: str)
     for node in reversed(candidates):
         if node in needed or joint.is_impure(node):
             kept.append(node)
-            needed.update(node.all_input_nodes)
+            needed.update(inputs_of[node])
     kept.reverse()
     return kept
 
 
-def _input_readers(inputs: list[fx.Node], kept: list[fx.Node], outputs: list) -> dict[fx.Node, list]:
+def _input_readers(joint: _Joint, inputs: list[fx.Node], kept: list[fx.Node], outputs: list) -> dict[fx.Node, list]:
     """For each input, its readers in the extracted graph (the string "output" for the output node)."""
     input_set = set(inputs)
     readers: dict[fx.Node, list] = {n: [] for n in inputs}
     for node in kept:
-        for a in node.all_input_nodes:
+        for a in joint.inputs_of[node]:
             if a in input_set:
                 readers[a].append(node)
     for out in dict.fromkeys(o for o in outputs if isinstance(o, fx.Node)):
@@ -140,7 +145,7 @@ def _drop_unread(joint: _Joint, saved_values: list, saved_sym_nodes: list) -> No
         return not any(u in kept_set for u in reader.users) and reader not in outputs
 
     unread = set()
-    for node, readers in _input_readers(inputs, kept, joint.bwd_outputs).items():
+    for node, readers in _input_readers(joint, inputs, kept, joint.bwd_outputs).items():
         if not readers or (wait is not None and all(unused_wait(r) for r in readers)):
             unread.add(node)
     saved_values[:] = [n for n in saved_values if n not in unread]
@@ -185,15 +190,18 @@ class _Output:
 _OUTPUT = _Output()
 
 
-def _reorder_like_autograd(inputs: list[fx.Node], kept: list[fx.Node], output_args: list) -> list[fx.Node] | None:
+def _reorder_like_autograd(
+    joint: _Joint, inputs: list[fx.Node], kept: list[fx.Node], output_args: list
+) -> list[fx.Node] | None:
     """``reordering_to_mimic_autograd_engine`` on the extracted backward (placeholders, ``kept``, output):
     from the first reader of a tangent on, each node is placed right after whatever it still needs.  The new
     order of ``kept``, or None where PyTorch leaves the graph as it is (no node reads a tangent)."""
     output = _OUTPUT
     sequence = [*inputs, *kept, output]
     order = {n: i for i, n in enumerate(sequence)}
-    tangent_readers = [n for n in kept if any(tp.is_tangent(a) for a in n.all_input_nodes)]
-    if any(tp.is_tangent(a) for a in output_args if isinstance(a, fx.Node)):
+    tangents = set(joint.tangents)  # the joint's placeholders that are tangents (``tp.is_tangent``)
+    tangent_readers = [n for n in kept if not tangents.isdisjoint(joint.inputs_of[n])]
+    if not tangents.isdisjoint(a for a in output_args if isinstance(a, fx.Node)):
         tangent_readers.append(output)
     if not tangent_readers:
         return None
@@ -201,8 +209,10 @@ def _reorder_like_autograd(inputs: list[fx.Node], kept: list[fx.Node], output_ar
     placed = set(inputs)
     result: list[fx.Node] = []
 
+    output_inputs = [a for a in output_args if isinstance(a, fx.Node)]
+
     def inputs_of(node):
-        return [a for a in output_args if isinstance(a, fx.Node)] if node is output else node.all_input_nodes
+        return output_inputs if node is output else joint.inputs_of[node]
 
     def place(node) -> None:
         stack, pending = [node], set()
@@ -281,7 +291,7 @@ def _build(
         env[node] = placeholder
     lookup = env.__getitem__
     for node in order:
-        new = graph.node_copy(node, lookup)
+        new = tp.copy_node(graph, node, lookup)
         if mark_backward:
             new.meta["autograd_backward"] = True
         env[node] = new
@@ -292,16 +302,50 @@ def _build(
     return graph
 
 
-def split_joint_graph(
+@dataclass(frozen=True)
+class SplitRecipe:
+    """Every decision of a split, as joint nodes in order: ``build()`` makes the forward and backward graphs from
+    it, and makes them again, identical, whenever asked (the report's memory simulation builds its own pair
+    later: the first pair belongs to Inductor, which rewrites it in place)."""
+
+    joint: fx.GraphModule
+    fw_inputs: list[fx.Node]
+    fw_order: list[fx.Node]
+    fw_outputs: list
+    fw_descs: list
+    bw_inputs: list[fx.Node]
+    bw_order: list[fx.Node]
+    bw_outputs: list
+    bw_descs: list
+    bw_copy_input_meta: bool  # PyTorch's backward reordering copies its placeholders' meta
+
+    def build(self, lazy: bool = False) -> tuple[fx.GraphModule, fx.GraphModule]:
+        """The (forward, backward) GraphModules; ``lazy``: modules whose Python code is never generated unless
+        used, for a caller that only reads the graphs."""
+        fw_graph = _build(
+            self.fw_inputs, self.fw_order, self.fw_outputs, self.fw_descs, copy_input_meta=False, mark_backward=False
+        )
+        bw_graph = _build(
+            self.bw_inputs,
+            self.bw_order,
+            self.bw_outputs,
+            self.bw_descs,
+            copy_input_meta=self.bw_copy_input_meta,
+            mark_backward=True,
+        )
+        make = tp.lazy_graph_module if lazy else tp.make_graph_module
+        return make(self.joint, fw_graph), make(self.joint, bw_graph)
+
+
+def split_recipe(
     joint: fx.GraphModule,
     saved_values: list[fx.Node],
     saved_sym_nodes: list[fx.Node],
     *,
     num_fwd_outputs: int,
-) -> tuple[fx.GraphModule, fx.GraphModule]:
-    """Forward and backward GraphModules for this saved set (see the module docstring); raises
-    ``UnsupportedSplit`` for what it does not reproduce."""
-    start = time.perf_counter()
+) -> SplitRecipe:
+    """Where every node of the forward and backward graphs comes from, for this saved set (see the module
+    docstring); raises ``UnsupportedSplit`` for what it does not reproduce."""
     reason = unsupported_reason(joint)
     if reason is not None:
         raise UnsupportedSplit(reason)
@@ -326,41 +370,65 @@ def split_joint_graph(
 
     bw_inputs = saved_sym_nodes + saved_values + j.tangents + j.bwd_seeds
     bw_kept = _extract(j, bw_inputs, j.bwd_outputs, "backward")
-    reordered = _reorder_like_autograd(bw_inputs, bw_kept, j.bwd_outputs)
+    reordered = _reorder_like_autograd(j, bw_inputs, bw_kept, j.bwd_outputs)
     bw_order = _raise_getitems(reordered if reordered is not None else bw_kept, bw_inputs)
-
-    fw_graph = _build(fw_inputs, fw_order, fw_outputs, fw_descs, copy_input_meta=False, mark_backward=False)
-    bw_graph = _build(
-        bw_inputs, bw_order, j.bwd_outputs, j.bwd_descs, copy_input_meta=reordered is not None, mark_backward=True
+    return SplitRecipe(
+        joint,
+        fw_inputs,
+        fw_order,
+        fw_outputs,
+        fw_descs,
+        bw_inputs,
+        bw_order,
+        j.bwd_outputs,
+        j.bwd_descs,
+        bw_copy_input_meta=reordered is not None,
     )
-    fw, bw = tp.make_graph_module(joint, fw_graph), tp.make_graph_module(joint, bw_graph)
+
+
+def split_joint_graph(
+    joint: fx.GraphModule,
+    saved_values: list[fx.Node],
+    saved_sym_nodes: list[fx.Node],
+    *,
+    num_fwd_outputs: int,
+) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """Forward and backward GraphModules for this saved set (see the module docstring); raises
+    ``UnsupportedSplit`` for what it does not reproduce."""
+    start = time.perf_counter()
+    recipe = split_recipe(joint, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs)
+    fw, bw = recipe.build()
     log.debug(
         "split: %d forward nodes, %d backward nodes, %d saved, %.4fs",
-        len(fw_order),
-        len(bw_order),
-        len(saved_values) + len(saved_sym_nodes),
+        len(recipe.fw_order),
+        len(recipe.bw_order),
+        len(recipe.fw_outputs) - num_fwd_outputs,
         time.perf_counter() - start,
     )
     return fw, bw
 
 
-def split_or_fallback(
+def split_with_recipe(
     joint: fx.GraphModule,
     saved_values: list[fx.Node],
     saved_sym_nodes: list[fx.Node],
     *,
     num_fwd_outputs: int,
     static_lifetime_input_nodes,
-) -> tuple[fx.GraphModule, fx.GraphModule]:
-    """``split_joint_graph``, or PyTorch's own chain for the graphs it does not handle (``UnsupportedSplit``)."""
+) -> tuple[fx.GraphModule, fx.GraphModule, SplitRecipe | None]:
+    """``split_joint_graph`` and its recipe, or PyTorch's own chain for the graphs it does not handle
+    (``UnsupportedSplit``), with no recipe."""
     try:
-        return split_joint_graph(joint, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs)
+        recipe = split_recipe(joint, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs)
     except UnsupportedSplit as why:
         log.debug("split: PyTorch's extraction for this graph (%s)", why)
-    return tp.split_with_saved_values(
+    else:
+        return (*recipe.build(), recipe)
+    fw, bw = tp.split_with_saved_values(
         joint,
         list(saved_values),
         list(saved_sym_nodes),
         num_fwd_outputs=num_fwd_outputs,
         static_lifetime_input_nodes=static_lifetime_input_nodes,
     )
+    return fw, bw, None

@@ -114,6 +114,51 @@ def test_private_helpers_import_and_version_gate():
     assert tp.unsupported_torch_reason("2.14.1+cpu") is None
 
 
+def _copy_all(graph, copy):
+    """Every node of ``graph`` copied into a new graph with ``copy(new_graph, node, lookup)``, twice over (the
+    second round's names collide with the first's, so the namespace has to rename them)."""
+    import torch.fx as fx
+
+    new = fx.Graph()
+    for _ in range(2):
+        env = {}
+        for node in graph.nodes:
+            if node.op != "output":
+                env[node] = copy(new, node, env.__getitem__)
+    return new
+
+
+def test_copy_node_is_node_copy():
+    import operator
+
+    import torch
+    import torch.fx as fx
+
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["val"] = "a tensor"
+    cat = graph.call_function(torch.cat, ([x, x],), {"dim": 0})
+    item = graph.call_function(operator.getitem, (cat, slice(0, 1)))
+    graph.call_function(torch.sum, (item,), {"dim": [0, 1], "dtype": None})
+    graph.call_function(torch.relu, (x,))  # no kwargs
+    ours = _copy_all(graph, tp.copy_node)
+    theirs = _copy_all(graph, lambda g, node, lookup: g.node_copy(node, lookup))
+    assert [n.name for n in ours.nodes] == [n.name for n in theirs.nodes] and "x_1" in [n.name for n in ours.nodes]
+    for a, b in zip(ours.nodes, theirs.nodes):
+        fields = (a.op, a.target, str(a.args), str(a.kwargs), a.type, type(a.args), type(a.kwargs))
+        assert fields == (b.op, b.target, str(b.args), str(b.kwargs), b.type, type(b.args), type(b.kwargs))
+        assert [u.name for u in a.users] == [u.name for u in b.users]
+        assert a.meta == b.meta
+    original = next(iter(graph.nodes))
+    copied = next(iter(ours.nodes))
+    assert copied.meta is not original.meta  # a copy of the dict, not the dict itself
+    for graph_ in (ours, theirs):
+        graph_.lint()
+    assert len(ours.nodes) == len(theirs.nodes) == 2 * len(graph.nodes)
+    assert [n.name for n in ours.find_nodes(op="call_function", target=torch.cat)] == ["cat", "cat_1"]
+    assert ours.python_code("self").src == theirs.python_code("self").src
+
+
 def test_unsupported_torch_warns_once_and_uses_default(monkeypatch):
     import importlib
 

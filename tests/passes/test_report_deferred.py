@@ -1,0 +1,84 @@
+"""The report's simulated-peak fields are computed on their first read, not while partitioning, from the split's own
+recipe: the same values as simulating the returned graphs right away, however those graphs are changed afterwards
+(Inductor rewrites the graphs it gets in place)."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+from conftest import run_aot
+
+import fxremat
+from fxremat import partition as partition_module
+from fxremat.examples import example
+from fxremat.options import Options
+from fxremat.report import DEFERRED_FIELDS
+from fxremat_passes import liveness
+
+
+def _partition(name: str, monkeypatch, **options):
+    """One training step of an example; returns (report, simulations run while partitioning, the simulation of the
+    returned graphs made as they came back, those graphs)."""
+    calls = []
+    real_simulate = partition_module.simulate_step
+    monkeypatch.setattr(partition_module, "simulate_step", lambda *a, **k: calls.append(1) or real_simulate(*a, **k))
+    reports, returned = [], {}
+    inner = fxremat.make_partition_fn(Options.create(strict=True, **options), reports)
+
+    def partition_fn(gm, joint_inputs, **kwargs):
+        fw, bw = inner(gm, joint_inputs, **kwargs)
+        returned.update(fw=fw, bw=bw, peak=liveness.simulate_step(fw, bw, kwargs["num_fwd_outputs"]))
+        return fw, bw
+
+    model, inputs = example(name)
+    run_aot(model, inputs, partition_fn)
+    (report,) = reports
+    return report, len(calls), returned, calls
+
+
+def _forget_values(gm) -> None:
+    """What a rewrite of the graph in place could do to a simulation that read it: no tensor sizes left."""
+    for node in gm.graph.nodes:
+        node.meta.pop("val", None)
+
+
+@pytest.mark.parametrize("compare_default", [False, True])
+def test_simulation_runs_on_first_read_and_ignores_later_rewrites(monkeypatch, compare_default):
+    report, during, returned, calls = _partition("stack", monkeypatch, compare_default=compare_default)
+    assert during == 0, "the partition simulated a step its report had not been asked for"
+    _forget_values(returned["fw"])
+    _forget_values(returned["bw"])
+    peak = returned["peak"]
+    assert report.simulated_peak_bytes == peak.peak_bytes > 0
+    assert report.simulated_activation_peak_bytes == peak.activation_peak_bytes
+    assert report.simulated_peak_at == f"{peak.peak_phase}:{peak.peak_node}"
+    assert report.memory_timeline == partition_module._timeline(peak)
+    if compare_default:
+        assert report.baseline_simulated_peak_bytes > 0 and report.baseline_memory_timeline
+    assert len(calls) == (2 if compare_default else 1)  # one simulation per split, for all its fields
+    report.to_dict()
+    assert len(calls) == (2 if compare_default else 1)
+
+
+def test_forward_with_convolutions_is_simulated_while_partitioning(monkeypatch):
+    """Inductor's layout decision for a convolution depends on config in force during the compile only."""
+    report, during, returned, _ = _partition("convnet", monkeypatch, compare_default=False)
+    assert during == 1
+    assert report.simulated_peak_bytes == returned["peak"].peak_bytes
+
+
+def test_peak_budget_reports_the_simulation_it_chose_by(monkeypatch):
+    report, during, returned, calls = _partition("stack", monkeypatch, compare_default=False, peak_budget=0.0)
+    assert during == report.peak_simulated >= 2
+    assert report.simulated_activation_peak_bytes == returned["peak"].activation_peak_bytes
+    assert len(calls) == during
+
+
+def test_pickled_and_copied_reports_carry_values(monkeypatch):
+    report, _, returned, _ = _partition("mlp", monkeypatch, compare_default=False)
+    for clone in (pickle.loads(pickle.dumps(report)), copy.deepcopy(report)):
+        assert clone == report
+        assert clone.simulated_peak_bytes == returned["peak"].peak_bytes
+        assert all(f"_{name}" in vars(clone) for name in DEFERRED_FIELDS)
