@@ -12,8 +12,9 @@ What it models (all in one place, so the rule can be checked against measurement
   matmul that sat between them in graph order.
 * A unit allocates its output's storage when it runs; a storage is freed after the last kernel that reads it or any
   alias of it.  Views (and items of view tuples) allocate nothing; a buffer read only inside its own fused kernel
-  never leaves it.  A kernel unit writes in place over an input of the same size that no later unit reads
-  (Inductor's in-place update), including backward's saved inputs, which backward frees as they die.
+  never leaves it.  A kernel unit writes in place over an input of the same size that no other unit reads, its
+  own kernel's included unless they feed it (Inductor's in-place update), including backward's saved inputs, which
+  backward frees as they die, never its tangents (not donated).
 * What forward returns stays alive: saved values until their last use in backward, other outputs until forward
   ends (the caller drops them: ``model(x).sum().backward()`` keeps only the loss).  Backward's outputs (gradients)
   stay alive to the end.  Tangents are allocated when backward starts.
@@ -83,7 +84,9 @@ def materialises(node: fx.Node, classes: dict[fx.Node, OpClass], outputs: set[fx
     if node in outputs:
         return True
     readers = _readers_through_views(node, classes)
-    return not (readers and all(classes[u] in FUSES_INTO for u in readers) and not readers & outputs)
+    # a constant fill (zeros, full) has nothing to read: Inductor inlines it into every reader, outputs included
+    returned_reader = bool(readers & outputs) and classes[node] is not OpClass.CREATION
+    return not (readers and all(classes[u] in FUSES_INTO for u in readers) and not returned_reader)
 
 
 def _readers_through_views(node: fx.Node, classes: dict[fx.Node, OpClass]) -> set[fx.Node]:
@@ -160,6 +163,7 @@ class _Phase:
         carried: dict[str, int],
         gradients: frozenset = frozenset(),
         channels_last: bool = False,
+        donated: frozenset | None = None,
     ):
         self.nodes = list(graph.nodes)
         self.index = {n: i for i, n in enumerate(self.nodes)}
@@ -171,6 +175,9 @@ class _Phase:
         self.keep = keep  # root names that outlive this graph
         self.gradients = gradients  # root names that are gradients (not activations)
         self.carried = dict(carried)
+        # carried storages a kernel may write over (Inductor's in-place update takes a graph input only when it is
+        # donated: backward's saved tensors, never its tangents), by default all of them
+        self.donated = frozenset(self.carried) if donated is None else donated
         self.activation_peak = 0
         self._find_units()
         self.workspace = {u: workspace_bytes(u, channels_last) for u in self.units}
@@ -350,22 +357,48 @@ class _Phase:
                     stack.append((nxt, iter(sorted(self.kernel_pred[nxt], key=lambda d: self.kernel_lo[d]))))
         return order
 
-    def _inplace_candidate(self, unit: fx.Node, nbytes: int, live: dict[str, int], remaining: dict[str, int]):
+    def _inplace_candidate(
+        self, unit: fx.Node, nbytes: int, live: dict[str, int], remaining: dict[str, int], kernel: list[fx.Node]
+    ):
         """A live input storage of the same size that no other unit will read (Inductor's in-place update, which
-        also takes backward's saved inputs, freed as they die), or None."""
+        also takes backward's saved inputs, freed as they die), or None.
+
+        Inductor counts a buffer's readers per scheduler node (unit) and marks them done only after their whole
+        fused kernel (``decide_inplace_update``: one remaining use, ancestors excepted): a storage that two units of
+        one kernel read, neither feeding the other, is written over by neither.  E.g. a recomputed SwiGLU backward
+        reads gate, up and the incoming gradient in three units of one kernel, so its three outputs are new buffers.
+        ``remaining`` still counts this kernel's readers."""
+        ancestors: set[fx.Node] | None = None
         for r in sorted(self.unit_reads[unit], key=lambda r: self.index[r]):
-            if live.get(r.name) == nbytes and remaining[r.name] == 1 and r.name not in self.keep:
+            if live.get(r.name) != nbytes or r.name in self.keep:
+                continue
+            if r.name in self.carried and r.name not in self.donated:
+                continue
+            if remaining[r.name] > 1 and ancestors is None:
+                ancestors = self._ancestors_within(unit, kernel)
+            done = sum(1 for v in ancestors or () if r in self.unit_reads[v])
+            if remaining[r.name] == 1 + done:
                 return r.name
         return None
+
+    def _ancestors_within(self, unit: fx.Node, kernel: list[fx.Node]) -> set[fx.Node]:
+        """The units of ``kernel`` that ``unit`` depends on (a path between two members never leaves the kernel:
+        fusion makes no cycle)."""
+        inside = set(kernel)
+        found: set[fx.Node] = set()
+        stack = [unit]
+        while stack:
+            for r in self.unit_reads[stack.pop()]:
+                p = self.unit.get(r)
+                if p in inside and p is not unit and p not in found:
+                    found.add(p)
+                    stack.append(p)
+        return found
 
     # --- the walk ---------------------------------------------------------------------------------------------
 
     def run(self, phase: str, timeline: list, order: list[fx.Node] | None = None) -> int:
         order = self.fusion_order() if order is None else order
-        position = {}
-        for k, head in enumerate(order):
-            for u in self.kernels[head]:
-                position[u] = k
         last_use: dict[str, int] = {}
         for head_pos, head in enumerate(order):
             for u in self.kernels[head]:
@@ -401,20 +434,20 @@ class _Phase:
                         continue  # read only inside its own kernel: never leaves it
                     nbytes = _tensor_storage_bytes(node)
                     if self.classes[u] in KERNEL_CLASSES:
-                        reused = self._inplace_candidate(u, nbytes, live, remaining)
+                        reused = self._inplace_candidate(u, nbytes, live, remaining, self.kernels[head])
                         if reused is not None:
                             free(reused)  # Inductor writes the result over an input only this kernel still reads
                     live[node.name] = live.get(node.name, 0) + nbytes
                     total += nbytes
                     if node.name in self.gradients:
                         gradients += nbytes
-                for r in self.unit_reads[u]:
-                    remaining[r.name] -= 1
                 moment = total + self.workspace[u]  # buffers the op frees before it returns
                 peak = max(peak, moment)
                 timeline.append((phase, u.name, moment))
                 activation_peak = max(activation_peak, moment - gradients)
             for u in self.kernels[head]:
+                for r in self.unit_reads[u]:
+                    remaining[r.name] -= 1  # a kernel's reads are done when the whole kernel is
                 for node in self.owned[u]:  # written here and never read later: gone after this kernel
                     if node.name in live and last_use.get(node.name, -1) < k and node.name not in self.keep:
                         free(node.name)
@@ -458,7 +491,17 @@ def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) 
     bw_output = next(n for n in reversed(bw.graph.nodes) if n.op == "output")
     gradients = {alias_root(a).name for a in bw_output.all_input_nodes}
     backward = _Phase(
-        bw.graph, keep=gradients, carried=carried, gradients=frozenset(gradients), channels_last=channels_last
+        bw.graph,
+        keep=gradients,
+        carried=carried,
+        gradients=frozenset(gradients),
+        channels_last=channels_last,
+        # AOTAutograd donates backward's saved tensors (``bw_donated_idxs``) but not those a forward output aliases
+        donated=frozenset(
+            p.name
+            for p, v in zip(tensor_placeholders, saved_tensors)
+            if alias_root(v, fw_classes).name not in user_roots
+        ),
     )
     backward_peak = backward.run("backward", timeline)
     gradient_bytes = sum(

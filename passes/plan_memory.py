@@ -63,6 +63,7 @@ class JointMemory:
     # frees buffers before it returns)
     layout_copies: tuple[tuple[int, int], ...] = ()
     workspace: tuple[int, ...] = ()
+    constant: tuple[bool, ...] = ()  # a constant fill (zeros, full): inlined into its readers, returned ones too
 
 
 def build_joint_memory(joint: fx.GraphModule, roles: GraphRoles, num_fwd_outputs: int) -> JointMemory:
@@ -89,6 +90,7 @@ def build_joint_memory(joint: fx.GraphModule, roles: GraphRoles, num_fwd_outputs
         gradients=tuple(index[a] for a in returned[num_fwd_outputs:] if isinstance(a, fx.Node)),
         layout_copies=tuple(sorted((index[by_name[name]], b) for name, b in channels_last_copies(joint).items())),
         workspace=tuple(_high_water(n, workspace_bytes(n, channels_last)) for n in nodes),
+        constant=tuple(classes[n] is OpClass.CREATION for n in nodes),
     )
 
 
@@ -189,7 +191,8 @@ class _Run:
                 stack.extend(m.users[u])
             else:
                 readers.append(u)
-        return not readers or not all(m.fuses_into[u] for u in readers) or any(u in self.returned for u in readers)
+        returned_reader = any(u in self.returned for u in readers) and not (m.constant and m.constant[n])
+        return not readers or not all(m.fuses_into[u] for u in readers) or returned_reader
 
     def run(self, live: dict[int, int], phase: str, best: list) -> int:
         """Walk the order; ``best`` = [activation peak, peak, phase, node] is updated in place."""

@@ -187,3 +187,67 @@ def test_moe_gathered_expert_weights_never_exist_whole_under_inductor():
     # measured: 659,968 simulated vs 918,024 (-28%): one tokens x hidden buffer (256 KiB) live in backward is not
     # modelled yet; before the bmm/scatter rule the simulation held the gathered weights (> 16 MiB)
     assert 0.6 * measured <= report.simulated_peak_bytes <= measured, (report.simulated_peak_bytes, measured)
+
+
+# --- hand-counted backward graphs: forward saves two 16x8 fp32 values (512 B each), backward gets them and the
+# tangent of a scalar loss (4 B, never read: gone at once).  Fused kernels and in-place updates as Inductor does.
+
+
+def _simulated_backward(backward, saved: int = 2):
+    """simulate_step on a forward that saves ``saved`` 512 B values and ``backward`` traced with fake tensors; the
+    backward placeholders are named like AOTAutograd's (the tangent last)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fxremat_passes.liveness import simulate_step
+
+    def forward(x):
+        return (x.sum(), *(x.sin() + k for k in range(saved)))
+
+    x = torch.randn(16, 8)
+    fw = make_fx(forward, tracing_mode="fake")(x)
+    bw = make_fx(backward, tracing_mode="fake")(*(torch.randn(16, 8) for _ in range(saved)), torch.tensor(1.0))
+    return _backward_peak(simulate_step(fw, bw, 1))
+
+
+def _backward_peak(estimate) -> int:
+    """The most bytes held while a backward kernel runs (the saved values included)."""
+    return max(nbytes for phase, _, nbytes in estimate.timeline if phase == "backward")
+
+
+def test_no_inplace_over_an_input_two_units_of_one_kernel_read():
+    """a*b and a+b fuse into one kernel; Inductor counts each reader of a and b per scheduler node and marks them
+    done after the whole kernel (Scheduler.decide_inplace_update), so neither output is written over a or b: the
+    backward holds a, b and both outputs (4 x 512 B).  The simulator used to let the second writer take a (1536 B),
+    which on a recomputed SwiGLU backward (gate, up and the incoming gradient read by three units of one kernel)
+    left three buffers out per layer."""
+
+    def backward(a, b, tangents_1):
+        return a * b, a + b
+
+    assert _simulated_backward(backward) == 4 * 512
+
+
+def test_inplace_over_an_input_its_kernel_reads_again_only_upstream():
+    """RMSNorm-like: r = sum(a*a) and y = a*r fuse into one kernel; the reduction that also reads a runs before y
+    (an ancestor), so Inductor writes y over a; b*2 is written over b.  Nothing new is held (1024 B); without the
+    ancestor exception y would be a new buffer (1536 B)."""
+
+    def backward(a, b, tangents_1):
+        r = (a * a).sum(-1, keepdim=True)
+        return a * r, b * 2
+
+    assert _simulated_backward(backward) == 2 * 512
+
+
+def test_no_inplace_over_a_tangent():
+    """AOTAutograd donates backward's saved tensors to Inductor, not its tangents (Inductor's can_reuse refuses
+    undonated graph inputs): a kernel never writes over a tangent, even one it reads last.  Forward saves nothing
+    here; backward holds the tangent and the gradient (2 x 512 B), as a saved input would have been written over."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fxremat_passes.liveness import simulate_step
+
+    x = torch.randn(16, 8)
+    fw = make_fx(lambda x: (x.sin(),), tracing_mode="fake")(x)
+    bw = make_fx(lambda tangents_1: (tangents_1 * 2,), tracing_mode="fake")(x.clone())
+    assert _backward_peak(simulate_step(fw, bw, 1)) == 2 * 512
