@@ -19,7 +19,8 @@ What it models (all in one place, so the rule can be checked against measurement
   ends (the caller drops them: ``model(x).sum().backward()`` keeps only the loss).  Backward's outputs (gradients)
   stay alive to the end.  Tangents are allocated when backward starts.
 * Fusion away: a pointwise/copy/creation value whose every reader is one Inductor fuses it into (pointwise, copy,
-  reduction, norm, view) never leaves its kernel, so it allocates nothing (``materialises``).
+  reduction, norm, view) never leaves its kernel, so it allocates nothing (``materialises``), unless Inductor
+  realizes it: read several times and heavy (CPU) or reading many buffers (``_realized_on_reuse``).
 * Inductor's layout optimisation (``layout.py``): in a forward with 2-D convolutions, the channels-last copies of
   graph inputs read by a convolution are allocated when forward starts and, when saved, held until their last use
   in backward; mkldnn's ``convolution_backward`` holds two extra weight-sized buffers while it returns the weight
@@ -116,6 +117,9 @@ KERNEL_CLASSES = frozenset({OpClass.POINTWISE, OpClass.COPY, OpClass.CREATION, O
 FUSED_LOADS = frozenset(
     getattr(aten, name) for name in ("embedding", "index", "index_select", "gather", "_unsafe_index", "take_along_dim")
 )
+# Scatters into a slice Inductor lowers to a pointwise select between the two inputs (``lowering.slice_scatter``):
+# RoPE's backward (the gradient of a cat of two halves) fuses into the add that reads it.
+POINTWISE_SCATTERS = frozenset(getattr(aten, name) for name in ("slice_scatter", "select_scatter"))
 
 
 def inductor_class(node: fx.Node, cls: OpClass) -> OpClass:
@@ -129,7 +133,7 @@ def inductor_class(node: fx.Node, cls: OpClass) -> OpClass:
     if cls is OpClass.GATHER:
         # a load fuses into its reader; a scatter is a kernel that reads its values through a loader, so the
         # pointwise producer of those values (an outer product of MoE weight gradients) never exists whole
-        return OpClass.POINTWISE if packet in FUSED_LOADS else OpClass.REDUCTION
+        return OpClass.POINTWISE if packet in FUSED_LOADS or packet in POINTWISE_SCATTERS else OpClass.REDUCTION
     if cls is OpClass.MATMUL and packet is aten.bmm and len(node.args) >= 2:
         a, b = (arg.meta.get("val") if isinstance(arg, fx.Node) else None for arg in node.args[:2])
         if (
@@ -142,6 +146,14 @@ def inductor_class(node: fx.Node, cls: OpClass) -> OpClass:
             return OpClass.REDUCTION
     return cls
 
+
+# On CPU Inductor realizes a pointwise value read by several nodes when its computation holds one of these
+# (``StorageBox.should_realize_on_reuse``).  silu and softplus are lowered through sigmoid and exp/log1p.
+HEAVY_POINTWISE = frozenset(
+    getattr(aten, name)
+    for name in ("exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh", "silu", "softplus")
+    if hasattr(aten, name)
+)
 
 # Scheduler nodes apart beyond which Inductor does not fuse horizontally (torch/_inductor/scheduler.py).
 FUSION_DISTANCE = 64
@@ -195,9 +207,44 @@ class _Phase:
             return self._unit_of(parent) if self.classes.get(parent) is not OpClass.VIEW else None
         if isinstance(node.meta.get("val"), (tuple, list)) or cls is OpClass.MUTATION:
             return node
+        if node in self.realized:
+            return node
         return node if materialises(node, self.classes, self.returned) else None
 
+    def _realized_on_reuse(self) -> set[fx.Node]:
+        """Values that would fuse away but that Inductor realizes as buffers while lowering (``run_node``): a
+        pointwise value read by several nodes when its computation, with the fused-away values it reads, holds a
+        heavy op on CPU (``HEAVY_POINTWISE``) or reads more than 4 buffers (``StorageBox.should_realize_on_reuse``),
+        and any pointwise value that reads more than 12 on CPU, 8 elsewhere (``has_exceeded_max_reads``).  E.g. a
+        recomputed SiLU read by the MLP's output and by the up projection's gradient; the residual stream of a
+        recomputed stack (the embedding plus every block's output so far).  Fused with all its readers such a value
+        still never leaves their kernel; read by two kernels it is held in between."""
+        realized: set[fx.Node] = set()
+        inlined: dict[fx.Node, tuple[frozenset, bool]] = {}  # fused-away value -> (storages it reads, holds heavy op)
+        for node in self.nodes:  # graph order: what a node reads is decided before it
+            if self.classes[node] is OpClass.VIEW and node.args and node.args[0] in inlined:
+                inlined[node] = inlined[node.args[0]]  # a view of it is inlined the same way
+                continue
+            if node.op != "call_function" or storage_kind(node, self.classes) != FUSIBLE_VALUE:
+                continue
+            reads: set[fx.Node] = set()
+            heavy = getattr(node.target, "overloadpacket", None) in HEAVY_POINTWISE
+            for a in node.all_input_nodes:
+                if a in inlined:
+                    reads |= inlined[a][0]
+                    heavy = heavy or inlined[a][1]
+                elif isinstance(a.meta.get("val"), torch.Tensor):
+                    reads.add(self.roots[a])
+            val = node.meta.get("val")
+            cpu = isinstance(val, torch.Tensor) and val.device.type == "cpu"
+            if (len(node.users) > 1 and ((cpu and heavy) or len(reads) > 4)) or len(reads) > (12 if cpu else 8):
+                realized.add(node)
+            elif not materialises(node, self.classes, self.returned):
+                inlined[node] = (frozenset(reads), heavy)
+        return realized
+
     def _find_units(self) -> None:
+        self.realized = self._realized_on_reuse()
         self.unit = {n: self._unit_of(n) for n in self.nodes}
         self.units = [n for n in self.nodes if self.unit[n] is n]
         # storages each node's computation reads: through views to their root, through fused-away values to theirs
