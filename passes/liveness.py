@@ -15,6 +15,8 @@ What it models (all in one place, so the rule can be checked against measurement
   never leaves it.  A kernel unit writes in place over an input of the same size that no other unit reads, its
   own kernel's included unless they feed it (Inductor's in-place update), including backward's saved inputs, which
   backward frees as they die, never its tangents (not donated).
+* Inductor's buffer reuse: a freed buffer is held until a later allocation of the same size and dtype takes it, as
+  long as Inductor's own estimate of the graph's memory stays within its estimated peak (``_pool_held``).
 * What forward returns stays alive: saved values until their last use in backward, other outputs until forward
   ends (the caller drops them: ``model(x).sum().backward()`` keeps only the loss).  Backward's outputs (gradients)
   stay alive to the end.  Tangents are allocated when backward starts.
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.fx as fx
 
@@ -155,6 +158,11 @@ HEAVY_POINTWISE = frozenset(
     if hasattr(aten, name)
 )
 
+# Graph inputs Inductor's memory estimate never counts, by name (``is_nonfreeable_buffers``): parameters, tangents.
+# It counts every other input of backward as freed after its last reader, saved views of parameters (a transposed
+# weight) included, at the view's size, although their storage outlives the graph.
+NONFREEABLE_INPUTS = ("primals_", "arg", "fwd_rng_state", "bwd_rng_state", "tangents")
+
 # Scheduler nodes apart beyond which Inductor does not fuse horizontally (torch/_inductor/scheduler.py).
 FUSION_DISTANCE = 64
 
@@ -175,6 +183,7 @@ class _Phase:
         carried: dict[str, int],
         gradients: frozenset = frozenset(),
         channels_last: bool = False,
+        estimated_inputs: dict[str, int] | None = None,
         donated: frozenset | None = None,
     ):
         self.nodes = list(graph.nodes)
@@ -187,6 +196,8 @@ class _Phase:
         self.keep = keep  # root names that outlive this graph
         self.gradients = gradients  # root names that are gradients (not activations)
         self.carried = dict(carried)
+        # the graph inputs Inductor's own memory estimate counts (``_pool_held``), by default what is carried in
+        self.estimated_inputs = self.carried if estimated_inputs is None else estimated_inputs
         # carried storages a kernel may write over (Inductor's in-place update takes a graph input only when it is
         # donated: backward's saved tensors, never its tangents), by default all of them
         self.donated = frozenset(self.carried) if donated is None else donated
@@ -460,10 +471,17 @@ class _Phase:
         total = sum(live.values())
         gradients = sum(b for name, b in live.items() if name in self.gradients)
         peak = total
-        activation_peak = 0
         dies: dict[int, list[str]] = {}
         for name, k in last_use.items():
             dies.setdefault(k, []).append(name)
+        # For Inductor's buffer reuse (``_pool_held``): its own estimate of the memory each kernel runs with, and the
+        # buffers each kernel allocates and frees.
+        estimated: list[int] = []
+        counted: dict[str, int] = {}  # storages Inductor's estimate holds
+        allocated: list[list[tuple[int, object]]] = []  # per kernel: (bytes, reuse key) of fresh buffers
+        freed: list[list[object]] = []  # per kernel: reuse keys of the buffers it frees into the pool
+        poolable: dict[str, object] = {}  # storage name -> reuse key, for buffers whose free enters the pool
+        points: list[tuple[int, str, int, int]] = []  # (kernel, unit, bytes live while it runs, of them gradients)
 
         def free(name: str) -> None:
             nonlocal total, gradients
@@ -474,36 +492,104 @@ class _Phase:
 
         for name in [n for n in live if last_use.get(n, -1) < 0 and n not in self.keep]:
             free(name)  # carried in, never read here
+        counted.update((n, b) for n, b in self.estimated_inputs.items() if last_use.get(n, -1) >= 0 or n in self.keep)
+        estimate = sum(counted.values())
         for k, head in enumerate(order):
+            allocated.append([])
+            freed.append([])
             for u in self.kernels[head]:
                 for node in self.owned[u]:
+                    nbytes = _tensor_storage_bytes(node)
+                    counted[node.name] = nbytes  # the estimate has no in-place updates and counts kernel-local buffers
+                    estimate += nbytes
                     if node.name not in self.keep and last_use.get(node.name, -1) == k and node not in self.returned:
                         continue  # read only inside its own kernel: never leaves it
-                    nbytes = _tensor_storage_bytes(node)
+                    reused = None
                     if self.classes[u] in KERNEL_CLASSES:
                         reused = self._inplace_candidate(u, nbytes, live, remaining, self.kernels[head])
                         if reused is not None:
                             free(reused)  # Inductor writes the result over an input only this kernel still reads
+                    key = self._reuse_key(u, node)
+                    if key is not None:
+                        poolable[node.name] = key
+                        if reused is None:
+                            allocated[k].append((nbytes, key))
                     live[node.name] = live.get(node.name, 0) + nbytes
                     total += nbytes
                     if node.name in self.gradients:
                         gradients += nbytes
-                moment = total + self.workspace[u]  # buffers the op frees before it returns
-                peak = max(peak, moment)
-                timeline.append((phase, u.name, moment))
-                activation_peak = max(activation_peak, moment - gradients)
+                points.append((k, u.name, total + self.workspace[u], gradients))  # workspace: freed before it returns
+            estimated.append(estimate)
+            gone: list[str] = []
             for u in self.kernels[head]:
                 for r in self.unit_reads[u]:
                     remaining[r.name] -= 1  # a kernel's reads are done when the whole kernel is
                 for node in self.owned[u]:  # written here and never read later: gone after this kernel
-                    if node.name in live and last_use.get(node.name, -1) < k and node.name not in self.keep:
-                        free(node.name)
-            for name in dies.get(k, ()):
-                if name in live and name not in self.keep:
+                    if last_use.get(node.name, -1) < k and node.name not in self.keep:
+                        gone.append(node.name)
+            gone += dies.get(k, ())
+            for name in gone:
+                if name in self.keep:
+                    continue
+                if name in counted:
+                    estimate -= counted.pop(name)
+                if name in live:
                     free(name)
+                    if name in poolable:
+                        freed[k].append(poolable[name])
+        held = _pool_held(estimated, allocated, freed)
+        activation_peak = 0
+        for k, name, moment, grads in points:
+            moment += held[k]
+            peak = max(peak, moment)
+            activation_peak = max(activation_peak, moment - grads)
+            timeline.append((phase, name, moment))
         self.live = live
         self.activation_peak = activation_peak
         return peak
+
+    def _reuse_key(self, unit: fx.Node, node: fx.Node):
+        """The key under which Inductor's wrapper pools ``node``'s buffer for reuse (size and dtype:
+        ``buffer_reuse_key``), or None: only buffers it allocates itself (its kernels' outputs, and the ``out=``
+        of a matmul) are pooled; a fallback op's outputs (attention, multi-output ops) are marked unaligned and never
+        match an allocation."""
+        if self.classes[unit] in KERNEL_CLASSES or (self.classes[unit] is OpClass.MATMUL and unit is node):
+            return (_tensor_storage_bytes(node), node.meta["val"].dtype)
+        return None
+
+
+def _pool_held(estimated: list[int], allocated: list[list], freed: list[list]) -> list[int]:
+    """Bytes Inductor's buffer reuse holds during each kernel, beyond what is live.
+
+    Inductor's wrapper (``memory_plan_reuse``: ``FreeIfNotReusedLine``/``AllocateLine``) does not free a dead
+    buffer at once: it pools it, and a later allocation of the same size and dtype takes the most recently pooled
+    one, so the storage stays allocated from the free to that allocation.  It does so only while the
+    range's peak plus that buffer stays within the graph's peak by its own estimate (``should_reuse_buffer``, which
+    then adds the buffer to the range), or when the two kernels are adjacent.  The estimate
+    (``estimate_peak_memory``) has no in-place updates, counts buffers local to a fused kernel, and no tangents or
+    parameters; it is higher than what is live, so the pooled buffers fill the slack up to it: the real peak is near
+    that estimate, not the live bytes.  On a recompute-heavy plan of an 8-layer Llama, the MLP's buffers of one layer
+    are held through the next layer's attention (measured: 4.78 MB peak with reuse, 4.22 MB without)."""
+    held = [0] * len(estimated)
+    if not any(allocated):
+        return held
+    estimate = np.array(estimated, dtype=np.int64)
+    ceiling = int(estimate.max())
+    extra = np.zeros(len(estimated), dtype=np.int64)
+    pool: dict[object, list[int]] = {}
+    for k in range(len(estimated)):
+        for nbytes, key in allocated[k]:
+            stack = pool.get(key)
+            if not stack:
+                continue
+            f = stack[-1]
+            if f + 1 == k or nbytes + int(estimate[f + 1 : k].max(initial=0)) <= ceiling:
+                stack.pop()
+                estimate[f + 1 : k] += nbytes
+                extra[f + 1 : k] += nbytes
+        for key in freed[k]:
+            pool.setdefault(key, []).append(k)
+    return extra.tolist()
 
 
 def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) -> PeakEstimate:
@@ -543,6 +629,9 @@ def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) 
         carried=carried,
         gradients=frozenset(gradients),
         channels_last=channels_last,
+        estimated_inputs={
+            p.name: _tensor_storage_bytes(p) for p in tensor_placeholders if not p.name.startswith(NONFREEABLE_INPUTS)
+        },
         # AOTAutograd donates backward's saved tensors (``bw_donated_idxs``) but not those a forward output aliases
         donated=frozenset(
             p.name

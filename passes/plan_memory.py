@@ -13,8 +13,10 @@ reproduces what the split does to the order:
   which is what makes checkpointing work.
 
 What it leaves out of ``simulate_step``'s model: Inductor's kernel fusion *order* (a fused kernel runs at its earliest
-member) and in-place updates over saved inputs; on the example models' frontier plans it is within 5% of the
-simulation of the real split (test).  It ranks plans; an absolute peak budget is confirmed on the real split.
+member), in-place updates over saved inputs (and the rule that two readers in one kernel block them), the values
+Inductor realizes although they would fuse away, and its buffer reuse; on the example models' frontier plans it is
+within 5% of the simulation of the real split (test).  It ranks plans; an absolute peak budget is confirmed on the
+real split.
 """
 
 from __future__ import annotations
