@@ -190,8 +190,8 @@ def test_moe_gathered_expert_weights_never_exist_whole_under_inductor():
     assert abs(report.simulated_peak_bytes - measured) <= 0.02 * measured, (report.simulated_peak_bytes, measured)
 
 
-# --- hand-counted backward graphs: forward saves two 16x8 fp32 values (512 B each), backward gets them and the
-# tangent of a scalar loss (4 B, never read: gone at once).  Fused kernels and in-place updates as Inductor does.
+# --- hand-counted backward graphs: forward saves 16x8 fp32 values (512 B each; two unless a test says otherwise),
+# backward gets them and the tangent of a scalar loss (4 B, never read: gone at once).
 
 
 def _simulated_backward(backward, saved: int = 2):
