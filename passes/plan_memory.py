@@ -13,8 +13,10 @@ reproduces what the split does to the order:
   which is what makes checkpointing work.
 
 What it leaves out of ``simulate_step``'s model: Inductor's kernel fusion *order* (a fused kernel runs at its earliest
-member) and in-place updates over saved inputs; on the example models' frontier plans it is within 5% of the
-simulation of the real split (test).  It ranks plans; an absolute peak budget is confirmed on the real split.
+member), in-place updates over saved inputs (and the rule that two readers in one kernel block them), the values
+Inductor realizes although they would fuse away, and its buffer reuse; on the example models' frontier plans it is
+within 5% of the simulation of the real split (test).  It ranks plans; an absolute peak budget is confirmed on the
+real split.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class JointMemory:
     # frees buffers before it returns)
     layout_copies: tuple[tuple[int, int], ...] = ()
     workspace: tuple[int, ...] = ()
+    constant: tuple[bool, ...] = ()  # a constant fill (zeros, full): inlined into its readers, returned ones too
 
 
 def build_joint_memory(joint: fx.GraphModule, roles: GraphRoles, num_fwd_outputs: int) -> JointMemory:
@@ -89,6 +92,7 @@ def build_joint_memory(joint: fx.GraphModule, roles: GraphRoles, num_fwd_outputs
         gradients=tuple(index[a] for a in returned[num_fwd_outputs:] if isinstance(a, fx.Node)),
         layout_copies=tuple(sorted((index[by_name[name]], b) for name, b in channels_last_copies(joint).items())),
         workspace=tuple(_high_water(n, workspace_bytes(n, channels_last)) for n in nodes),
+        constant=tuple(classes[n] is OpClass.CREATION for n in nodes),
     )
 
 
