@@ -56,6 +56,9 @@ def main(argv=None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = []
     for name in args.models:
+        # a fresh Dynamo per model: functions the transformers models share would otherwise hit Dynamo's recompile
+        # limit after a few models and run eagerly (Mixtral did, last in a 12-model run: "0 graphs")
+        torch._dynamo.reset()
         work = _workload(name, args).to(device)
         backend = fxremat.backend()
         runs = {"fxremat": (work.model, torch.compile(work.model, backend=backend))}
