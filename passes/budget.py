@@ -111,31 +111,26 @@ def search_budget(
     start = time.perf_counter()
     cache = cache if cache is not None else SolveCache(problem)
     solved_before = len(cache.plans)
+
+    def result(plan: Plan, met: bool) -> BudgetResult:
+        return BudgetResult(
+            plan,
+            budget_bytes,
+            met,
+            default_plan,
+            fewest_bytes_plan or default_plan,
+            len(cache.plans) - solved_before,
+            time.perf_counter() - start,
+        )
+
     if default_plan is None:
         default_plan = cache.at(default_price)
     if default_plan.saved_bytes <= budget_bytes:
-        fewest = fewest_bytes_plan or default_plan
-        return BudgetResult(
-            default_plan,
-            budget_bytes,
-            True,
-            default_plan,
-            fewest,
-            len(cache.plans) - solved_before,
-            time.perf_counter() - start,
-        )
+        return result(default_plan, True)
     if fewest_bytes_plan is None:
         fewest_bytes_plan = cache.at(max_price)
     if fewest_bytes_plan.saved_bytes > budget_bytes:
-        return BudgetResult(
-            fewest_bytes_plan,
-            budget_bytes,
-            False,
-            default_plan,
-            fewest_bytes_plan,
-            len(cache.plans) - solved_before,
-            time.perf_counter() - start,
-        )
+        return result(fewest_bytes_plan, False)
     lo, hi, best = cache.bracket(budget_bytes, _positive(default_price, max_price), max_price)
     best = best or fewest_bytes_plan
     while hi / lo > PRICE_RESOLUTION and len(cache.plans) - solved_before < MAX_SOLVES:
@@ -145,15 +140,7 @@ def search_budget(
             hi, best = mid, plan
         else:
             lo = mid
-    return BudgetResult(
-        best,
-        budget_bytes,
-        True,
-        default_plan,
-        fewest_bytes_plan,
-        len(cache.plans) - solved_before,
-        time.perf_counter() - start,
-    )
+    return result(best, True)
 
 
 def frontier(

@@ -214,7 +214,8 @@ def _formula_key(pkt, node: fx.Node):
     return key
 
 
-def _shape(arg) -> tuple[int, ...]:
+def hinted_shape(arg) -> tuple[int, ...]:
+    """A node's (or a tensor's) shape in plain ints (symbolic sizes at their hints)."""
     val = arg.meta.get("val") if isinstance(arg, fx.Node) else arg
     return tuple(tp.size_hint(s) for s in val.shape)
 
@@ -268,13 +269,17 @@ def count_flops(node: fx.Node, cls: OpClass) -> int:
     if cls in (OpClass.MATMUL, OpClass.CONVOLUTION, OpClass.ATTENTION):
         if name in ("aten._scaled_dot_product_flash_attention_for_cpu", "aten._scaled_dot_product_attention_math"):
             q, k, v = node.args[:3]
-            return int(flop_counter.sdpa_flop_count(_shape(q), _shape(k), _shape(v)))
+            return int(flop_counter.sdpa_flop_count(hinted_shape(q), hinted_shape(k), hinted_shape(v)))
         if name == "aten._scaled_dot_product_flash_attention_for_cpu_backward":
             grad_out, q, k, v = node.args[:4]
-            return int(flop_counter.sdpa_backward_flop_count(_shape(grad_out), _shape(q), _shape(k), _shape(v)))
+            return int(
+                flop_counter.sdpa_backward_flop_count(
+                    hinted_shape(grad_out), hinted_shape(q), hinted_shape(k), hinted_shape(v)
+                )
+            )
         if name == "aten._grouped_mm":
             a, b = node.args[:2]
-            return grouped_mm_flops(_shape(a), _shape(b), _shape(node))
+            return grouped_mm_flops(hinted_shape(a), hinted_shape(b), hinted_shape(node))
         formula = flop_counter.flop_registry.get(pkt)
         if formula is not None:
             key = _formula_key(pkt, node)

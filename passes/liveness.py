@@ -41,7 +41,7 @@ import torch
 import torch.fx as fx
 
 from . import _torch_private as tp
-from .costs import alias_root, value_nbytes
+from .costs import alias_root, hinted_shape, value_nbytes
 from .layout import channels_last_copies, layout_optimised, workspace_bytes
 from .ops import FUSIBLE, OpClass, op_class
 
@@ -158,12 +158,8 @@ def inductor_class(node: fx.Node, cls: OpClass) -> OpClass:
     return cls
 
 
-def _hinted_shape(val: torch.Tensor) -> list[int]:
-    return [tp.size_hint(s) for s in val.shape]
-
-
 def _hinted_layout(val: torch.Tensor) -> list[int]:
-    return [*_hinted_shape(val), *(tp.size_hint(s) for s in val.stride())]
+    return [*hinted_shape(val), *(tp.size_hint(s) for s in val.stride())]
 
 
 def _noop_view_source(node: fx.Node) -> fx.Node:
@@ -204,7 +200,7 @@ def addmm_matmul(node: fx.Node) -> fx.Node | None:
         if not all(isinstance(t, torch.Tensor) for t in (a, b, c)) or not c.dtype == a.dtype == b.dtype:
             continue
         product = [tp.size_hint(a.shape[0]), tp.size_hint(b.shape[1])]
-        shape = _hinted_shape(c)
+        shape = hinted_shape(c)
         if len(shape) > 2 or any(s not in (1, p) for s, p in zip(reversed(shape), reversed(product))):
             continue
         if a.device.type != "cpu" and _only_pointwise_readers(node):
@@ -244,7 +240,7 @@ def scatter_values(node: fx.Node) -> fx.Node | None:
     out = node.meta.get("val")
     args = [a for a in node.args if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)]
     if args and args[0] is node.args[0] and isinstance(out, torch.Tensor):
-        if _hinted_shape(args[0].meta["val"]) == _hinted_shape(out):
+        if hinted_shape(args[0].meta["val"]) == hinted_shape(out):
             args = args[1:]  # ``self``, the tensor scattered into
     return max(args, key=_numel, default=None)
 

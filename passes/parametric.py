@@ -80,33 +80,18 @@ class ParametricProblem:
         traffic, value_bytes, scale, recompute = self._arrays
         # elementwise what save_seconds computes, in the same float operations (so the same bits)
         save = (traffic + price * value_bytes.astype(np.float64)) * scale
-        quantised, scale = _quantise_array(np.concatenate((save, recompute)))
+        quantised, scale = quantise(np.concatenate((save, recompute)))
         n = self.num_values
         problem = CutProblem(n, tuple(quantised[:n]), tuple(quantised[n:]), self.edges, self.needed)
         return problem, scale
 
 
-def _quantise_array(values: np.ndarray) -> tuple[list[int | None], float]:
-    """``quantise`` over an array with NaN for None, giving the same ints (round() and np.rint both round half to
-    even; the total is summed in order, as ``sum`` does)."""
+def quantise(values: np.ndarray) -> tuple[list[int | None], float]:
+    """Seconds (NaN: infinite) -> ints with the finite total at half the solver's limit; a non-zero cost stays
+    non-zero; None for infinite.  The total is summed in order, as Python's ``sum`` does, and np.rint rounds half to
+    even as ``round`` does: the same ints as the scalar reference in tests/solver/test_budget.py."""
     finite = ~np.isnan(values)
     total = sum(values[finite].tolist())
     scale = (CAPACITY_LIMIT // 2) / total if total > 0 else 1.0
     ints = np.where(values > 0, np.maximum(1, np.rint(values * scale)), 0).astype(np.int64)
     return [int(i) if f else None for i, f in zip(ints.tolist(), finite.tolist())], scale
-
-
-def quantise(values: list[float | None]) -> tuple[list[int | None], float]:
-    """Seconds -> ints with the finite total at half the solver's limit; a non-zero cost stays non-zero.  (The
-    reference ``_quantise_array`` is tested against.)"""
-    total = sum(v for v in values if v is not None)
-    scale = (CAPACITY_LIMIT // 2) / total if total > 0 else 1.0
-    out: list[int | None] = []
-    for v in values:
-        if v is None:
-            out.append(None)
-        elif v <= 0:
-            out.append(0)
-        else:
-            out.append(max(1, round(v * scale)))
-    return out, scale

@@ -65,7 +65,6 @@ class JointMemory:
     # frees buffers before it returns)
     layout_copies: tuple[tuple[int, int], ...] = ()
     workspace: tuple[int, ...] = ()
-    constant: tuple[bool, ...] = ()  # a constant fill (zeros, full): inlined into its readers, returned ones too
 
 
 def build_joint_memory(joint: fx.GraphModule, roles: GraphRoles, num_fwd_outputs: int) -> JointMemory:
@@ -92,7 +91,6 @@ def build_joint_memory(joint: fx.GraphModule, roles: GraphRoles, num_fwd_outputs
         gradients=tuple(index[a] for a in returned[num_fwd_outputs:] if isinstance(a, fx.Node)),
         layout_copies=tuple(sorted((index[by_name[name]], b) for name, b in channels_last_copies(joint).items())),
         workspace=tuple(_high_water(n, workspace_bytes(n, channels_last)) for n in nodes),
-        constant=tuple(classes[n] is OpClass.CREATION for n in nodes),
     )
 
 

@@ -13,6 +13,16 @@ from fxremat_passes.costs import PROFILES, annotate_costs, count_flops
 from fxremat_passes.ops import OpClass, op_class
 
 CPU = PROFILES["cpu"]
+# one decoder layer, small enough to trace in a second: the Llama and Mixtral FLOP checks share it
+TINY_DECODER = dict(
+    num_hidden_layers=1,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    vocab_size=128,
+    max_position_embeddings=64,
+)
 # real tensors of each node's hinted shapes (benchmarks/ is on sys.path: tests/conftest.py)
 _materialise = materialise
 
@@ -176,15 +186,7 @@ def test_flops_equal_flop_counter_on_transformers_models(arch):
         model = transformers.GPT2LMHeadModel(config)
         model.loss_type = "ForCausalLM"
     else:
-        config = transformers.LlamaConfig(
-            num_hidden_layers=1,
-            hidden_size=64,
-            intermediate_size=128,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            vocab_size=128,
-            max_position_embeddings=64,
-        )
+        config = transformers.LlamaConfig(**TINY_DECODER)
         model = transformers.LlamaForCausalLM(config)
     _check_transformers_flops(CausalLM(model), (ids, ids))
 
@@ -192,13 +194,7 @@ def test_flops_equal_flop_counter_on_transformers_models(arch):
 def _mixtral(experts_implementation: str, dtype: torch.dtype):
     transformers = pytest.importorskip("transformers")
     config = transformers.MixtralConfig(
-        num_hidden_layers=1,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        vocab_size=128,
-        max_position_embeddings=64,
+        **TINY_DECODER,
         num_local_experts=2,
         num_experts_per_tok=2,
         router_jitter_noise=0.0,

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from fxremat_passes.budget import Plan, SolveCache, frontier, search_budget, solve_at
 from fxremat_passes.milp import objective, solve_milp
-from fxremat_passes.mincut import check_plan
-from fxremat_passes.parametric import ParametricProblem, quantise
+from fxremat_passes.mincut import CAPACITY_LIMIT, check_plan
+from fxremat_passes.parametric import ParametricProblem
 
 DEFAULT_PRICE = 1e-10
 MAX_PRICE = 1e-3
@@ -109,6 +109,22 @@ def test_a_shared_solve_cache_keeps_every_budget_met_and_monotone_in_any_order(p
         assert b.seconds >= a.seconds - 1e-12
 
 
+def scalar_quantise(values: list[float | None]) -> tuple[list[int | None], float]:
+    """The scalar reference ``ParametricProblem.at``'s numpy quantisation must equal: seconds -> ints with the
+    finite total at half the solver's limit; a non-zero cost stays non-zero."""
+    total = sum(v for v in values if v is not None)
+    scale = (CAPACITY_LIMIT // 2) / total if total > 0 else 1.0
+    out: list[int | None] = []
+    for v in values:
+        if v is None:
+            out.append(None)
+        elif v <= 0:
+            out.append(0)
+        else:
+            out.append(max(1, round(v * scale)))
+    return out, scale
+
+
 @settings(max_examples=60, deadline=None)
 @given(problems(shared_storage=True), st.floats(1e-12, 1e-2))
 def test_vectorised_cut_problem_matches_the_scalar_costs(problem, price):
@@ -116,7 +132,7 @@ def test_vectorised_cut_problem_matches_the_scalar_costs(problem, price):
     since a one-unit change can flip a tie between two plans."""
     cut, scale = problem.at(price)
     n = problem.num_values
-    expected, expected_scale = quantise(
+    expected, expected_scale = scalar_quantise(
         [problem.save_seconds(v, price) for v in range(n)] + list(problem.recompute_seconds)
     )
     assert scale == expected_scale
