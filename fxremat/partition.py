@@ -25,7 +25,7 @@ import torch.fx as fx
 from fxremat_passes import _torch_private as tp
 from fxremat_passes.budget import Plan
 from fxremat_passes.costs import DeviceProfile, annotate_costs
-from fxremat_passes.cse import prepare_joint_graph
+from fxremat_passes.cse import MetaSnapshot, prepare_joint_graph
 from fxremat_passes.describe import describe_split
 from fxremat_passes.flow_problem import VALUE_ROLES, build_flow_problem
 from fxremat_passes.layout import CONVOLUTION
@@ -254,7 +254,7 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
     """Our passes, in order."""
     joint = request.joint
     _enter("prepare")
-    joint = prepare_joint_graph(joint)  # a new graph: request.joint stays as it came, for the fallback
+    joint = prepare_joint_graph(joint)  # request.joint itself where nothing changes (see _partition's snapshot)
     _enter("classify")
     roles = classify(
         joint,
@@ -417,6 +417,9 @@ def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphMod
     comparison_seconds = baseline.pop("_comparison_seconds", 0.0)
     fallback_reason = None
     fields: dict = {}
+    # our passes may mark the joint's own nodes (prepare uses it as is where DCE and CSE change nothing): a fallback
+    # gets it back as it came
+    joint_meta = MetaSnapshot(request.joint.graph)
     try:
         ours = _fxremat_partition(request, options, profile)
         fw, bw, fields = ours.fw, ours.bw, ours.fields
@@ -424,6 +427,7 @@ def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphMod
         described = describe_split(fw, bw, request.num_fwd_outputs, profile)
         peak_fields = _report_peak_fields(fw, bw, request.num_fwd_outputs, ours.recipe, ours.peak)
     except Exception as error:
+        joint_meta.restore()
         if options.strict:
             raise
         fallback_reason = f"{type(error).__name__}: {error}"

@@ -159,12 +159,32 @@ def inductor_layout_optimisation(gm: torch.fx.GraphModule) -> bool:
     return bool(GraphLowering.decide_layout_opt(gm, is_inference=False))
 
 
+# PyTorch's placement predicates read a node's ``partitioner_tag`` and its target's schema only: their answers,
+# memoised per (tag, target), cost a dict lookup (classify and the split ask ~15k times at 48 blocks).
+_PLACEMENT: dict = {}
+_PLACEMENT_CACHE_SIZE = 4096
+
+
+def _placement(node: torch.fx.Node) -> tuple[bool, bool]:
+    """(must be in forward, must be in backward)."""
+    try:
+        key = (node.meta.get("partitioner_tag"), node.target)
+        hit = _PLACEMENT.get(key)
+    except TypeError:  # an unhashable target or tag: ask PyTorch every time
+        return bool(_must_be_in_forward(node)), bool(_must_be_in_backward(node))
+    if hit is None:
+        if len(_PLACEMENT) >= _PLACEMENT_CACHE_SIZE:
+            _PLACEMENT.clear()
+        hit = _PLACEMENT[key] = (bool(_must_be_in_forward(node)), bool(_must_be_in_backward(node)))
+    return hit
+
+
 def must_be_in_backward(node: torch.fx.Node) -> bool:
-    return bool(_must_be_in_backward(node))
+    return _placement(node)[1]
 
 
 def must_be_in_forward(node: torch.fx.Node) -> bool:
-    return bool(_must_be_in_forward(node))
+    return _placement(node)[0]
 
 
 def extract_fwd_bwd_outputs(joint: torch.fx.GraphModule, num_fwd_outputs: int):

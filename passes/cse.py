@@ -1,10 +1,12 @@
-"""dead_code_and_cse: the joint graph without dead code and with duplicate computations merged, in one pass.
+"""dead_code_and_cse: the joint graph without dead code and with duplicate computations merged, in one pass
+(decided first, ``plan_clean_up``, so that a graph they leave as it is need not be copied).
 
 The graph that comes out is the one PyTorch's partitioner works on (``Graph.eliminate_dead_code`` in place, then
 ``fx_graph_cse``): the same nodes, names, order and ``node.meta`` (including the ``mutation_region_id`` marks
-PyTorch's CSE leaves behind).  Differences: the input graph is left untouched (so a fallback still sees the
-graph as it came, without a defensive copy), each node is copied once, and a merge key is built by a small
-recursive walk instead of pytree (the cost of ``fx_graph_cse``), with the same meaning:
+PyTorch's CSE leaves behind).  Differences: the input graph's nodes are left untouched (so a fallback still
+sees the graph as it came, without a defensive copy), each node is copied once (none when nothing changes), and
+a merge key is built by a small recursive walk instead of pytree (the cost of ``fx_graph_cse``), with the same
+meaning:
 
 * never merged: placeholders, outputs, ``get_attr``; random ops (PyTorch's ``rand_ops``) and ``aten.empty``;
   anything aliasing a graph output's storage (outputs that are separate tensors in eager stay separate);
@@ -24,6 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import sympy
 import torch
@@ -31,6 +34,7 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from . import _torch_private as tp
+from .costs import COST_KEY
 
 log = logging.getLogger(__name__)
 
@@ -126,19 +130,45 @@ def live_nodes(graph: fx.Graph) -> list[fx.Node]:
     return kept
 
 
-def dead_code_and_cse(graph: fx.Graph, cse: bool = True) -> fx.Graph:
-    """A new graph: ``graph``'s live nodes, duplicates merged (see the module docstring).  ``graph`` is not
-    modified."""
-    start = time.perf_counter()
-    nodes = live_nodes(graph)
-    new_graph = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    lookup = env.__getitem__
-    if not cse:
-        for node in nodes:
-            env[node] = tp.copy_node(new_graph, node, lookup)
+@dataclass
+class CleanUp:
+    """What dead code elimination and CSE would do to a graph, decided without building anything: the live nodes,
+    for each merged duplicate the node it merges into (both of the input graph), and each kept node's mutation
+    region (None where CSE is off)."""
+
+    graph: fx.Graph
+    live: list[fx.Node]
+    merged_into: dict[fx.Node, fx.Node]
+    region: dict[fx.Node, int] | None
+
+    @property
+    def changes_nothing(self) -> bool:
+        return not self.merged_into and len(self.live) == len(self.graph.nodes)
+
+    def build(self) -> fx.Graph:
+        """A new graph: the live nodes, duplicates merged, regions in ``meta["mutation_region_id"]``."""
+        new_graph = fx.Graph()
+        env: dict[fx.Node, fx.Node] = {}
+        merged_into = self.merged_into
+        region = self.region
+        lookup = env.__getitem__
+        for node in self.live:
+            kept = merged_into.get(node)
+            if kept is not None:
+                env[node] = env[kept]
+                continue
+            new = env[node] = tp.copy_node(new_graph, node, lookup)
+            if region is not None:
+                new.meta["mutation_region_id"] = region[node]
         return new_graph
 
+
+def plan_clean_up(graph: fx.Graph, cse: bool = True) -> CleanUp:
+    """Dead code elimination and CSE decided on ``graph`` (see the module docstring); ``graph`` is not modified."""
+    start = time.perf_counter()
+    nodes = live_nodes(graph)
+    if not cse:
+        return CleanUp(graph, nodes, {}, None)
     output = nodes[-1]
     if output.op != "output":
         raise AssertionError(f"expected the output node last, got {output.format_node()}")
@@ -146,9 +176,12 @@ def dead_code_and_cse(graph: fx.Graph, cse: bool = True) -> fx.Graph:
     random_packets = tp.RANDOM_OP_PACKETS
     empty = torch.ops.aten.empty
     mutation_by_target: dict = {}
-    seen: dict = {}  # merge key -> (node in new graph, its mutation region)
+    # node -> the node standing for it: itself, or the earlier duplicate it merges into (keys compare these)
+    env: dict[fx.Node, fx.Node] = {}
+    merged_into: dict[fx.Node, fx.Node] = {}
+    regions: dict[fx.Node, int] = {}
+    seen: dict = {}  # merge key -> (kept node, its mutation region)
     region = 0
-    merged = 0
     for node in nodes:
         target = node.target
         # Inductor's rule reads the op, the target and whether an ``out=`` is given
@@ -167,8 +200,8 @@ def dead_code_and_cse(graph: fx.Graph, cse: bool = True) -> fx.Graph:
             or (output_storages and _storage(node) in output_storages)
             or (isinstance(val, sympy.Symbol) and tp.has_free_unbacked_symbols(val))
         ):
-            new = env[node] = tp.copy_node(new_graph, node, lookup)
-            new.meta["mutation_region_id"] = region
+            env[node] = node
+            regions[node] = region
             continue
         try:
             key = (target, _key(node.args, env), _key(node.kwargs, env))
@@ -176,32 +209,67 @@ def dead_code_and_cse(graph: fx.Graph, cse: bool = True) -> fx.Graph:
             key = (target, _pytree_key(node.args, env), _pytree_key(node.kwargs, env))
         previous = seen.get(key)
         if previous is not None and previous[1] == region:
-            env[node] = previous[0]
-            merged += 1
+            env[node] = merged_into[node] = previous[0]
             continue
-        new = env[node] = tp.copy_node(new_graph, node, lookup)
-        new.meta["mutation_region_id"] = region
-        seen[key] = (new, region)
+        env[node] = node
+        regions[node] = region
+        seen[key] = (node, region)
     log.debug(
-        "dead_code_and_cse: %d nodes -> %d live, %d merged, %.4fs",
+        "plan_clean_up: %d nodes -> %d live, %d merged, %.4fs",
         len(graph.nodes),
         len(nodes),
-        merged,
+        len(merged_into),
         time.perf_counter() - start,
     )
-    return new_graph
+    return CleanUp(graph, nodes, merged_into, regions)
+
+
+def dead_code_and_cse(graph: fx.Graph, cse: bool = True) -> fx.Graph:
+    """A new graph: ``graph``'s live nodes, duplicates merged (see the module docstring).  ``graph`` is not
+    modified."""
+    return plan_clean_up(graph, cse).build()
+
+
+# The ``node.meta`` keys our passes write on the prepared joint graph: PyTorch's CSE regions, its MUST_SAVE marks
+# (``tp.mark_must_save``) and our costs.  Where the prepared graph is the joint itself, ``MetaSnapshot`` lets a
+# fallback hand PyTorch the joint as it came.
+PASS_META_KEYS = ("mutation_region_id", "recompute", COST_KEY)
+_ABSENT = object()
+
+
+class MetaSnapshot:
+    """The values of ``PASS_META_KEYS`` on every node of a graph, to put back (``restore``) after our passes."""
+
+    def __init__(self, graph: fx.Graph) -> None:
+        self._saved = [(node.meta, tuple(node.meta.get(k, _ABSENT) for k in PASS_META_KEYS)) for node in graph.nodes]
+
+    def restore(self) -> None:
+        for meta, values in self._saved:
+            for key, value in zip(PASS_META_KEYS, values):
+                if value is _ABSENT:
+                    meta.pop(key, None)
+                else:
+                    meta[key] = value
 
 
 def prepare_joint_graph(joint: fx.GraphModule) -> fx.GraphModule:
     """The clean-up PyTorch's partitioner does before deciding anything (dead code out, CSE, MUST_SAVE marks:
-    ``tp.mark_must_save``), on a new graph: ``joint`` itself is left as it came.  Graphs with subgraphs or module
-    calls go through PyTorch's own passes, on a copy."""
+    ``tp.mark_must_save``).  Where dead code elimination and CSE change nothing (the usual case), the prepared
+    graph is ``joint`` itself, its nodes given only the meta keys of ``PASS_META_KEYS`` (take a ``MetaSnapshot``
+    first to undo them); otherwise a new graph, ``joint`` left as it came (copying 5.5k nodes is a seventh of a
+    48-block partition).  Graphs with subgraphs or module calls go through PyTorch's own passes, on a copy."""
     reason = subgraph_node(joint.graph)
     if reason is not None:
         log.debug("prepare: PyTorch's dead code elimination and CSE (%s)", reason)
         prepared = tp.copy_graph_module(joint)
         tp.pytorch_dead_code_and_cse(prepared)
     else:
-        prepared = tp.lazy_graph_module(joint, dead_code_and_cse(joint.graph, cse=tp.cse_enabled()))
+        clean_up = plan_clean_up(joint.graph, cse=tp.cse_enabled())
+        if clean_up.changes_nothing:
+            for node, region in (clean_up.region or {}).items():
+                node.meta["mutation_region_id"] = region
+            prepared = joint
+        else:
+            prepared = tp.lazy_graph_module(joint, clean_up.build())
     tp.mark_must_save(prepared)
     return prepared

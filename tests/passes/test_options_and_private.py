@@ -159,6 +159,31 @@ def test_copy_node_is_node_copy():
     assert ours.python_code("self").src == theirs.python_code("self").src
 
 
+def test_placement_predicates_are_pytorchs_memoised():
+    """Every (partitioner tag, target) pair, mutable and not, asked twice (the second answer from the memo): the
+    same answers as PyTorch's own predicates."""
+    import torch
+    import torch.fx as fx
+    from torch._functorch import partitioners
+
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    nodes = []
+    for tag in (None, "is_backward", "must_be_in_backward", "must_be_in_forward", "something else"):
+        for target in (torch.ops.aten.add_.Tensor, torch.ops.aten.add.Tensor, torch.ops.aten.copy_.default):
+            node = graph.call_function(target, (x, x))
+            if tag is not None:
+                node.meta["partitioner_tag"] = tag
+            nodes.append(node)
+    tp._PLACEMENT.clear()
+    for _ in range(2):
+        for node in nodes:
+            assert tp.must_be_in_forward(node) == bool(partitioners._must_be_in_forward(node)), node.meta
+            assert tp.must_be_in_backward(node) == bool(partitioners._must_be_in_backward(node)), node.meta
+    assert any(tp.must_be_in_forward(n) for n in nodes) and any(tp.must_be_in_backward(n) for n in nodes)
+    assert not all(tp.must_be_in_forward(n) for n in nodes)
+
+
 def test_unsupported_torch_warns_once_and_uses_default(monkeypatch):
     import importlib
 

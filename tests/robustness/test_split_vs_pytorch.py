@@ -227,12 +227,72 @@ def test_unsupported_graph_uses_pytorchs_extraction(monkeypatch):
     assert_steps_match(ours, eager_step(model, fresh(inputs), lambda out: out.sum()), FP32_RTOL)
 
 
-def test_prepare_leaves_the_joint_graph_untouched():
+def _meta_of(gm):
+    return [(n.name, dict(n.meta)) for n in gm.graph.nodes]
+
+
+def test_prepare_uses_the_joint_itself_when_nothing_changes_and_the_snapshot_undoes_its_marks():
     from conftest import capture_joint
 
     model, inputs = example("block_sdpa")
     gm, _ = capture_joint(model, inputs)
-    names = [(n.name, dict(n.meta)) for n in gm.graph.nodes]
+    code, before = gm.code, _meta_of(gm)
+    snapshot = cse.MetaSnapshot(gm.graph)
+    theirs = tp.prepare_joint_graph(tp.copy_graph_module(gm))
+    prepared = cse.prepare_joint_graph(gm)
+    assert prepared is gm  # nothing dead, nothing merged: no copy
+    assert gm.code == code
+    assert_same_graph(prepared.graph, theirs.graph, "prepared joint")  # PyTorch's marks, as PyTorch makes them
+    assert _meta_of(gm) != before  # the marks are on the joint's own nodes ...
+    snapshot.restore()
+    assert _meta_of(gm) == before  # ... until the snapshot puts them back
+
+
+def test_prepare_copies_when_something_changes_and_leaves_the_joint_untouched():
+    from conftest import capture_joint
+
+    class Duplicates(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(8, 8))
+
+        def forward(self, x):
+            return (x @ self.w).tanh() + (x @ self.w).tanh()
+
+    gm, _ = capture_joint(Duplicates(), (torch.randn(4, 8),))
+    before = _meta_of(gm)
     prepared = cse.prepare_joint_graph(gm)
     assert prepared.graph is not gm.graph
-    assert [(n.name, dict(n.meta)) for n in gm.graph.nodes] == names
+    assert len(prepared.graph.nodes) < len(gm.graph.nodes)  # the duplicates merged
+    assert _meta_of(gm) == before
+
+
+@pytest.mark.parametrize("fail_in", ["build_flow_problem", "split_with_recipe"])
+def test_fallback_gets_the_joint_as_it_came(monkeypatch, fail_in):
+    """Our passes fail after marking the joint's own nodes: PyTorch's partitioner still receives it unmarked."""
+    model, inputs = example("block_sdpa")
+    seen = []
+    pytorch_default = tp.pytorch_default_partition
+
+    def spy(joint, *args, **kwargs):
+        seen.append(_meta_of(joint))
+        return pytorch_default(joint, *args, **kwargs)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    captured = []
+    real_prepare = partition_module.prepare_joint_graph
+
+    def prepare(joint):
+        captured.append(_meta_of(joint))
+        return real_prepare(joint)
+
+    monkeypatch.setattr(tp, "pytorch_default_partition", spy)
+    monkeypatch.setattr(partition_module, fail_in, broken)
+    monkeypatch.setattr(partition_module, "prepare_joint_graph", prepare)
+    with pytest.warns(Warning, match="injected"):
+        ours = fxremat_step(model, fresh(inputs), lambda out: out.sum(), compare_default=False)
+    assert ours.reports[0].fallback_reason.endswith("injected")
+    assert len(seen) == 1 and seen[0] == captured[0]
+    assert_steps_match(ours, eager_step(model, fresh(inputs), lambda out: out.sum()), FP32_RTOL)
