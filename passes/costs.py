@@ -14,6 +14,7 @@ PyTorch's cut on every model tried); the cost-model issue replaces the constants
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -64,12 +65,17 @@ class DeviceProfile:
                 raise ValueError(f"DeviceProfile {self.name!r}: peak FLOP/s for {k} must be positive")
 
     def peak_flops(self, dtype: torch.dtype | None) -> float:
-        table = dict(self.peak_flops_by_dtype)
-        key = str(dtype).removeprefix("torch.") if dtype is not None else "default"
-        return table.get(key, table["default"])
+        return _peak_flops(self.peak_flops_by_dtype, dtype)
 
     def seconds(self, flops: float, bytes_moved: float, dtype: torch.dtype | None) -> float:
         return max(flops / self.peak_flops(dtype), bytes_moved / self.mem_bandwidth)
+
+
+@functools.lru_cache(maxsize=256)
+def _peak_flops(peak_flops_by_dtype: tuple, dtype: torch.dtype | None) -> float:
+    table = dict(peak_flops_by_dtype)
+    key = str(dtype).removeprefix("torch.") if dtype is not None else "default"
+    return table.get(key, table["default"])
 
 
 # Fixed constants, not measurements of this machine, so that the same graph gives the same cut everywhere.
@@ -260,6 +266,27 @@ def grouped_mm_flops(a_shape, b_shape, out_shape) -> int:
     return 2 * math.prod(out_shape) * a_shape[-1]
 
 
+def _kernel_flops(node: fx.Node, pkt, name: str, out) -> int:
+    """A matmul, convolution or attention node's FLOPs, by formula (see ``count_flops``)."""
+    if name in ("aten._scaled_dot_product_flash_attention_for_cpu", "aten._scaled_dot_product_attention_math"):
+        q, k, v = node.args[:3]
+        return int(flop_counter.sdpa_flop_count(hinted_shape(q), hinted_shape(k), hinted_shape(v)))
+    if name == "aten._scaled_dot_product_flash_attention_for_cpu_backward":
+        grad_out, q, k, v = node.args[:4]
+        shapes = [hinted_shape(a) for a in (grad_out, q, k, v)]
+        return int(flop_counter.sdpa_backward_flop_count(*shapes))
+    if name == "aten._grouped_mm":
+        a, b = node.args[:2]
+        return grouped_mm_flops(hinted_shape(a), hinted_shape(b), hinted_shape(node))
+    formula = flop_counter.flop_registry.get(pkt)
+    if formula is not None:
+        args = _as_meta(tuple(node.args))
+        kwargs = {k: _as_meta(v) for k, v in node.kwargs.items()}
+        return int(formula(*args, **kwargs, out_val=_as_meta(out)))
+    log.debug("no FLOP formula for %s; estimating from output size", name)
+    return 2 * _numel(out) * 64
+
+
 def count_flops(node: fx.Node, cls: OpClass) -> int:
     """Exact for matmul/convolution/attention (FlopCounterMode's own formulas, which it shares with us), plus our
     CPU SDPA and grouped-mm formulas (which FlopCounterMode misses); per-element estimates for everything else."""
@@ -267,34 +294,15 @@ def count_flops(node: fx.Node, cls: OpClass) -> int:
     pkt = packet(node)
     name = qualified_name(node)
     if cls in (OpClass.MATMUL, OpClass.CONVOLUTION, OpClass.ATTENTION):
-        if name in ("aten._scaled_dot_product_flash_attention_for_cpu", "aten._scaled_dot_product_attention_math"):
-            q, k, v = node.args[:3]
-            return int(flop_counter.sdpa_flop_count(hinted_shape(q), hinted_shape(k), hinted_shape(v)))
-        if name == "aten._scaled_dot_product_flash_attention_for_cpu_backward":
-            grad_out, q, k, v = node.args[:4]
-            return int(
-                flop_counter.sdpa_backward_flop_count(
-                    hinted_shape(grad_out), hinted_shape(q), hinted_shape(k), hinted_shape(v)
-                )
-            )
-        if name == "aten._grouped_mm":
-            a, b = node.args[:2]
-            return grouped_mm_flops(hinted_shape(a), hinted_shape(b), hinted_shape(node))
-        formula = flop_counter.flop_registry.get(pkt)
-        if formula is not None:
-            key = _formula_key(pkt, node)
-            if key is not None and key in _FORMULA_FLOPS:
-                return _FORMULA_FLOPS[key]
-            args = _as_meta(tuple(node.args))
-            kwargs = {k: _as_meta(v) for k, v in node.kwargs.items()}
-            flops = int(formula(*args, **kwargs, out_val=_as_meta(out)))
-            if key is not None:
-                if len(_FORMULA_FLOPS) >= FORMULA_CACHE_SIZE:
-                    _FORMULA_FLOPS.clear()
-                _FORMULA_FLOPS[key] = flops
-            return flops
-        log.debug("no FLOP formula for %s; estimating from output size", name)
-        return 2 * _numel(out) * 64
+        key = _formula_key(pkt, node)
+        if key is not None and key in _FORMULA_FLOPS:
+            return _FORMULA_FLOPS[key]
+        flops = _kernel_flops(node, pkt, name, out)
+        if key is not None:
+            if len(_FORMULA_FLOPS) >= FORMULA_CACHE_SIZE:
+                _FORMULA_FLOPS.clear()
+            _FORMULA_FLOPS[key] = flops
+        return flops
     if cls is OpClass.POINTWISE:
         return pointwise_weight(node) * _numel(out)
     if cls in (OpClass.REDUCTION, OpClass.NORM):
