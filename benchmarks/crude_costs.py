@@ -39,7 +39,7 @@ VARIANTS = ("crude", "no_weights", "real")
 
 def variant_costs(variant: str, graph, profile, nodes=None) -> dict:
     """annotate_costs' output for ``variant`` (written to ``node.meta`` like annotate_costs does)."""
-    from fxremat_passes.costs import COST_KEY, _first_tensor_input, _numel, annotate_costs
+    from fxremat_passes.costs import COST_KEY, _first_tensor_input, annotate_costs, hinted_numel
     from fxremat_passes.ops import FUSIBLE, OpClass, qualified_name
 
     costs = annotate_costs(graph, profile, nodes)
@@ -50,7 +50,7 @@ def variant_costs(variant: str, graph, profile, nodes=None) -> dict:
         dtype = getattr(torch, cost.dtype) if cost.dtype else None
         flops, fused, traffic = cost.flops, cost.op_class in FUSIBLE, cost.save_traffic_bytes
         if cost.op_class is OpClass.POINTWISE:
-            flops = _numel(node.meta.get("val"))  # no weights
+            flops = hinted_numel(node.meta.get("val"))  # no weights
         if variant == "crude":
             counted = cost.op_class in (OpClass.MATMUL, OpClass.CONVOLUTION) or (
                 cost.op_class is OpClass.ATTENTION and "for_cpu" not in qualified_name(node)
@@ -58,7 +58,7 @@ def variant_costs(variant: str, graph, profile, nodes=None) -> dict:
             if not counted and cost.flops:
                 first = _first_tensor_input(node)
                 read = cost.op_class in (OpClass.REDUCTION, OpClass.NORM) and first is not None
-                flops = _numel(first) if read else _numel(node.meta.get("val"))
+                flops = hinted_numel(first) if read else hinted_numel(node.meta.get("val"))
             fused = False
             traffic = cost.storage_nbytes
         est = profile.seconds(flops, cost.bytes_moved, dtype) if cost.flops else cost.est_seconds

@@ -138,13 +138,9 @@ def _peak_fields(peak: PeakEstimate | None) -> dict:
 
 
 def _baseline_peak_fields(peak: PeakEstimate | None) -> dict:
-    if peak is None:
-        return {}
-    return dict(
-        baseline_simulated_peak_bytes=peak.peak_bytes,
-        baseline_simulated_peak_at=f"{peak.peak_phase}:{peak.peak_node}",
-        baseline_memory_timeline=_timeline(peak),
-    )
+    """``_peak_fields`` for PyTorch's split, under the report's ``baseline_`` names."""
+    fields = {f"baseline_{name}": value for name, value in _peak_fields(peak).items()}
+    return {name: value for name, value in fields.items() if name in BASELINE_PEAK_FIELDS}
 
 
 def _can_simulate_later(fw_nodes) -> bool:
@@ -171,7 +167,8 @@ def _later(compute: Callable[[], dict], names: tuple[str, ...]) -> dict:
 
 
 PEAK_FIELDS = ("simulated_peak_bytes", "simulated_activation_peak_bytes", "simulated_peak_at", "memory_timeline")
-BASELINE_PEAK_FIELDS = ("baseline_simulated_peak_bytes", "baseline_simulated_peak_at", "baseline_memory_timeline")
+# the report keeps no activation peak for PyTorch's split
+BASELINE_PEAK_FIELDS = tuple(f"baseline_{name}" for name in PEAK_FIELDS if name != "simulated_activation_peak_bytes")
 
 
 def _report_peak_fields(fw, bw, num_fwd_outputs: int, recipe: SplitRecipe | None, peak: PeakEstimate | None) -> dict:

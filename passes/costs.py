@@ -226,11 +226,12 @@ def hinted_shape(arg) -> tuple[int, ...]:
     return tuple(tp.size_hint(s) for s in val.shape)
 
 
-def _numel(val) -> int:
+def hinted_numel(val) -> int:
+    """Elements of a value (a tuple's summed), symbolic sizes at their hints."""
     if isinstance(val, torch.Tensor):
         return tp.size_hint(val.numel())
     if isinstance(val, (tuple, list)):
-        return sum(_numel(v) for v in val)
+        return sum(hinted_numel(v) for v in val)
     return 0
 
 
@@ -284,7 +285,7 @@ def _kernel_flops(node: fx.Node, pkt, name: str, out) -> int:
         kwargs = {k: _as_meta(v) for k, v in node.kwargs.items()}
         return int(formula(*args, **kwargs, out_val=_as_meta(out)))
     log.debug("no FLOP formula for %s; estimating from output size", name)
-    return 2 * _numel(out) * 64
+    return 2 * hinted_numel(out) * 64
 
 
 def count_flops(node: fx.Node, cls: OpClass) -> int:
@@ -304,13 +305,13 @@ def count_flops(node: fx.Node, cls: OpClass) -> int:
             _FORMULA_FLOPS[key] = flops
         return flops
     if cls is OpClass.POINTWISE:
-        return pointwise_weight(node) * _numel(out)
+        return pointwise_weight(node) * hinted_numel(out)
     if cls in (OpClass.REDUCTION, OpClass.NORM):
         first = _first_tensor_input(node)
-        n = _numel(first) if first is not None else _numel(out)
+        n = hinted_numel(first) if first is not None else hinted_numel(out)
         return (5 if cls is OpClass.NORM else 1) * n
     if cls in (OpClass.GATHER, OpClass.GENERIC, OpClass.RANDOM):
-        return _numel(out)
+        return hinted_numel(out)
     return 0
 
 

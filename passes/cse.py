@@ -34,7 +34,6 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from . import _torch_private as tp
-from .costs import COST_KEY
 
 log = logging.getLogger(__name__)
 
@@ -230,36 +229,28 @@ def dead_code_and_cse(graph: fx.Graph, cse: bool = True) -> fx.Graph:
     return plan_clean_up(graph, cse).build()
 
 
-# The ``node.meta`` keys our passes write on the prepared joint graph: PyTorch's CSE regions, its MUST_SAVE marks
-# (``tp.mark_must_save``) and our costs.  Where the prepared graph is the joint itself, ``MetaSnapshot`` lets a
-# fallback hand PyTorch the joint as it came.
-PASS_META_KEYS = ("mutation_region_id", "recompute", COST_KEY)
-_ABSENT = object()
-
-
 class MetaSnapshot:
-    """The values of ``PASS_META_KEYS`` on every node of a graph, to put back (``restore``) after our passes."""
+    """Every node's ``meta`` as it is now, to put back (``restore``) after our passes: where the prepared graph is the
+    joint itself, they mark its own nodes (PyTorch's CSE regions and MUST_SAVE marks, our costs), and a fallback
+    must hand PyTorch the joint as it came.  A shallow copy of each dict: whatever key a pass writes is undone
+    (3.8 ms at 48 blocks, 5.5k nodes)."""
 
     def __init__(self, graph: fx.Graph) -> None:
-        self._saved = [(node.meta, tuple(node.meta.get(k, _ABSENT) for k in PASS_META_KEYS)) for node in graph.nodes]
+        self._saved = [(node.meta, dict(node.meta)) for node in graph.nodes]
 
     def restore(self) -> None:
-        for meta, values in self._saved:
-            for key, value in zip(PASS_META_KEYS, values):
-                if value is _ABSENT:
-                    meta.pop(key, None)
-                else:
-                    meta[key] = value
+        for meta, saved in self._saved:
+            meta.clear()
+            meta.update(saved)
 
 
 def prepare_joint_graph(joint: fx.GraphModule) -> fx.GraphModule:
     """The clean-up PyTorch's partitioner does before deciding anything (dead code out, CSE, MUST_SAVE marks:
     ``tp.mark_must_save``).  Where dead code elimination and CSE change nothing (stacks of fxremat's example blocks;
     not transformers' models, where CSE merges a few duplicates: 26 of GPT-2's 465 joint nodes under Inductor), the
-    prepared graph is ``joint`` itself, its nodes given only the meta keys of ``PASS_META_KEYS`` (take a
-    ``MetaSnapshot`` first to undo them); otherwise a new graph, ``joint`` left as it came (copying 5.5k nodes is a
-    seventh of a 48-block partition).  Graphs with subgraphs or module calls go through PyTorch's own passes, on a
-    copy."""
+    prepared graph is ``joint`` itself, whose nodes' meta our passes then write (take a ``MetaSnapshot`` first to undo
+    that); otherwise a new graph, ``joint`` left as it came (the copy is 17 ms of a 0.24 s 48-block partition).
+    Graphs with subgraphs or module calls go through PyTorch's own passes, on a copy."""
     reason = subgraph_node(joint.graph)
     if reason is not None:
         log.debug("prepare: PyTorch's dead code elimination and CSE (%s)", reason)

@@ -41,7 +41,7 @@ import torch
 import torch.fx as fx
 
 from . import _torch_private as tp
-from .costs import alias_root, hinted_shape, value_nbytes
+from .costs import alias_root, hinted_numel, hinted_shape, value_nbytes
 from .layout import channels_last_copies, layout_optimised, workspace_bytes
 from .ops import FUSIBLE, OpClass, op_class
 
@@ -99,13 +99,14 @@ def materialises(node: fx.Node, classes: dict[fx.Node, OpClass], outputs: set[fx
     return not (readers and all(classes[u] in FUSES_INTO for u in readers))
 
 
-def _readers_through_views(node: fx.Node, classes: dict[fx.Node, OpClass]) -> set[fx.Node]:
+def _readers_through_views(node: fx.Node, classes: dict[fx.Node, OpClass] | None = None) -> set[fx.Node]:
     """The nodes that read ``node``'s data, looking through views of it (a view fuses nothing by itself)."""
+    class_of = classes.get if classes is not None else op_class
     readers: set[fx.Node] = set()
     stack = list(node.users)
     while stack:
         user = stack.pop()
-        if classes.get(user) in (OpClass.VIEW, OpClass.GETITEM):
+        if class_of(user) in (OpClass.VIEW, OpClass.GETITEM):
             stack.extend(user.users)
         else:
             readers.add(user)
@@ -211,15 +212,7 @@ def addmm_matmul(node: fx.Node) -> fx.Node | None:
 
 def _only_pointwise_readers(node: fx.Node) -> bool:
     """``torch._inductor.utils.is_pointwise_use`` for every reader: pointwise, looking through views."""
-    stack = list(node.users)
-    while stack:
-        user = stack.pop()
-        cls = op_class(user)
-        if cls in (OpClass.VIEW, OpClass.GETITEM):
-            stack.extend(user.users)
-        elif cls is not OpClass.POINTWISE:
-            return False
-    return True
+    return all(op_class(u) is OpClass.POINTWISE for u in _readers_through_views(node))
 
 
 def _folded_into_addmm(node: fx.Node, classes: dict[fx.Node, OpClass]) -> bool:
@@ -270,8 +263,7 @@ FUSION_DISTANCE = 64
 
 
 def _numel(node: fx.Node) -> int:
-    val = node.meta.get("val")
-    return value_nbytes(val) // val.element_size() if isinstance(val, torch.Tensor) else 0
+    return hinted_numel(node.meta.get("val"))
 
 
 class _Phase:

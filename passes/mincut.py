@@ -203,8 +203,9 @@ def _build_network(problem: CutProblem) -> tuple[csr_array, int]:
     from_source = recompute != 0  # a zero-cost recompute edge is left out (cutting it is free)
     infinite = np.int64(inf)
     # Split edges, recompute edges from the source, data edges, sink edges; the sort below fixes the order.
-    rows = np.concatenate((2 + 2 * values, np.full(int(from_source.sum()), SOURCE), 3 + 2 * u, 3 + 2 * needed))
-    cols = np.concatenate((3 + 2 * values, 2 + 2 * values[from_source], 2 + 2 * w, np.full(len(needed), SINK)))
+    # (v_in and v_out are arithmetic: they number whole arrays of values at once)
+    rows = np.concatenate((v_in(values), np.full(int(from_source.sum()), SOURCE), v_out(u), v_out(needed)))
+    cols = np.concatenate((v_out(values), v_in(values[from_source]), v_in(w), np.full(len(needed), SINK)))
     caps = np.concatenate(
         (
             np.where(save == INFINITE, infinite, save),

@@ -82,3 +82,10 @@ def test_pickled_and_copied_reports_carry_values(monkeypatch):
         assert clone == report
         assert clone.simulated_peak_bytes == returned["peak"].peak_bytes
         assert all(f"_{name}" in vars(clone) for name in DEFERRED_FIELDS)
+
+
+def test_the_deferred_field_lists_name_every_deferrable_report_field():
+    """The partition fills deferred fields by these two lists: a report field missing from both stays at its
+    default forever."""
+    names = partition_module.PEAK_FIELDS + partition_module.BASELINE_PEAK_FIELDS
+    assert sorted(names) == sorted(DEFERRED_FIELDS)
