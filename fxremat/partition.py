@@ -251,7 +251,7 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
     """Our passes, in order."""
     joint = request.joint
     _enter("prepare")
-    joint = prepare_joint_graph(joint)  # request.joint itself where nothing changes (see _partition's snapshot)
+    joint = prepare_joint_graph(joint)  # request.joint itself, cleaned up (see _partition's snapshot)
     _enter("classify")
     roles = classify(
         joint,
@@ -414,8 +414,8 @@ def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphMod
     comparison_seconds = baseline.pop("_comparison_seconds", 0.0)
     fallback_reason = None
     fields: dict = {}
-    # our passes may mark the joint's own nodes (prepare uses it as is where DCE and CSE change nothing): a fallback
-    # gets it back as it came
+    # our passes mark the joint's own nodes (prepare cleans it up in place, as PyTorch does): a fallback gets their
+    # meta back as it came
     joint_meta = MetaSnapshot(request.joint.graph)
     try:
         ours = _fxremat_partition(request, options, profile)

@@ -1,12 +1,10 @@
-"""dead_code_and_cse: the joint graph without dead code and with duplicate computations merged, in one pass
-(decided first, ``plan_clean_up``, so that a graph they leave as it is need not be copied).
+"""Dead code elimination and CSE on the joint graph, decided in one pass (``plan_clean_up``), then done to the graph
+itself (``CleanUp.apply``, what the partition uses) or to a copy (``dead_code_and_cse``).
 
 The graph that comes out is the one PyTorch's partitioner works on (``Graph.eliminate_dead_code`` in place, then
 ``fx_graph_cse``): the same nodes, names, order and ``node.meta`` (including the ``mutation_region_id`` marks
-PyTorch's CSE leaves behind).  Differences: the input graph's nodes are left untouched (so a fallback still
-sees the graph as it came, without a defensive copy), each node is copied once (none when nothing changes), and
-a merge key is built by a small recursive walk instead of pytree (the cost of ``fx_graph_cse``), with the same
-meaning:
+PyTorch's CSE leaves behind).  Differences: no node is copied (PyTorch's CSE copies the whole graph), and a merge
+key is built by a small recursive walk instead of pytree (the cost of ``fx_graph_cse``), with the same meaning:
 
 * never merged: placeholders, outputs, ``get_attr``; random ops (PyTorch's ``rand_ops``) and ``aten.empty``;
   anything aliasing a graph output's storage (outputs that are separate tensors in eager stay separate);
@@ -140,9 +138,22 @@ class CleanUp:
     merged_into: dict[fx.Node, fx.Node]
     region: dict[fx.Node, int] | None
 
-    @property
-    def changes_nothing(self) -> bool:
-        return not self.merged_into and len(self.live) == len(self.graph.nodes)
+    def apply(self) -> None:
+        """Make the graph itself what ``build`` would copy: dead nodes erased, each duplicate's readers moved to the
+        node it merges into and the duplicate erased, regions in ``meta["mutation_region_id"]``.  The graph then
+        holds the same nodes, names and order as the copy; PyTorch's own dead code elimination and CSE change
+        nothing on it, so its partitioner gives the same graphs from it as from the graph before."""
+        live = set(self.live)
+        for node in reversed(self.graph.nodes):
+            if node not in live:
+                self.graph.erase_node(node)  # dead: every reader is dead too and already erased (reverse order)
+        for node in self.live:
+            kept = self.merged_into.get(node)
+            if kept is not None:
+                node.replace_all_uses_with(kept)
+                self.graph.erase_node(node)
+            elif self.region is not None:
+                node.meta["mutation_region_id"] = self.region[node]
 
     def build(self) -> fx.Graph:
         """A new graph: the live nodes, duplicates merged, regions in ``meta["mutation_region_id"]``."""
@@ -230,10 +241,9 @@ def dead_code_and_cse(graph: fx.Graph, cse: bool = True) -> fx.Graph:
 
 
 class MetaSnapshot:
-    """Every node's ``meta`` as it is now, to put back (``restore``) after our passes: where the prepared graph is the
-    joint itself, they mark its own nodes (PyTorch's CSE regions and MUST_SAVE marks, our costs), and a fallback
-    must hand PyTorch the joint as it came.  A shallow copy of each dict: whatever key a pass writes is undone
-    (3.8 ms at 48 blocks, 5.5k nodes)."""
+    """Every node's ``meta`` as it is now, to put back (``restore``) after our passes: they mark the joint's own nodes
+    (PyTorch's CSE regions and MUST_SAVE marks, our costs), and a fallback must hand PyTorch the joint's meta as it
+    came.  A shallow copy of each dict, so whatever key a pass writes is undone (3.8 ms at 48 blocks, 5.5k nodes)."""
 
     def __init__(self, graph: fx.Graph) -> None:
         self._saved = [(node.meta, dict(node.meta)) for node in graph.nodes]
@@ -246,23 +256,20 @@ class MetaSnapshot:
 
 def prepare_joint_graph(joint: fx.GraphModule) -> fx.GraphModule:
     """The clean-up PyTorch's partitioner does before deciding anything (dead code out, CSE, MUST_SAVE marks:
-    ``tp.mark_must_save``).  Where dead code elimination and CSE change nothing (stacks of fxremat's example blocks;
-    not transformers' models, where CSE merges a few duplicates: 26 of GPT-2's 465 joint nodes under Inductor), the
-    prepared graph is ``joint`` itself, whose nodes' meta our passes then write (take a ``MetaSnapshot`` first to undo
-    that); otherwise a new graph, ``joint`` left as it came (the copy is 17 ms of a 0.24 s 48-block partition).
-    Graphs with subgraphs or module calls go through PyTorch's own passes, on a copy."""
+    ``tp.mark_must_save``), done to ``joint`` itself, as PyTorch does (``CleanUp.apply``): no copy of the graph.
+    Our passes then write its nodes' meta; take a ``MetaSnapshot`` first to hand a fallback the meta as it came (the
+    structure a fallback gets is the cleaned one, on which PyTorch's own clean-up changes nothing).  Graphs with
+    subgraphs or module calls go through PyTorch's own passes, on a copy."""
     reason = subgraph_node(joint.graph)
     if reason is not None:
         log.debug("prepare: PyTorch's dead code elimination and CSE (%s)", reason)
         prepared = tp.copy_graph_module(joint)
         tp.pytorch_dead_code_and_cse(prepared)
     else:
-        clean_up = plan_clean_up(joint.graph, cse=tp.cse_enabled())
-        if clean_up.changes_nothing:
-            for node, region in (clean_up.region or {}).items():
-                node.meta["mutation_region_id"] = region
-            prepared = joint
-        else:
-            prepared = tp.lazy_graph_module(joint, clean_up.build())
+        # No recompile: nothing runs the joint's code, which still computes the same function (dead code and
+        # duplicates only), and PyTorch's partitioner recompiles it in its own clean-up if a fallback needs it
+        # (an eager recompile is 0.2 s of a 24-layer GPT-2's partition).
+        plan_clean_up(joint.graph, cse=tp.cse_enabled()).apply()
+        prepared = joint
     tp.mark_must_save(prepared)
     return prepared
