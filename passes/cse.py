@@ -1,5 +1,5 @@
 """Dead code elimination and CSE on the joint graph, decided in one pass (``plan_clean_up``), then done to the graph
-itself (``CleanUp.apply``, what the partition uses) or to a copy (``dead_code_and_cse``).
+itself (``CleanUp.apply``).
 
 The graph that comes out is the one PyTorch's partitioner works on (``Graph.eliminate_dead_code`` in place, then
 ``fx_graph_cse``): the same nodes, names, order and ``node.meta`` (including the ``mutation_region_id`` marks
@@ -129,7 +129,7 @@ def live_nodes(graph: fx.Graph) -> list[fx.Node]:
 
 @dataclass
 class CleanUp:
-    """What dead code elimination and CSE would do to a graph, decided without building anything: the live nodes,
+    """What dead code elimination and CSE will do to a graph, decided without changing it: the live nodes,
     for each merged duplicate the node it merges into (both of the input graph), and each kept node's mutation
     region (None where CSE is off)."""
 
@@ -139,10 +139,10 @@ class CleanUp:
     region: dict[fx.Node, int] | None
 
     def apply(self) -> None:
-        """Make the graph itself what ``build`` would copy: dead nodes erased, each duplicate's readers moved to the
-        node it merges into and the duplicate erased, regions in ``meta["mutation_region_id"]``.  The graph then
-        holds the same nodes, names and order as the copy; PyTorch's own dead code elimination and CSE change
-        nothing on it, so its partitioner gives the same graphs from it as from the graph before."""
+        """Do it to the graph itself: dead nodes erased, each duplicate's readers moved to the node it merges into
+        and the duplicate erased, regions in ``meta["mutation_region_id"]``.  The graph then holds the nodes, names
+        and order of PyTorch's cleaned-up copy; PyTorch's own dead code elimination and CSE change nothing on it, so
+        its partitioner gives the same graphs from it as from the graph before."""
         live = set(self.live)
         for node in reversed(self.graph.nodes):
             if node not in live:
@@ -154,23 +154,6 @@ class CleanUp:
                 self.graph.erase_node(node)
             elif self.region is not None:
                 node.meta["mutation_region_id"] = self.region[node]
-
-    def build(self) -> fx.Graph:
-        """A new graph: the live nodes, duplicates merged, regions in ``meta["mutation_region_id"]``."""
-        new_graph = fx.Graph()
-        env: dict[fx.Node, fx.Node] = {}
-        merged_into = self.merged_into
-        region = self.region
-        lookup = env.__getitem__
-        for node in self.live:
-            kept = merged_into.get(node)
-            if kept is not None:
-                env[node] = env[kept]
-                continue
-            new = env[node] = tp.copy_node(new_graph, node, lookup)
-            if region is not None:
-                new.meta["mutation_region_id"] = region[node]
-        return new_graph
 
 
 def plan_clean_up(graph: fx.Graph, cse: bool = True) -> CleanUp:
@@ -232,12 +215,6 @@ def plan_clean_up(graph: fx.Graph, cse: bool = True) -> CleanUp:
         time.perf_counter() - start,
     )
     return CleanUp(graph, nodes, merged_into, regions)
-
-
-def dead_code_and_cse(graph: fx.Graph, cse: bool = True) -> fx.Graph:
-    """A new graph: ``graph``'s live nodes, duplicates merged (see the module docstring).  ``graph`` is not
-    modified."""
-    return plan_clean_up(graph, cse).build()
 
 
 class MetaSnapshot:
