@@ -74,6 +74,31 @@ class ConvNet(nn.Module):
         return self.head(x.mean((2, 3)))
 
 
+class GroupNormResBlock(nn.Module):
+    """GroupNorm -> SiLU -> conv, twice, plus the residual: the diffusion-model block (issue #20)."""
+
+    def __init__(self, cin: int, cout: int, groups: int = 8) -> None:
+        super().__init__()
+        self.n1, self.c1 = nn.GroupNorm(groups, cin), nn.Conv2d(cin, cout, 3, padding=1)
+        self.n2, self.c2 = nn.GroupNorm(groups, cout), nn.Conv2d(cout, cout, 3, padding=1)
+        self.sc = nn.Conv2d(cin, cout, 1) if cin != cout else nn.Identity()
+
+    def forward(self, x):
+        h = self.c1(F.silu(self.n1(x)))
+        return self.sc(x) + self.c2(F.silu(self.n2(h)))
+
+
+def groupnorm_convnet() -> nn.Module:
+    """Issue #20's 20-line net: its budget plans went wrong under Inductor's layout optimisation."""
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1),
+        GroupNormResBlock(32, 32),
+        GroupNormResBlock(32, 64),
+        nn.SiLU(),
+        nn.Conv2d(64, 3, 3, padding=1),
+    )
+
+
 class DropoutMLP(nn.Module):
     """``y = dropout(x * w)``: the gradient implied by the compiled forward's own mask is ``sum(y / w)``."""
 
@@ -98,9 +123,11 @@ def example(name: str, batch: int = 4, seq: int = 32, dim: int = 64):
         return Stack(2, dim), (torch.randn(batch, seq, dim),)
     if name == "convnet":
         return ConvNet(), (torch.randn(batch, 3, 16, 16),)
+    if name == "groupnorm_convnet":
+        return groupnorm_convnet(), (torch.randn(2, 3, 32, 32),)
     if name == "dropout":
         return DropoutMLP(dim), (torch.randn(batch * seq, dim),)
     raise ValueError(f"unknown example {name!r}; one of {EXAMPLES}")
 
 
-EXAMPLES = ("mlp", "block_sdpa", "block_softmax", "stack", "convnet", "dropout")
+EXAMPLES = ("mlp", "block_sdpa", "block_softmax", "stack", "convnet", "groupnorm_convnet", "dropout")

@@ -28,7 +28,7 @@ from fxremat_passes.costs import DeviceProfile, annotate_costs
 from fxremat_passes.cse import MetaSnapshot, prepare_joint_graph
 from fxremat_passes.describe import describe_split
 from fxremat_passes.flow_problem import VALUE_ROLES, build_flow_problem
-from fxremat_passes.layout import CONVOLUTION
+from fxremat_passes.layout import CONVOLUTION, pin_as_strided_inputs
 from fxremat_passes.liveness import PeakEstimate, simulate_step
 from fxremat_passes.plan_memory import build_joint_memory, estimate_peak
 from fxremat_passes.roles import Policy, Role, classify, recompute_tag
@@ -444,6 +444,9 @@ def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphMod
         )
         described = describe_split(fw, bw, request.num_fwd_outputs, profile)
         peak_fields = _peak_fields(_simulate(fw, bw, request.num_fwd_outputs))
+    # every backward we hand to Inductor, ours or PyTorch's: its as_strided reads must not depend on the layout
+    # Inductor gives the saved tensors (issue #20)
+    pin_as_strided_inputs(bw)
     report = CutReport(
         **common,
         **describe_fields(described),

@@ -1,4 +1,5 @@
-"""What Inductor's layout optimisation adds to a split's memory, after partitioning (CPU, torch 2.13).
+"""What Inductor's layout optimisation does to a split: the memory it adds, and the stride-sensitive reads in backward
+that it would silently corrupt (``pin_as_strided_inputs``).
 
 When a graph has 2-D convolutions and mkldnn is available, Inductor compiles it with ``layout_opt`` (its own
 decision, ``GraphLowering.decide_layout_opt``, asked through ``_torch_private``).  Two things follow that no
@@ -31,6 +32,10 @@ from .costs import value_nbytes
 
 CONVOLUTION = torch.ops.aten.convolution.default
 CONVOLUTION_BACKWARD = torch.ops.aten.convolution_backward.default
+CLONE = torch.ops.aten.clone.default
+# The ops whose result depends on their first input's strides, not only on its values (Inductor's own list of
+# "as_strided ops" in ``GraphLowering.run_node``, less the in-place and resize ones a functional graph has not).
+STRIDE_SENSITIVE = (torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_scatter.default)
 
 
 def _weight(node: fx.Node) -> torch.Tensor | None:
@@ -83,3 +88,83 @@ def workspace_bytes(node: fx.Node, channels_last: bool) -> int:
         return 0
     weight = _weight(node)
     return 2 * value_nbytes(weight) if weight.device.type == "cpu" else 0
+
+
+def _restridable_inputs(bw: fx.GraphModule) -> list[fx.Node]:
+    """Backward's saved-tensor placeholders: the inputs whose strides AOTAutograd replaces with the strides the
+    compiled forward actually returned (``graph_compile.py``: ``_aot_stage2b_bw_compile`` restrides them from
+    ``fwd_output_strides``).  Tangents and seeds keep their traced strides."""
+    return [
+        n
+        for n in bw.graph.find_nodes(op="placeholder")
+        if isinstance(n.meta.get("val"), torch.Tensor) and not tp.is_tangent(n) and not tp.is_bwd_seed_offset(n)
+    ]
+
+
+def _contiguous_like(val: torch.Tensor) -> torch.Tensor:
+    mode = getattr(val, "fake_mode", None)
+    if mode is None:
+        return torch.empty_like(val, memory_format=torch.contiguous_format)
+    with mode:
+        return torch.empty_like(val, memory_format=torch.contiguous_format)
+
+
+def pin_as_strided_inputs(bw: fx.GraphModule) -> int:
+    """Make backward's ``as_strided`` reads independent of the layout its saved inputs arrive in; returns how many
+    it pinned.
+
+    Why (issue #20, GroupNorm conv nets): ``as_strided(x, size, stride)`` reads ``x``'s storage, so its result
+    depends on ``x``'s strides.  The joint graph was traced with ``x`` contiguous.  But Inductor's forward may return
+    a saved tensor in another layout (channels-last under layout optimisation; padded strides), AOTAutograd then
+    restrides backward's placeholder to match, and Inductor re-runs fake-tensor propagation on backward
+    (``compile_fx.py``: ``fake_tensor_prop`` after ``view_to_reshape``), so every pointwise value computed from
+    that input in backward takes its layout too, and an ``as_strided`` on one of them reads its elements in
+    another order: wrong values, no error.  GroupNorm's decomposition computes its scale as ``as_strided(rsqrt *
+    weight.view(1, G, C/G, 1), (N, C), (C, 1))``: saving the 4-D weight view (channels-last in a layout-optimised
+    forward) permuted every GroupNorm scale in backward.
+
+    The fix keeps the traced meaning: where ``x`` was traced contiguous, it reads ``clone(x, contiguous)``, whose
+    layout no input can change, with the storage offset made relative to the clone.  Inductor realises an
+    ``as_strided`` input as a buffer anyway, so a clone of a computed value costs nothing (it is that buffer); a
+    clone of a placeholder costs one copy of it.  Only reads that depend on a saved input are pinned."""
+    restridable = set(_restridable_inputs(bw))
+    if not restridable:
+        return 0
+    depends = set(restridable)
+    pinned = 0
+    for node in list(bw.graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target in STRIDE_SENSITIVE and node.args and node.args[0] in depends:
+            pinned += _pin(bw.graph, node)
+        if any(arg in depends for arg in node.all_input_nodes):
+            depends.add(node)
+    if pinned:
+        bw.recompile()
+    return pinned
+
+
+def _pin(graph: fx.Graph, node: fx.Node) -> int:
+    """Read ``node``'s first input through a contiguous clone, if the traced input was contiguous."""
+    source = node.args[0]
+    val = source.meta.get("val")
+    if not isinstance(val, torch.Tensor) or not val.is_contiguous():
+        return 0  # traced in a layout a clone cannot rebuild: left as traced
+    offset_index = 3 if node.target is STRIDE_SENSITIVE[0] else 4
+    args = list(node.args)
+    offset = args[offset_index] if len(args) > offset_index else node.kwargs.get("storage_offset")
+    base_offset = val.storage_offset()
+    if offset is not None and base_offset != 0 and not (isinstance(offset, int) and isinstance(base_offset, int)):
+        return 0  # a symbolic offset into a view: left as traced
+    with graph.inserting_before(node):
+        clone = graph.call_function(CLONE, (source,), {"memory_format": torch.contiguous_format})
+    clone.meta = {**source.meta, "val": _contiguous_like(val)}
+    args[0] = clone
+    if offset is not None and base_offset != 0:
+        # relative to the traced input's first element, which is the clone's storage offset 0
+        if len(args) > offset_index:
+            args[offset_index] = offset - base_offset
+        else:
+            node.kwargs = {**node.kwargs, "storage_offset": offset - base_offset}
+    node.args = tuple(args)
+    return 1
