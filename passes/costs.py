@@ -320,6 +320,17 @@ def count_flops(node: fx.Node, cls: OpClass) -> int:
 NO_KERNEL = frozenset({OpClass.VIEW, OpClass.GETITEM, OpClass.SYMBOLIC, OpClass.PLACEHOLDER, OpClass.OUTPUT})
 
 
+def save_traffic_bytes(node: fx.Node, root: fx.Node, root_cls: OpClass, storage: int, nbytes: int) -> int:
+    """Bytes moved to keep ``node`` for backward.  Saving reads the value back in backward; if its producer is
+    fusible, forward must also write it out."""
+    if root.op == "placeholder" and root is not node:
+        # A view of a graph input costs no storage, but Inductor may hand it to backward as a copy (channels-last
+        # under layout optimisation: issue #20's GroupNorm weight views), while the input itself is free to save
+        # and the view free to recompute: price the copy's traffic so that the cut saves the input.
+        return nbytes
+    return storage * (2 if root_cls in FUSIBLE else 1)
+
+
 def compute_node_cost(node: fx.Node, profile: DeviceProfile, classes: dict[fx.Node, OpClass] | None = None) -> NodeCost:
     cls = classes[node] if classes is not None and node in classes else op_class(node)
     val = node.meta.get("val")
@@ -349,8 +360,7 @@ def compute_node_cost(node: fx.Node, profile: DeviceProfile, classes: dict[fx.No
         storage = 0  # a tuple is never saved itself; its items are
     else:
         storage = value_nbytes(root.meta.get("val"))
-    # Saving reads the value back in backward; if its producer is fusible, forward must also write it out.
-    traffic = storage * (2 if root_cls in FUSIBLE else 1)
+    traffic = save_traffic_bytes(node, root, root_cls, storage, nbytes)
     return NodeCost(
         op_class=cls,
         nbytes=nbytes,

@@ -22,7 +22,7 @@ from fxremat.examples import groupnorm_convnet
 from fxremat.measure import max_relative_error
 from fxremat.options import Options
 from fxremat_passes import _torch_private as tp
-from fxremat_passes import layout
+from fxremat_passes import costs, layout
 from fxremat_passes.layout import STRIDE_SENSITIVE
 
 
@@ -61,8 +61,13 @@ def _step(model, x, target, backend):
     return {n.removeprefix("_orig_mod."): p.grad.clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("budget", [0.5, 0.2, 0.0])
-def test_channels_last_saved_tensors_give_right_gradients(budget):
+def _views_of_inputs_free_to_save(node, root, root_cls, storage, nbytes):
+    """The cost rule before issue #20: a view of a parameter cost nothing to save, and budget plans saved the 4-D
+    GroupNorm weight views that Inductor hands to backward channels-last."""
+    return storage * (2 if root_cls in costs.FUSIBLE else 1)
+
+
+def _budget_step(budget):
     torch._dynamo.reset()
     graphs.clear()
     model = groupnorm_net()
@@ -71,27 +76,44 @@ def test_channels_last_saved_tensors_give_right_gradients(budget):
     F.mse_loss(eager(x), target).backward()
     partition_fn = fxremat.make_partition_fn(Options.create(memory_budget=budget, compare_default=False), [])
     grads = _step(model, x, target, tp.aot_autograd_as_inductor(partition_fn, _channels_last_outputs))
-    errors = {n: max_relative_error(grads[n], p.grad) for n, p in eager.named_parameters()}
+    return {n: max_relative_error(grads[n], p.grad) for n, p in eager.named_parameters()}
+
+
+def _saved_views_of_inputs(forward) -> list[str]:
+    outputs = forward.graph.find_nodes(op="output")[0].args[0]
+    return [
+        o.name
+        for o in outputs
+        if isinstance(o, torch.fx.Node) and o.op != "placeholder" and costs.alias_root(o).op == "placeholder"
+    ]
+
+
+@pytest.mark.parametrize("budget", [0.5, 0.2, 0.0])
+def test_channels_last_saved_tensors_give_right_gradients(budget, monkeypatch):
+    """The plans that went wrong (views of parameters saved), pinned: right."""
+    monkeypatch.setattr(costs, "save_traffic_bytes", _views_of_inputs_free_to_save)
+    errors = _budget_step(budget)
     assert max(errors.values()) < 1e-4, errors
-    backward = graphs[-1]
-    reads = [n for n in backward.graph.nodes if n.target in STRIDE_SENSITIVE]
+    reads = [n for n in graphs[-1].graph.nodes if n.target in STRIDE_SENSITIVE]
     if budget == 0.5:
-        # the plan that went wrong: as_strided reads in backward, each through a contiguous clone
+        assert _saved_views_of_inputs(graphs[0])  # the plan that went wrong
         assert reads and all(n.args[0].target is layout.CLONE for n in reads)
 
 
 def test_without_the_pin_the_same_plan_is_wrong(monkeypatch):
     """The workaround is what makes the test above pass: with it removed, gradients go wrong."""
-    torch._dynamo.reset()
+    monkeypatch.setattr(costs, "save_traffic_bytes", _views_of_inputs_free_to_save)
     monkeypatch.setattr("fxremat.partition.pin_as_strided_inputs", lambda bw: 0)
-    model = groupnorm_net()
-    x, target = torch.randn(2, 3, 32, 32), torch.randn(2, 3, 32, 32)
-    eager = copy.deepcopy(model)
-    F.mse_loss(eager(x), target).backward()
-    partition_fn = fxremat.make_partition_fn(Options.create(memory_budget=0.5, compare_default=False), [])
-    grads = _step(model, x, target, tp.aot_autograd_as_inductor(partition_fn, _channels_last_outputs))
-    errors = {n: max_relative_error(grads[n], p.grad) for n, p in eager.named_parameters()}
+    errors = _budget_step(0.5)
     assert max(errors.values()) > 1e-2, errors
+
+
+@pytest.mark.parametrize("budget", [None, 0.5, 0.2, 0.0])
+def test_plans_save_parameters_not_their_views(budget):
+    """A view of a parameter is free to recompute and the parameter free to save; a saved view can cost a copy."""
+    errors = _budget_step(budget)
+    assert max(errors.values()) < 1e-4, errors
+    assert _saved_views_of_inputs(graphs[0]) == []
 
 
 def test_pin_keeps_a_traced_offset_relative_to_the_clone():
