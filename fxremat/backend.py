@@ -197,8 +197,8 @@ class FxrematBackend:
 def backend(**options: Any) -> FxrematBackend:
     """A configured fxremat backend: ``torch.compile(model, backend=fxremat.backend(memory_price=20))``.
 
-    Options (see ``fxremat.Options``): memory_budget, memory_price, device, solver, compare_default, strict,
-    report_dir.  Bad values raise ValueError/TypeError here, naming what is allowed.
+    Options (see ``fxremat.Options``): memory_budget, peak_budget, memory_price, device, solver, compare_default,
+    compare_budgets, strict, report_dir, verify.  Bad values raise ValueError/TypeError here, naming what is allowed.
     """
     return FxrematBackend(Options.create(**options))
 
