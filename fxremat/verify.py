@@ -100,8 +100,10 @@ def _set_rng_state(state) -> None:
 def _same_rng_state(a, b) -> bool:
     if not torch.equal(a[0], b[0]):
         return False
-    if a[1] is None or b[1] is None:  # CUDA came up in between: nothing to compare it with (its state is not read
-        return True  # before it is up: that would start it)
+    # CUDA came up in between: nothing to compare with (_rng_state never reads it before it is up: that would
+    # start it, seconds and GPU memory on a CPU model)
+    if a[1] is None or b[1] is None:
+        return True
     return all(torch.equal(x, y) for x, y in zip(a[1], b[1], strict=True))
 
 
