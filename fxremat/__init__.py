@@ -11,6 +11,7 @@ from .backend import FxrematBackend, backend, make_partition_fn, string_backend_
 from .options import Options
 from .partition import FxrematFallbackWarning
 from .report import CutReport, format_text
+from .verify import FxrematVerifyError, FxrematVerifyWarning
 
 __all__ = [
     "PROFILES",
@@ -18,6 +19,8 @@ __all__ = [
     "DeviceProfile",
     "FxrematBackend",
     "FxrematFallbackWarning",
+    "FxrematVerifyError",
+    "FxrematVerifyWarning",
     "Options",
     "backend",
     "format_text",

@@ -27,6 +27,7 @@ from fxremat_passes import _torch_private as tp
 from .options import Options
 from .partition import PartitionRequest, partition
 from .report import CutReport
+from .verify import Verifier
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,7 @@ class FxrematBackend:
         self._unwritten: list[tuple[CutReport, str | None, int]] = []  # (report, store key, number): _write_reports
         self._lock = threading.Lock()
         self._partitioner = FxrematPartitioner(options, self._record)
+        self._verifier = Verifier()
 
     def __repr__(self) -> str:
         return f"fxremat.backend({self.options})"
@@ -169,6 +171,8 @@ class FxrematBackend:
         before = len(self.reports)
         self._partitioner.current_key = key
         patches = {**self.inductor_config, "custom_partitioner_fn": self._partitioner}
+        # the eager reference of verify: a copy, since Inductor's pre-grad passes rewrite gm in place
+        reference = tp.copy_graph_module(gm) if self.options.verify else None
         try:
             compiled = compile_fx(gm, example_inputs, config_patches=patches)
         finally:
@@ -176,7 +180,17 @@ class FxrematBackend:
             self._write_reports()
         if len(self.reports) == before:
             self._reemit_cached_report(key)
-        return compiled
+        if reference is None:
+            return compiled
+        # here, around what Inductor returns, so that a warm cache hit (no partition) is verified too
+        return self._verifier.wrap(compiled, reference, self._graph_name(gm, self.reports[before:]))
+
+    @staticmethod
+    def _graph_name(gm: fx.GraphModule, reports: list[CutReport]) -> str:
+        """Dynamo's id of the graph (as TORCH_LOGS prints it), and the graph_id of its fxremat report."""
+        name = f"Dynamo graph {gm.meta.get('dynamo_compile_id', '?')}"
+        ids = ", ".join(r.graph_id for r in reports)
+        return f"{name} (fxremat {ids})" if ids else name
 
     def _reemit_cached_report(self, key: str) -> None:
         """A warm compile cache skipped the partitioner: re-emit the report stored when it did run."""
@@ -197,8 +211,8 @@ class FxrematBackend:
 def backend(**options: Any) -> FxrematBackend:
     """A configured fxremat backend: ``torch.compile(model, backend=fxremat.backend(memory_price=20))``.
 
-    Options (see ``fxremat.Options``): memory_budget, memory_price, device, solver, compare_default, strict,
-    report_dir.  Bad values raise ValueError/TypeError here, naming what is allowed.
+    Options (see ``fxremat.Options``): memory_budget, peak_budget, memory_price, device, solver, compare_default,
+    compare_budgets, strict, report_dir, verify.  Bad values raise ValueError/TypeError here, naming what is allowed.
     """
     return FxrematBackend(Options.create(**options))
 

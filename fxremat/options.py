@@ -15,6 +15,12 @@ from typing import Any
 from fxremat_passes.costs import PROFILES, DeviceProfile
 
 ENV_REPORT_DIR = "FXREMAT_REPORT_DIR"
+ENV_VERIFY = "FXREMAT_VERIFY"
+_TRUE_WORDS = ("1", "true", "yes", "on")
+_FALSE_WORDS = ("", "0", "false", "no", "off")
+# Options that change no partition, so they stay out of cache_key(): a compile cache filled with them off serves
+# them on, and the reverse.
+_NOT_IN_CACHE_KEY = ("report_dir", "verify")
 
 SOLVERS = ("mincut", "milp")
 # Default price of memory, in byte-transfer times per byte kept (lambda = memory_price / bandwidth).
@@ -105,9 +111,23 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def verify_from_environment() -> bool:
+    """``FXREMAT_VERIFY``: on for 1/true/yes/on, off for unset, empty, 0/false/no/off (any case)."""
+    text = os.environ.get(ENV_VERIFY, "").strip().lower()
+    if text in _TRUE_WORDS:
+        return True
+    if text in _FALSE_WORDS:
+        return False
+    raise ValueError(
+        f"{ENV_VERIFY}={os.environ[ENV_VERIFY]!r} is not a switch; set it to 1 (verify) or 0 (do not), "
+        "or unset it"
+    )
+
+
 @dataclass(frozen=True)
 class Options:
-    """Everything that changes a partition (and so is part of the compile-cache key).
+    """Everything that changes a partition (and so is part of the compile-cache key), and two that do not
+    (``report_dir``, ``verify``).
 
     memory_budget    None = the default plan; float in [0, 1]; int bytes; "512MiB".
     peak_budget      None; the activation peak of one step in bytes (int or "6GiB"); or a float in [0, 1] (0 = the
@@ -123,6 +143,8 @@ class Options:
                      memory/recompute chart (fxremat-report turns it on; costly on large graphs).
     strict           raise instead of falling back to PyTorch's partitioner when a pass fails.
     report_dir       also write every report as JSON here (default: $FXREMAT_REPORT_DIR).
+    verify           on each compiled graph's first call, also run it eagerly and raise FxrematVerifyError where
+                     its outputs or gradients differ (fxremat/verify.py; default: $FXREMAT_VERIFY, else off).
     """
 
     memory_budget: float | int | None = None
@@ -134,6 +156,7 @@ class Options:
     compare_budgets: bool = False
     strict: bool = False
     report_dir: str | None = None
+    verify: bool = False
 
     @classmethod
     def create(cls, **kwargs: Any) -> Options:
@@ -157,7 +180,9 @@ class Options:
             values["device"] = resolve_device(values["device"])
         if "solver" in values and values["solver"] not in SOLVERS:
             raise ValueError(f"solver={values['solver']!r} is not known; use one of {list(SOLVERS)}")
-        for flag in ("compare_default", "compare_budgets", "strict"):
+        if "verify" not in values:
+            values["verify"] = verify_from_environment()
+        for flag in ("compare_default", "compare_budgets", "strict", "verify"):
             if flag in values and not isinstance(values[flag], bool):
                 raise TypeError(f"{flag} must be True or False, got {values[flag]!r}")
         if "report_dir" not in values:
@@ -173,7 +198,7 @@ class Options:
         never reuses a stale cached partition."""
         parts = []
         for f in dataclasses.fields(self):
-            if f.name == "report_dir":  # where reports are written does not change a partition
+            if f.name in _NOT_IN_CACHE_KEY:  # where reports go, and checking a plan, change no partition
                 continue
             value = getattr(self, f.name)
             parts.append(f"{f.name}={value!r}")

@@ -107,3 +107,47 @@ def pytest_configure(config):
     # The fuzz tests read the environment when their module is imported (hypothesis settings are decorators).
     if config.getoption("--long", default=False):
         os.environ["FXREMAT_FUZZ_LONG"] = "1"
+
+
+def swap_two_saved(fw, num_fwd_outputs: int) -> tuple[str, str]:
+    """A deliberately wrong plan (tests of ``verify``): swap two saved tensors of equal shape and dtype in the
+    forward's outputs, so that backward reads each where it expects the other.  Returns their names."""
+    output = fw.graph.output_node()
+    values = list(output.args[0])
+    by_kind: dict = {}
+    for i in range(num_fwd_outputs, len(values)):
+        val = getattr(values[i], "meta", {}).get("val")
+        if isinstance(val, torch.Tensor):
+            by_kind.setdefault((tuple(val.shape), val.dtype), []).append(i)
+    pair = next((indices for indices in by_kind.values() if len(indices) >= 2), None)
+    assert pair is not None, "no two saved tensors of equal shape and dtype to swap: pick another model"
+    a, b = pair[:2]
+    values[a], values[b] = values[b], values[a]
+    output.args = (type(output.args[0])(values), *output.args[1:])
+    fw.recompile()
+    return values[b].name, values[a].name
+
+
+class BrokenPlans:
+    """While on, every fxremat partition (Inductor's, or ``make_partition_fn``'s) swaps two saved tensors."""
+
+    def __init__(self, monkeypatch) -> None:
+        self._module = sys.modules["fxremat.backend"]
+        self._real = self._module.partition
+        self._monkeypatch = monkeypatch
+        self.swapped: list[tuple[str, str]] = []  # the names swapped, per partition
+        monkeypatch.setattr(self._module, "partition", self._partition)
+
+    def _partition(self, request, options):
+        fw, bw, report = self._real(request, options)
+        self.swapped.append(swap_two_saved(fw, request.num_fwd_outputs))
+        return fw, bw, report
+
+    def stop(self) -> None:
+        """Right plans again (from here on, a wrong plan can only come from a cache)."""
+        self._monkeypatch.setattr(self._module, "partition", self._real)
+
+
+@pytest.fixture
+def broken_plans(monkeypatch):
+    return BrokenPlans(monkeypatch)

@@ -29,6 +29,8 @@ BAD_OPTIONS = [
     (dict(strict="yes"), TypeError, "strict"),
     (dict(compare_default=1), TypeError, "compare_default"),
     (dict(report_dir=5), TypeError, "report_dir"),
+    (dict(verify="yes"), TypeError, "verify"),
+    (dict(verify=1), TypeError, "verify"),
     (dict(no_such_option=1), TypeError, "no_such_option"),
     (dict(peak_budget=1.5), ValueError, "lowest-peak"),
     (dict(peak_budget="lots"), ValueError, "peak_budget"),
@@ -70,6 +72,29 @@ def test_report_dir_from_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("FXREMAT_REPORT_DIR", str(tmp_path))
     assert Options.create().report_dir == str(tmp_path)
     assert Options.create(report_dir=None).report_dir is None
+
+
+def test_verify_is_off_by_default_and_read_from_environment(monkeypatch):
+    monkeypatch.delenv("FXREMAT_VERIFY", raising=False)
+    assert Options.create().verify is False
+    for text, expected in (("1", True), ("TRUE", True), ("on", True), ("0", False), ("", False), ("off", False)):
+        monkeypatch.setenv("FXREMAT_VERIFY", text)
+        assert Options.create().verify is expected, text
+    monkeypatch.setenv("FXREMAT_VERIFY", "1")
+    assert Options.create(verify=False).verify is False  # an explicit option wins
+    monkeypatch.setenv("FXREMAT_VERIFY", "maybe")
+    with pytest.raises(ValueError, match="FXREMAT_VERIFY='maybe'.*set it to 1"):
+        Options.create()
+
+
+def test_verify_changes_no_cache_key():
+    """Checking a plan changes no partition: a cache filled without verify serves a verifying run (and so the
+    warm-cache path is verified too, tests/e2e/test_verify_inductor.py)."""
+    assert Options.create(verify=True).cache_key() == Options.create(verify=False).cache_key()
+    assert "verify" not in Options.create(verify=True).cache_key()
+    on, off = (FxrematPartitioner(Options.create(verify=v), print).uuid() for v in (True, False))
+    assert on == off
+    assert backend_from_compile_args(None, {"verify": True}).options.verify is True
 
 
 def test_device_profiles():
