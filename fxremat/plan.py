@@ -1,7 +1,7 @@
 """choose_plan: from options (price, budget, solver) to one plan over a ParametricProblem, plus report fields.
 
-Budget semantics (DESIGN.md §2): ``None`` or ``1.0`` is the default plan (the cut at ``memory_price``); a float
-``f`` in [0, 1) is ``fewest + f * (default - fewest)`` saved bytes, where ``fewest`` is the fewest-bytes plan
+Budget semantics (docs/DESIGN.md §5.1): ``None`` or ``1.0`` is the default plan (the cut at ``memory_price``); a
+float ``f`` in [0, 1) is ``fewest + f * (default - fewest)`` saved bytes, where ``fewest`` is the fewest-bytes plan
 (price -> infinity) and ``default`` the default plan's bytes; an int is absolute saved bytes per joint graph.
 An unreachable budget: one warning, the fewest-bytes plan, ``budget_met=False``.
 """

@@ -1,7 +1,7 @@
 """build_flow_problem: turn a classified, cost-annotated joint graph into a plain-number ``ParametricProblem``.
 
 The values are the nodes that exist outside backward (inputs, forward nodes, backward-only nodes); weights follow
-DESIGN.md §2:
+docs/DESIGN.md §2:
 
 * save cost      = price of memory * bytes kept alive + traffic (write in forward if fused away, read in backward)
 * recompute cost = the node's recompute seconds under the fusion rule (``costs.py``); 0 for backward-only nodes

@@ -1,7 +1,7 @@
 """Minimum s-t cut over a node-split flow network of plain integers.
 
-What the network encodes (DESIGN.md §2). Every value ``v`` of the forward part of the joint graph becomes two
-vertices ``v_in -> v_out``:
+What the network encodes (docs/DESIGN.md §2). Every value ``v`` of the forward part of the joint graph becomes
+two vertices ``v_in -> v_out``:
 
 * ``v_in -> v_out`` has capacity ``save_cost[v]``: cutting it means *save v for backward*;
 * ``source -> v_in`` has capacity ``recompute_cost[v]``: cutting it means *compute v in backward*;
