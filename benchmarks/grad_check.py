@@ -27,8 +27,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench_* modules beside this script
 
+import bench_report as br  # noqa: E402
 import grad_rule  # noqa: E402
-from conv_models import CONV_MODELS  # noqa: E402
+import torch  # noqa: E402
+from bench_measure import dynamo_graph_count, fxremat_facts, has_dropout  # noqa: E402
+from bench_models import Workload, build_workload  # noqa: E402
+from conv_models import CONV_MODELS, build_conv_workload  # noqa: E402
+from tabulate import tabulate  # noqa: E402
 
 ROW_MARKER = "FXREMAT_GRAD_ROW "  # the worker's result line; everything else it prints is noise to us
 THREADS = 1
@@ -79,8 +84,6 @@ def listing() -> str:
     models += [(m, "conv_models.py" + (" (diffusers)" if m.startswith("unet") else "")) for m in CONV_MODELS]
     settings = [(s, "backend='inductor'" if o is None else f"fxremat.backend({_options_text(o)})",
                  "yes" if gates(s) else "no (reported beside)") for s, o in SETTINGS.items()]
-    from tabulate import tabulate
-
     return (tabulate(models, headers=("model", "from")) + "\n\n"
             + tabulate(settings, headers=("setting", "compiled with", "gates")) + "\n")
 
@@ -93,13 +96,7 @@ def _options_text(options: dict[str, Any]) -> str:
 
 
 def build(name: str):
-    if name in CONV_MODELS:
-        from conv_models import build_conv_workload
-
-        return build_conv_workload(name)
-    from bench_models import build_workload
-
-    return build_workload(name, SIZE)
+    return build_conv_workload(name) if name in CONV_MODELS else build_workload(name, SIZE)
 
 
 def _to_double(value: Any) -> Any:
@@ -112,10 +109,6 @@ def _to_double(value: Any) -> Any:
 def copy_workload(work, double: bool = False):
     """An independent copy of the workload (a deep copy of the model, so BatchNorm's running statistics and every
     parameter start where the original does); ``double``: the model and its floating inputs in fp64."""
-    import torch
-
-    from bench_models import Workload
-
     model = copy.deepcopy(work.model)
     if not double:
         return Workload(model, args=work.args, kwargs=dict(work.kwargs), loss=work.loss, info=work.info)
@@ -136,10 +129,6 @@ def train_step(work, model) -> tuple[float, dict]:
 def dropout_active(work) -> bool:
     """Dropout with p > 0, or any other randomness: two eager forwards under different seeds disagree.  The fp64
     rule cannot judge such a model (each step draws its own mask); it is left to its own tests."""
-    import torch
-
-    from bench_measure import has_dropout
-
     if has_dropout(work.model):
         return True
     probe = copy_workload(work)
@@ -163,10 +152,6 @@ def make_backend(setting: str):
 
 def check(model_name: str, setting: str) -> dict[str, Any]:
     """One compiled training step against eager fp64 and eager fp32; a row of plain JSON values."""
-    import torch
-
-    from bench_measure import dynamo_graph_count, fxremat_facts
-
     work = build(model_name)
     row: dict[str, Any] = dict(model=model_name, setting=setting, gates=gates(setting), model_info=work.info)
     reference, eager = copy_workload(work, double=True), copy_workload(work)  # before any step mutates state
@@ -211,8 +196,6 @@ def error_row(model_name: str, setting: str, error: str, detail: str = "") -> di
 
 
 def worker_main(args: argparse.Namespace) -> int:
-    import torch
-
     torch.set_num_threads(THREADS)
     if len(args.models) != 1 or len(args.settings) != 1:
         raise SystemExit("--worker runs exactly one --models NAME and one --settings NAME")
@@ -322,8 +305,6 @@ def note(row: dict[str, Any]) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    from tabulate import tabulate
-
     return tabulate([table_row(r) for r in rows], headers=HEADERS, disable_numparse=True)
 
 
@@ -336,8 +317,6 @@ def summary(rows: list[dict[str, Any]]) -> str:
 
 
 def build_result(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    import bench_report as br
-
     settings = dict(models=args.models, settings=args.settings, size=SIZE, tolerance=grad_rule.TOLERANCE,
                     eager_factor=grad_rule.EAGER_FACTOR, near_zero_grad=grad_rule.NEAR_ZERO_GRAD,
                     options={s: SETTINGS[s] for s in args.settings}, gating=[s for s in args.settings if gates(s)])
