@@ -51,7 +51,8 @@ SETTINGS: dict[str, dict[str, float] | None] = {
     "fxremat_peak_0.0": dict(peak_budget=0.0),
     "pytorch_default": None,
 }
-REFERENCE_SETTINGS = ("pytorch_default",)  # reported beside the others; never gates
+BASELINE = "pytorch_default"
+REFERENCE_SETTINGS = (BASELINE,)  # reported beside the others; never gates
 
 
 def gates(setting: str) -> bool:
@@ -285,10 +286,17 @@ def table_row(row: dict[str, Any]) -> list[str]:
     if row.get("status") == "error":
         return [row["model"], row["setting"], "error", "", "", "", "", "", "", row["error"].splitlines()[0][:80]]
     wrong = "skipped" if row.get("wrong_params") is None else f"{row['wrong_params']}/{row['params']}"
-    return [row["model"], row["setting"], "FAIL" if failed(row) else "ok", wrong, _e(row["worst_error"]),
+    return [row["model"], row["setting"], _status(row), wrong, _e(row["worst_error"]),
             row["worst_param"] or "", _e(row["eager_worst_error"]),
             _e(row["loss_error"]) + (" WRONG" if row.get("loss_wrong") else ""),
             f"{row['compile_step_s']:.1f}", note(row)]
+
+
+def _status(row: dict[str, Any]) -> str:
+    """FAIL: a gating row's wrong parameter or loss; "wrong": the same in a row that does not gate."""
+    if not (row.get("wrong_params") or row.get("loss_wrong")):
+        return "ok"
+    return "FAIL" if row["gates"] else "wrong"
 
 
 def note(row: dict[str, Any]) -> str:
@@ -301,7 +309,26 @@ def note(row: dict[str, Any]) -> str:
         notes.append(f"fxremat fell back on {len(row['fxremat_fallbacks'])} graph(s)")
     if False in (row.get("fxremat_budget_met") or []):
         notes.append("budget not met")
+    if row.get("also_wrong_in_pytorch_default"):
+        notes.append(f"{row['also_wrong_in_pytorch_default']} also wrong under {BASELINE}")
     return "; ".join(notes)
+
+
+def cross_reference(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each gating row with wrong parameters, with ``also_wrong_in_pytorch_default``: how many of them PyTorch's
+    own partitioner gets wrong too on the same model (None without that row).  Wrong under both, the mistake is
+    more likely Inductor's than the partitioner's (unet_resnet on torch 2.13's CPU Inductor); the row still gates."""
+    base = {r["model"]: {w["name"] for w in r["wrong"]} for r in rows
+            if r["setting"] == BASELINE and r.get("status") == "ok" and r.get("wrong_params") is not None}
+    out = []
+    for row in rows:
+        row = dict(row)
+        if row.get("gates") and row.get("wrong"):
+            names = base.get(row["model"])
+            shared = None if names is None else sum(w["name"] in names for w in row["wrong"])
+            row["also_wrong_in_pytorch_default"] = shared
+        out.append(row)
+    return out
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -320,7 +347,7 @@ def build_result(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[s
     settings = dict(models=args.models, settings=args.settings, size=SIZE, tolerance=grad_rule.TOLERANCE,
                     eager_factor=grad_rule.EAGER_FACTOR, near_zero_grad=grad_rule.NEAR_ZERO_GRAD,
                     options={s: SETTINGS[s] for s in args.settings}, gating=[s for s in args.settings if gates(s)])
-    return dict(schema_version=1, environment=br.environment(THREADS), settings=settings, rows=rows)
+    return dict(schema_version=1, environment=br.environment(THREADS), settings=settings, rows=cross_reference(rows))
 
 
 def write_json(path: str, result: dict[str, Any]) -> None:
@@ -335,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker_main(args)
     save = (lambda rows: write_json(args.out, build_result(args, rows))) if args.out else None
-    rows = run_all(plan(args.models, args.settings), timeout=args.timeout, on_row=save)
+    rows = cross_reference(run_all(plan(args.models, args.settings), timeout=args.timeout, on_row=save))
     print(table(rows))
     print(summary(rows))
     return 1 if any(failed(r) for r in rows) else 0

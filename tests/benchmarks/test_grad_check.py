@@ -86,21 +86,35 @@ def test_list_names_every_model_and_setting(capsys):
     assert "no (reported beside)" in out and "memory_budget=0.2" in out
 
 
-def _row(model, setting, wrong=0, **extra):
+def _row(model, setting, n_wrong=0, **extra):
     return dict(model=model, setting=setting, gates=gc.gates(setting), status="ok", error=None, params=4,
-                wrong_params=wrong, worst_error=0.5 if wrong else 1e-7, worst_param="fc.weight",
+                wrong_params=n_wrong, worst_error=0.5 if n_wrong else 1e-7, worst_param="fc.weight",
                 eager_worst_error=1e-7, loss_error=1e-8, loss_wrong=False, compile_step_s=12.5, **extra)
 
 
 def test_only_gating_rows_fail_and_the_table_shows_every_row():
-    rows = [_row("m", "fxremat_default"), _row("m", "fxremat_budget_0.5", wrong=3),
-            _row("m", "pytorch_default", wrong=1), gc.error_row("n", "fxremat_peak_0.0", "RuntimeError: boom\nmore")]
+    rows = [_row("m", "fxremat_default"), _row("m", "fxremat_budget_0.5", n_wrong=3),
+            _row("m", "pytorch_default", n_wrong=1), gc.error_row("n", "fxremat_peak_0.0", "RuntimeError: boom\nmore")]
     assert [gc.failed(r) for r in rows] == [False, True, False, True]
     text = gc.table(rows)
     assert len(text.splitlines()) == 2 + len(rows)
-    assert "3/4" in text and "FAIL" in text and "not gating" in text and "RuntimeError: boom" in text
+    assert "3/4" in text and "FAIL" in text and "RuntimeError: boom" in text
+    assert [line.split()[2] for line in text.splitlines()[2:]] == ["ok", "FAIL", "wrong", "error"]
+    assert "not gating" in text.splitlines()[4]
     assert gc.summary(rows) == ("3 gating runs: 1 ok, 0 skipped (dropout), "
                                 "2 FAILED: m/fxremat_budget_0.5 n/fxremat_peak_0.0")
+
+
+def test_wrong_parameters_are_cross_referenced_with_pytorch_defaults_row():
+    def wrong(*names):
+        return [dict(name=n, error=1.0, eager_error=1e-6) for n in names]
+
+    rows = gc.cross_reference([_row("m", "fxremat_default", n_wrong=2, wrong=wrong("a", "b")),
+                               _row("m", "pytorch_default", n_wrong=1, wrong=wrong("b")),
+                               _row("n", "fxremat_peak_0.0", n_wrong=1, wrong=wrong("a"))])
+    assert rows[0]["also_wrong_in_pytorch_default"] == 1 and "1 also wrong under pytorch_default" in gc.note(rows[0])
+    assert rows[2]["also_wrong_in_pytorch_default"] is None  # model n has no pytorch_default row
+    assert "also_wrong_in_pytorch_default" not in rows[1] and gc.failed(rows[0])  # it still gates
 
 
 def test_a_failing_run_becomes_an_error_row_and_the_others_go_on(capsys):
