@@ -20,8 +20,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,8 @@ from bench_measure import dynamo_graph_count, fxremat_facts, has_dropout  # noqa
 from bench_models import Workload, build_workload  # noqa: E402
 from conv_models import CONV_MODELS, build_conv_workload  # noqa: E402
 from tabulate import tabulate  # noqa: E402
+
+from fxremat.measure import measure_saved  # noqa: E402
 
 ROW_MARKER = "FXREMAT_GRAD_ROW "  # the worker's result line; everything else it prints is noise to us
 THREADS = 1
@@ -68,6 +72,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--settings", nargs="+", default=None, metavar="NAME", help="default: all (see --list)")
     parser.add_argument("--out", default=None, metavar="PATH", help="JSON file, rewritten after every run")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed to one worker process")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes at a time (one thread each)")
     parser.add_argument("--list", action="store_true", help="list the models and settings, and exit")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -127,6 +132,20 @@ def train_step(work, model) -> tuple[float, dict]:
     return loss.item(), grads
 
 
+def compiled_step(work, compiled):
+    """``train_step`` of the compiled model, its forward under saved-tensor hooks: (loss, gradients, what autograd
+    kept for backward: distinct storages, parameters, buffers and inputs excluded, as ``CutReport.saved_bytes``)."""
+    model = work.model
+    model.zero_grad(set_to_none=True)
+    tensors = [*work.args, *work.kwargs.values()]
+    exclude = [*model.parameters(), *model.buffers(), *(t for t in tensors if isinstance(t, torch.Tensor))]
+    out, saved = measure_saved(lambda: work.forward(compiled), exclude)
+    loss = work.loss(out)
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.item(), grads, saved
+
+
 def dropout_active(work) -> bool:
     """Dropout with p > 0, or any other randomness: two eager forwards under different seeds disagree.  The fp64
     rule cannot judge such a model (each step draws its own mask); it is left to its own tests."""
@@ -162,8 +181,9 @@ def check(model_name: str, setting: str) -> dict[str, Any]:
     backend = make_backend(setting)
     graphs_before = dynamo_graph_count()
     start = time.perf_counter()
-    loss, grads = train_step(work, torch.compile(work.model, backend=backend))
+    loss, grads, saved = compiled_step(work, torch.compile(work.model, backend=backend))
     row["compile_step_s"] = time.perf_counter() - start
+    row["saved_bytes"] = saved.nbytes
     row["graphs"] = dynamo_graph_count() - graphs_before
     row.update(fxremat_facts(backend))
     row.update(verdict(loss, grads, loss32, grads32, loss64, grads64, skip=row["dropout"]))
@@ -238,19 +258,29 @@ def run_worker(model: str, setting: str, timeout: float) -> dict[str, Any]:
     return row
 
 
-def run_all(runs: list[tuple[str, str]], runner=run_worker, timeout: float = 1800.0, on_row=None) -> list[dict]:
-    rows = []
-    for i, (model, setting) in enumerate(runs, 1):
-        print(f"[{i}/{len(runs)}] {model} / {setting} ...", file=sys.stderr, flush=True)
+def run_all(runs: list[tuple[str, str]], runner=run_worker, timeout: float = 1800.0, on_row=None,
+            jobs: int = 1) -> list[dict]:
+    """Every run, ``jobs`` worker processes at a time (each on one thread: a gradient check is not a timing, so
+    runs may share the machine's cores); rows in the order of ``runs``."""
+    rows: list[dict | None] = [None] * len(runs)
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        model, setting = runs[i]
+        print(f"[{i + 1}/{len(runs)}] {model} / {setting} ...", file=sys.stderr, flush=True)
         try:
             row = runner(model, setting, timeout)
         except Exception as exc:  # noqa: BLE001 - one run failing must never abort the others
             row = error_row(model, setting, f"{type(exc).__name__}: {exc}")
-        rows.append(row)
-        print(f"    {outcome(row)}", file=sys.stderr, flush=True)
-        if on_row is not None:
-            on_row(rows)
-    return rows
+        with lock:
+            rows[i] = row
+            print(f"    [{i + 1}] {model} / {setting}: {outcome(row)}", file=sys.stderr, flush=True)
+            if on_row is not None:
+                on_row([r for r in rows if r is not None])
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        list(pool.map(one, range(len(runs))))
+    return [r for r in rows if r is not None]
 
 
 # ---- the record's outputs --------------------------------------------------------------------------------------
@@ -279,17 +309,21 @@ def _e(value) -> str:
 
 
 HEADERS = ("model", "setting", "status", "wrong", "worst error", "worst param", "eager fp32", "loss error",
-           "compile+step s", "note")
+           "saved MiB", "compile+step s", "note")
 
 
 def table_row(row: dict[str, Any]) -> list[str]:
     if row.get("status") == "error":
-        return [row["model"], row["setting"], "error", "", "", "", "", "", "", row["error"].splitlines()[0][:80]]
+        return [row["model"], row["setting"], "error", "", "", "", "", "", "", "", row["error"].splitlines()[0][:80]]
     wrong = "skipped" if row.get("wrong_params") is None else f"{row['wrong_params']}/{row['params']}"
     return [row["model"], row["setting"], _status(row), wrong, _e(row["worst_error"]),
             row["worst_param"] or "", _e(row["eager_worst_error"]),
             _e(row["loss_error"]) + (" WRONG" if row.get("loss_wrong") else ""),
-            f"{row['compile_step_s']:.1f}", note(row)]
+            _mib(row.get("saved_bytes")), f"{row['compile_step_s']:.1f}", note(row)]
+
+
+def _mib(nbytes) -> str:
+    return "" if nbytes is None else f"{nbytes / 2**20:.2f}"
 
 
 def _status(row: dict[str, Any]) -> str:
@@ -362,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker_main(args)
     save = (lambda rows: write_json(args.out, build_result(args, rows))) if args.out else None
-    rows = cross_reference(run_all(plan(args.models, args.settings), timeout=args.timeout, on_row=save))
+    rows = cross_reference(run_all(plan(args.models, args.settings), timeout=args.timeout, on_row=save, jobs=args.jobs))
     print(table(rows))
     print(summary(rows))
     return 1 if any(failed(r) for r in rows) else 0
