@@ -92,8 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def backend_options(args: argparse.Namespace) -> dict[str, Any]:
     """Only the options the user gave: fxremat's own defaults (and $FXREMAT_REPORT_DIR) apply to the rest."""
-    # an inspection tool: also show where PyTorch's own budgets land on the memory/recompute chart
-    options: dict[str, Any] = {"compare_budgets": True}
+    # an inspection tool: compare with PyTorch's default partition (off by default in fxremat.backend), and also
+    # show where PyTorch's own budgets land on the memory/recompute chart
+    options: dict[str, Any] = {"compare_default": True, "compare_budgets": True}
     if args.budget is not None:
         options["memory_budget"] = args.budget
     if args.device is not None:

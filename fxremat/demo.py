@@ -39,7 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     eager(x).sum().backward()
     reference = {n: p.grad.detach().clone() for n, p in eager.named_parameters()}
 
-    options = {} if args.memory_price is None else {"memory_price": args.memory_price}
+    # compare_default=True: the demo shows PyTorch's default partition of the same graphs beside fxremat's (off by
+    # default: a production compile runs nothing for the report)
+    options = {"compare_default": True}
+    if args.memory_price is not None:
+        options["memory_price"] = args.memory_price
     fx_backend = fxremat.backend(**options)
     runs = {}
     for label, backend in (("fxremat", fx_backend), ("PyTorch default", "inductor")):

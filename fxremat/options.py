@@ -16,6 +16,7 @@ from fxremat_passes.costs import PROFILES, DeviceProfile
 
 ENV_REPORT_DIR = "FXREMAT_REPORT_DIR"
 ENV_VERIFY = "FXREMAT_VERIFY"
+ENV_COMPARE = "FXREMAT_COMPARE"
 _TRUE_WORDS = ("1", "true", "yes", "on")
 _FALSE_WORDS = ("", "0", "false", "no", "off")
 # Options that change no partition, so they stay out of cache_key(): a compile cache filled with them off serves
@@ -111,17 +112,28 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def verify_from_environment() -> bool:
-    """``FXREMAT_VERIFY``: on for 1/true/yes/on, off for unset, empty, 0/false/no/off (any case)."""
-    text = os.environ.get(ENV_VERIFY, "").strip().lower()
+def _switch_from_environment(name: str, on: str, off: str) -> bool | None:
+    """An environment switch: True for 1/true/yes/on, False for 0/false/no/off (any case), None when unset or
+    empty; anything else raises, naming the variable."""
+    text = os.environ.get(name, "").strip().lower()
+    if not text:
+        return None
     if text in _TRUE_WORDS:
         return True
     if text in _FALSE_WORDS:
         return False
-    raise ValueError(
-        f"{ENV_VERIFY}={os.environ[ENV_VERIFY]!r} is not a switch; set it to 1 (verify) or 0 (do not), "
-        "or unset it"
-    )
+    raise ValueError(f"{name}={os.environ[name]!r} is not a switch; set it to 1 ({on}) or 0 ({off}), or unset it")
+
+
+def verify_from_environment() -> bool:
+    """``FXREMAT_VERIFY``: on for 1/true/yes/on, off for unset, empty, 0/false/no/off (any case)."""
+    return bool(_switch_from_environment(ENV_VERIFY, "verify", "do not"))
+
+
+def compare_from_environment() -> bool | None:
+    """``FXREMAT_COMPARE``: True for 1/true/yes/on, False for 0/false/no/off (any case), None when unset or empty
+    (then ``compare_default`` follows ``report_dir``, see ``Options.create``)."""
+    return _switch_from_environment(ENV_COMPARE, "compare", "do not")
 
 
 @dataclass(frozen=True)
@@ -138,9 +150,14 @@ class Options:
                      name, "calibrated" (this machine, measured once and cached), or a DeviceProfile.
     solver           "mincut" (max-flow, with a budget: price search + MILP refinement on small graphs) or
                      "milp" (the exact MILP for every graph: small graphs only).
-    compare_default  also run PyTorch's default partitioner on a copy for the report (off for production runs).
+    compare_default  a report-oriented run: also run PyTorch's default partitioner on a copy (the report's
+                     ``baseline_*``), fxremat's memory/recompute frontier, and simulate the step's peaks for every
+                     stored report (the compile-cache copy included).  Off by default: a production compile runs
+                     nothing for the report.  Default: $FXREMAT_COMPARE, else on when report_dir is set (or
+                     compare_budgets is asked), else off; fxremat-report and the demo pass it explicitly.
     compare_budgets  also run PyTorch with activation_memory_budget 0.5, 0.1 and 0.0 on copies, for the report's
-                     memory/recompute chart (fxremat-report turns it on; costly on large graphs).
+                     memory/recompute chart (fxremat-report turns it on; costly on large graphs).  Needs the
+                     comparison: asked for alone, it turns compare_default on.
     strict           raise instead of falling back to PyTorch's partitioner when a pass fails.
     report_dir       also write every report as JSON here (default: $FXREMAT_REPORT_DIR).
     verify           on each compiled graph's first call, also run it eagerly and raise FxrematVerifyError where
@@ -152,7 +169,7 @@ class Options:
     memory_price: float = DEFAULT_MEMORY_PRICE
     device: DeviceProfile | str = "auto"
     solver: str = "mincut"
-    compare_default: bool = True
+    compare_default: bool = False
     compare_budgets: bool = False
     strict: bool = False
     report_dir: str | None = None
@@ -191,6 +208,14 @@ class Options:
             raise TypeError(f"report_dir must be a path or None, got {type(values['report_dir']).__name__}")
         if values.get("report_dir") is not None:
             values["report_dir"] = os.fspath(values["report_dir"])
+        if "compare_default" not in values:
+            # the comparison only for a report someone will read: asked for by name, or by writing reports out
+            from_environment = compare_from_environment()
+            values["compare_default"] = (
+                from_environment
+                if from_environment is not None
+                else values.get("report_dir") is not None or values.get("compare_budgets") is True
+            )
         return cls(**values)
 
     def cache_key(self) -> str:

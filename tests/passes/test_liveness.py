@@ -12,7 +12,7 @@ from fxremat.examples import example
 def test_simulated_step_invariants_on_the_examples():
     for name in ("mlp", "block_sdpa", "stack", "convnet"):
         model, inputs = example(name)
-        report = run_fxremat_aot(model, inputs, strict=True)[3][0]
+        report = run_fxremat_aot(model, inputs, strict=True, compare_default=True)[3][0]
         timeline = [b for _, _, b in report.memory_timeline]
         assert report.simulated_peak_bytes >= max(timeline) >= 0, name
         assert report.simulated_peak_bytes >= report.saved_bytes, name  # saved values are live at backward start
@@ -105,7 +105,7 @@ def test_simulated_peak_matches_the_profiler_measured_peak_under_inductor():
         torch.manual_seed(0)
         model, inputs = example(name, dim=256, seq=128)
         default_model = copy.deepcopy(model)
-        backend = fxremat.backend()
+        backend = fxremat.backend(compare_default=True)  # the report's simulation of PyTorch's split too
         measured = _measured_step_peak(model, inputs, backend)
         report = backend.reports[0]
         assert report.recomputed, name  # fxremat's split differs from PyTorch's

@@ -74,6 +74,33 @@ def test_report_dir_from_environment(monkeypatch, tmp_path):
     assert Options.create(report_dir=None).report_dir is None
 
 
+def test_compare_is_off_by_default_and_one_switch_away(monkeypatch, tmp_path):
+    """Issue 16: a production compile runs nothing for the report.  FXREMAT_COMPARE, report_dir (or
+    FXREMAT_REPORT_DIR) and compare_budgets turn the comparison on; an explicit compare_default wins."""
+    monkeypatch.delenv("FXREMAT_COMPARE", raising=False)
+    monkeypatch.delenv("FXREMAT_REPORT_DIR", raising=False)
+    assert Options().compare_default is False and Options.create().compare_default is False
+    assert fxremat.backend().options.compare_default is False
+    assert Options.create(report_dir=str(tmp_path)).compare_default is True
+    assert Options.create(report_dir=str(tmp_path), compare_default=False).compare_default is False
+    assert Options.create(compare_budgets=True).compare_default is True
+    monkeypatch.setenv("FXREMAT_REPORT_DIR", str(tmp_path))
+    assert Options.create().compare_default is True
+    assert Options.create(report_dir=None).compare_default is False
+    monkeypatch.delenv("FXREMAT_REPORT_DIR")
+    for text, expected in (("1", True), ("Yes", True), ("0", False), ("", False), ("off", False)):
+        monkeypatch.setenv("FXREMAT_COMPARE", text)
+        assert Options.create().compare_default is expected, text
+    monkeypatch.setenv("FXREMAT_COMPARE", "0")
+    assert Options.create(report_dir=str(tmp_path)).compare_default is False  # the switch, set, wins over report_dir
+    monkeypatch.setenv("FXREMAT_COMPARE", "1")
+    assert Options.create(compare_default=False).compare_default is False  # an explicit option wins
+    assert backend_from_compile_args(None, {"memory_price": 7.0}).options.compare_default is True
+    monkeypatch.setenv("FXREMAT_COMPARE", "sometimes")
+    with pytest.raises(ValueError, match="FXREMAT_COMPARE='sometimes'.*set it to 1"):
+        Options.create()
+
+
 def test_verify_is_off_by_default_and_read_from_environment(monkeypatch):
     monkeypatch.delenv("FXREMAT_VERIFY", raising=False)
     assert Options.create().verify is False
@@ -113,7 +140,7 @@ def test_uuid_covers_every_option():
     variants = [
         Options.create(memory_price=3.0),
         Options.create(device="a100"),
-        Options.create(compare_default=False),
+        Options.create(compare_default=True),
         Options.create(strict=True),
         Options.create(memory_budget=1.0),
     ]

@@ -44,7 +44,7 @@ def test_baseline_is_pytorchs_default_partition(name):
     """baseline_saved_bytes is what PyTorch's default partitioner keeps, measured on its own run."""
     model, inputs = example(name)
     _, _, reports = None, None, None
-    _, _, _, reports = run_fxremat_aot(model, inputs, strict=True)
+    _, _, _, reports = run_fxremat_aot(model, inputs, strict=True, compare_default=True)
     _, _, saved_default = run_aot(model, inputs, tp.min_cut_rematerialization_partition)
     assert reports[0].baseline_saved_bytes == saved_default.nbytes
     assert reports[0].saved_bytes <= reports[0].baseline_saved_bytes
@@ -52,7 +52,7 @@ def test_baseline_is_pytorchs_default_partition(name):
 
 def test_transformer_block_saves_less_than_default():
     model, inputs = example("block_sdpa")
-    _, _, _, reports = run_fxremat_aot(model, inputs, strict=True)
+    _, _, _, reports = run_fxremat_aot(model, inputs, strict=True, compare_default=True)
     assert reports[0].saved_bytes < reports[0].baseline_saved_bytes
 
 
@@ -167,7 +167,7 @@ def test_fault_in_any_pass_falls_back_with_one_warning(pass_name):
     _, expected = eager_grads(model, inputs)
     with partition_module.inject_fault(pass_name), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _, grads, saved, reports = run_fxremat_aot(model, inputs)
+        _, grads, saved, reports = run_fxremat_aot(model, inputs, compare_default=True)
     ours = [w for w in caught if issubclass(w.category, fxremat.FxrematFallbackWarning)]
     assert len(ours) == 1 and pass_name in str(ours[0].message)
     assert_grads_close(grads, expected)
@@ -185,8 +185,8 @@ def test_fallback_ignores_a_users_global_memory_budget():
     """The fallback and the baseline use PyTorch's own defaults, not a budget the user set for PyTorch."""
     model, inputs = example("block_sdpa")
     with torch._functorch.config.patch(activation_memory_budget=0.1):
-        reports = run_fxremat_aot(model, inputs, strict=True)[3]
-    default_reports = run_fxremat_aot(model, inputs, strict=True)[3]
+        reports = run_fxremat_aot(model, inputs, strict=True, compare_default=True)[3]
+    default_reports = run_fxremat_aot(model, inputs, strict=True, compare_default=True)[3]
     assert reports[0].baseline_saved_bytes == default_reports[0].baseline_saved_bytes
 
 

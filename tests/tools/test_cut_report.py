@@ -267,7 +267,7 @@ class _Timelines(HTMLParser):
 
 def test_html_memory_timeline_chart_has_every_point_and_labels_the_peak():
     model, inputs = example("stack")
-    report = run_fxremat_aot(model, inputs, strict=True)[3][0]
+    report = run_fxremat_aot(model, inputs, strict=True, compare_default=True)[3][0]
     assert report.memory_timeline and report.baseline_memory_timeline
     page = _Timelines()
     page.feed(format_html([report]))
