@@ -132,8 +132,11 @@ class FxrematBackend:
 
     def _write_reports(self) -> None:
         """Write the reports of this compile's partitions to the report store and ``report_dir``, once Inductor is
-        done: a report's JSON holds its deferred fields (the step's simulation), computed here rather than inside
-        the partition."""
+        done.  The deferred fields (the step's simulation) are computed here, outside the partition, and only for
+        a report someone asked for (``compare_default``, which ``report_dir`` and ``FXREMAT_COMPARE`` turn on, or
+        ``report_dir`` itself): otherwise the store keeps what the partition computed and a cache hit re-emits
+        null peaks (a ``peak_budget`` plan's simulation is part of choosing it, so its peaks are kept)."""
+        full = self.options.compare_default or self.options.report_dir is not None
         with self._lock:
             unwritten, self._unwritten = self._unwritten, []
         for report, key, number in unwritten:
@@ -141,7 +144,7 @@ class FxrematBackend:
                 try:
                     path = report_store_dir() / f"{key}.json"
                     path.parent.mkdir(parents=True, exist_ok=True)
-                    path.write_text(report.to_json())
+                    path.write_text(report.to_json(compute_deferred=full))
                 except OSError as error:  # a report must never break training
                     log.warning("fxremat: could not store report: %s", error)
             self._write_report_dir(report, number)

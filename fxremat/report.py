@@ -29,6 +29,11 @@ class Deferred:
         self._values: dict[str, Any] | None = None
         self._lock = threading.Lock()  # two threads reading a report compute it once
 
+    @property
+    def done(self) -> bool:
+        """Whether ``compute()`` has run (reading its fields now costs nothing)."""
+        return self._values is not None
+
     def values(self) -> dict[str, Any]:
         with self._lock:
             if self._values is None:
@@ -127,13 +132,29 @@ class CutReport:
             getattr(self, name)
         return dict(self.__dict__)
 
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
+    def pending_fields(self) -> tuple[str, ...]:
+        """The deferred fields whose computation has not run yet (reading one runs it)."""
+        return tuple(
+            name
+            for name in DEFERRED_FIELDS
+            if isinstance(self.__dict__[f"_{name}"], Deferred) and not self.__dict__[f"_{name}"].done
+        )
+
+    def to_dict(self, compute_deferred: bool = True) -> dict[str, Any]:
+        """Every field.  ``compute_deferred=False``: a deferred field not computed yet is written as its default
+        (null, or an empty list) and stays uncomputed, so writing the report runs no simulation."""
+        report = self
+        if not compute_deferred:
+            pending = self.pending_fields()
+            if pending:
+                defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name in pending}
+                report = dataclasses.replace(self, **defaults)
+        data = dataclasses.asdict(report)
         data["schema_version"] = SCHEMA_VERSION
         return data
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+    def to_json(self, compute_deferred: bool = True) -> str:
+        return json.dumps(self.to_dict(compute_deferred), indent=2, sort_keys=True)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CutReport:

@@ -27,7 +27,7 @@ class Compiled:
         torch.manual_seed(0)
         self.model, self.inputs = example(name)
         self.eager = copy.deepcopy(self.model)
-        self.backend = fxremat.backend(strict=True)
+        self.backend = fxremat.backend(strict=True, compare_default=True)  # the report against PyTorch's split
         compiled = torch.compile(self.model, backend=self.backend)
         exclude = [*self.model.parameters(), *self.model.buffers(), *self.inputs]
         self.out, self.saved = measure_saved(lambda: compiled(*self.inputs), exclude)
@@ -138,13 +138,15 @@ def test_warm_cache_still_yields_the_report(compiled):
     """A cache hit never calls the partitioner; the stored report is re-emitted."""
     first = compiled("mlp")
     torch._dynamo.reset()
-    backend = fxremat.backend(strict=True)  # same options -> same uuid -> cache hit
+    backend = fxremat.backend(strict=True, compare_default=True)  # same options -> same uuid -> cache hit
     model = copy.deepcopy(first.eager)
     torch.compile(model, backend=backend)(*first.inputs).sum().backward()
     assert len(backend.reports) == 1
     again = backend.reports[0]
     assert again.from_cache
     assert again.saved_bytes == first.backend.reports[0].saved_bytes
+    # compare_default=True stores the full report: the peaks come back from the cache too
+    assert again.simulated_peak_bytes == first.backend.reports[0].simulated_peak_bytes is not None
 
 
 def test_changed_options_never_reuse_a_cached_partition(compiled):

@@ -5,6 +5,8 @@ recipe: the same values as simulating the returned graphs right away, however th
 from __future__ import annotations
 
 import copy
+import importlib
+import json
 import pickle
 
 import pytest
@@ -62,6 +64,64 @@ def test_simulation_runs_on_first_read_and_ignores_later_rewrites(monkeypatch, c
     assert len(calls) == (2 if compare_default else 1)
 
 
+def test_to_dict_can_leave_deferred_fields_uncomputed(monkeypatch):
+    """compute_deferred=False writes what is known and runs no simulation: pending fields as their defaults."""
+    report, _, returned, calls = _partition("stack", monkeypatch, compare_default=True)
+    assert set(report.pending_fields()) == set(DEFERRED_FIELDS)
+    data = report.to_dict(compute_deferred=False)
+    assert calls == [] and set(report.pending_fields()) == set(DEFERRED_FIELDS)
+    assert all(data[name] in (None, ()) for name in DEFERRED_FIELDS)
+    assert data["saved_bytes"] == report.saved_bytes and data["baseline_saved_bytes"] == report.baseline_saved_bytes
+    report.simulated_peak_at  # one read computes our split's fields, all of them, and only those
+    assert len(calls) == 1 and set(report.pending_fields()) == set(partition_module.BASELINE_PEAK_FIELDS)
+    data = report.to_dict(compute_deferred=False)
+    assert data["simulated_peak_bytes"] == returned["peak"].peak_bytes and data["memory_timeline"]
+    assert data["baseline_simulated_peak_bytes"] is None and len(calls) == 1
+    assert report.to_dict()["baseline_simulated_peak_bytes"] > 0 and len(calls) == 2
+
+
+@pytest.mark.parametrize(
+    "options,simulated",
+    [
+        (dict(), False),  # the default: the store keeps no deferred field
+        (dict(compare_default=True), True),
+        (dict(compare_default=False, report_dir="REPORT_DIR"), True),  # report files are full reports
+    ],
+)
+def test_report_store_simulates_only_what_was_asked_for(monkeypatch, tmp_path, options, simulated):
+    """FxrematBackend stores each report for warm-cache re-emission (issue 16): with the defaults the stored JSON
+    has null peaks and no simulation runs; the in-process report still computes them when read."""
+    backend_module = importlib.import_module("fxremat.backend")  # the module, not the function of that name
+    monkeypatch.delenv("FXREMAT_COMPARE", raising=False)
+    monkeypatch.delenv("FXREMAT_REPORT_DIR", raising=False)
+    store = tmp_path / "store"
+    monkeypatch.setattr(backend_module, "report_store_dir", lambda: store)
+    options = {k: str(tmp_path / "dir") if v == "REPORT_DIR" else v for k, v in options.items()}
+    report, _, returned, calls = _partition("stack", monkeypatch, **options)
+    backend = fxremat.backend(**options)
+    backend._record(report, "key")
+    backend._write_reports()
+    stored = json.loads((store / "key.json").read_text())
+    expected_calls = (2 if backend.options.compare_default else 1) if simulated else 0
+    assert len(calls) == expected_calls
+    if simulated:
+        assert stored["simulated_peak_bytes"] == returned["peak"].peak_bytes
+        assert stored["memory_timeline"]
+    else:
+        assert stored["simulated_peak_bytes"] is None and stored["memory_timeline"] == []
+        assert stored["baseline_saved_bytes"] is None  # nor was anything compared
+        assert report.simulated_peak_bytes == returned["peak"].peak_bytes and len(calls) == 1  # read: computed
+    if "report_dir" in options:
+        (written,) = (tmp_path / "dir").glob("*.json")
+        assert json.loads(written.read_text())["simulated_peak_bytes"] == returned["peak"].peak_bytes
+    # a warm compile cache re-emits what was stored
+    again = fxremat.backend(**options)
+    again._reemit_cached_report("key")
+    (cached,) = again.reports
+    assert cached.from_cache and cached.saved_bytes == report.saved_bytes
+    assert cached.simulated_peak_bytes == (returned["peak"].peak_bytes if simulated else None)
+
+
 def test_forward_with_convolutions_is_simulated_while_partitioning(monkeypatch):
     """Inductor's layout decision for a convolution depends on config in force during the compile only."""
     report, during, returned, _ = _partition("convnet", monkeypatch, compare_default=False)
@@ -74,6 +134,9 @@ def test_peak_budget_reports_the_simulation_it_chose_by(monkeypatch):
     assert during == report.peak_simulated >= 2
     assert report.simulated_activation_peak_bytes == returned["peak"].activation_peak_bytes
     assert len(calls) == during
+    # choosing the plan simulated it: the report store keeps that peak without asking for more
+    assert report.pending_fields() == ()
+    assert report.to_dict(compute_deferred=False)["simulated_peak_bytes"] == returned["peak"].peak_bytes
 
 
 def test_pickled_and_copied_reports_carry_values(monkeypatch):
