@@ -263,7 +263,41 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}x"
 
 
+# What a report without PyTorch's default partition says in its place (never zeros, never a blank).
+NOT_COMPARED = "not compared (compare_default=False)"
+
+
+def baseline_status(report: CutReport) -> str | None:
+    """None when the report carries PyTorch's default partition of the same graph; otherwise why it does not:
+    the comparison was not asked for (``compare_default=False``, the default), or it failed."""
+    if report.baseline_saved_bytes is not None:
+        return None
+    if report.baseline_error:
+        return f"failed: {report.baseline_error}"
+    return NOT_COMPARED
+
+
+def peak_status(report: CutReport) -> str | None:
+    """None when the report has its simulated peak (or can still compute it); otherwise why it has none."""
+    if report.pending_fields() or report.simulated_peak_bytes is not None:
+        return None
+    if report.from_cache:
+        return "not stored with the compile-cache entry (the store keeps peaks with compare_default=True)"
+    return "not simulated"
+
+
+def summary_headers(report: CutReport) -> list[str]:
+    """The summary table's columns: PyTorch default's and the ratio only when the report has that partition."""
+    return ["", "fxremat"] if baseline_status(report) else ["", "fxremat", "PyTorch default", "ratio"]
+
+
 def summary_rows(report: CutReport) -> list[list[str]]:
+    """The summary table (columns as ``summary_headers``)."""
+    rows = _summary_rows(report)
+    return [row[:2] for row in rows] if baseline_status(report) else rows
+
+
+def _summary_rows(report: CutReport) -> list[list[str]]:
     return [
         [
             "saved bytes",
@@ -336,8 +370,7 @@ def format_diff_text(report: CutReport, max_rows: int = 20) -> str:
     """``--diff-default``: the values only one of the two partitioners keeps for backward."""
     diff = diff_default(report)
     if diff is None:
-        why = f" ({report.baseline_error})" if report.baseline_error else ""
-        return f"no PyTorch default partition to compare with{why}"
+        return f"no PyTorch default partition to compare with: {baseline_status(report)}"
     lines = [f"saved by both: {len(diff.both)} values"]
     for title, rows in (
         ("saved only by fxremat", diff.only_fxremat),
@@ -385,7 +418,13 @@ def format_text(report: CutReport, max_rows: int = 20, diff: bool = False) -> st
     ]
     if report.fallback_reason:
         lines.append(f"FELL BACK to PyTorch's default partitioner: {report.fallback_reason}")
-    lines.append(tabulate(summary_rows(report), headers=["", "fxremat", "PyTorch default", "ratio"]))
+    lines.append(tabulate(summary_rows(report), headers=summary_headers(report)))
+    status = baseline_status(report)
+    if status:
+        lines.append(f"PyTorch default partition: {status}")
+    peak = peak_status(report)
+    if peak:
+        lines.append(f"simulated step peak: {peak}")
     lines.extend(budget_lines(report))
     saved = _by_bytes(report.saved)
     if saved:

@@ -18,7 +18,16 @@ from typing import Any
 
 from fxremat_passes.describe import SavedValue
 
-from .report import CutReport, diff_default, format_bytes, saved_value_cells, summary_rows
+from .report import (
+    CutReport,
+    baseline_status,
+    diff_default,
+    format_bytes,
+    peak_status,
+    saved_value_cells,
+    summary_headers,
+    summary_rows,
+)
 
 log = logging.getLogger(__name__)
 
@@ -479,7 +488,8 @@ def _html_recomputed(report: CutReport) -> str:
 def _html_diff(report: CutReport) -> str:
     found = diff_default(report)
     if found is None:
-        return "<h3>Compared with PyTorch default</h3><p>No PyTorch default partition to compare with.</p>"
+        why = _e(baseline_status(report))
+        return f"<h3>Compared with PyTorch default</h3><p>No PyTorch default partition to compare with: {why}.</p>"
     parts = [f"<h3>Compared with PyTorch default</h3><p>Saved by both: {len(found.both)} values.</p>"]
     for title, rows in (
         ("Saved only by fxremat", found.only_fxremat),
@@ -506,7 +516,13 @@ def _html_report(report: CutReport, diff: bool) -> str:
         parts.append(f'<p class="warn">Fell back to PyTorch\'s default partitioner: {_e(report.fallback_reason)}</p>')
     if report.baseline_error:
         parts.append(f'<p class="warn">PyTorch default partition failed: {_e(report.baseline_error)}</p>')
-    parts.append(_html_table(["", "fxremat", "PyTorch default", "ratio"], summary_rows(report), frozenset({1, 2, 3})))
+    parts.append(_html_table(summary_headers(report), summary_rows(report), frozenset({1, 2, 3})))
+    status = baseline_status(report)
+    if status and not report.baseline_error:
+        parts.append(f'<p class="note not-compared">PyTorch default partition: {_e(status)}.</p>')
+    peak = peak_status(report)
+    if peak:
+        parts.append(f'<p class="note">Simulated step peak: {_e(peak)}.</p>')
     parts.append('<div class="charts">')
     parts.append(f"<figure><figcaption><h3>Saved bytes per module</h3></figcaption>{svg_module_bars(report)}</figure>")
     note = '<p class="note">Lower left is better. The frontier: fxremat\'s plans at other memory prices.</p>'

@@ -70,6 +70,23 @@ def test_compare_default_off_skips_baseline():
     assert reports[0].baseline_saved_bytes is None
 
 
+def test_the_default_runs_nothing_for_the_report(monkeypatch):
+    """compare_default is off by default (issue 16): no PyTorch partition, no frontier, no simulation during the
+    partition; the report says it was not compared instead of showing zeros."""
+    monkeypatch.delenv("FXREMAT_COMPARE", raising=False)
+    monkeypatch.delenv("FXREMAT_REPORT_DIR", raising=False)
+    calls = []
+    real = tp.pytorch_default_partition
+    monkeypatch.setattr(tp, "pytorch_default_partition", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model, inputs = example("block_sdpa")
+    report = run_fxremat_aot(model, inputs, strict=True)[3][0]
+    assert calls == [] and report.baseline_saved_bytes is None and report.frontier == ()
+    assert set(report.pending_fields()) == set(partition_module.PEAK_FIELDS)  # nothing simulated yet
+    text = fxremat.format_text(report)
+    assert "PyTorch default partition: not compared (compare_default=False)" in text
+    assert "PyTorch default" not in text.splitlines()[1]  # the summary's header: fxremat's column alone
+
+
 # --- randomness -----------------------------------------------------------------------------------------------
 
 

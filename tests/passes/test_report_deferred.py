@@ -114,12 +114,17 @@ def test_report_store_simulates_only_what_was_asked_for(monkeypatch, tmp_path, o
     if "report_dir" in options:
         (written,) = (tmp_path / "dir").glob("*.json")
         assert json.loads(written.read_text())["simulated_peak_bytes"] == returned["peak"].peak_bytes
-    # a warm compile cache re-emits what was stored
+    # a warm compile cache re-emits what was stored, and says when it has no peaks
     again = fxremat.backend(**options)
     again._reemit_cached_report("key")
     (cached,) = again.reports
     assert cached.from_cache and cached.saved_bytes == report.saved_bytes
-    assert cached.simulated_peak_bytes == (returned["peak"].peak_bytes if simulated else None)
+    text = fxremat.format_text(cached)
+    if simulated:
+        assert cached.simulated_peak_bytes == returned["peak"].peak_bytes and "not stored" not in text
+    else:
+        assert cached.simulated_peak_bytes is None
+        assert "simulated step peak: not stored with the compile-cache entry" in text
 
 
 def test_forward_with_convolutions_is_simulated_while_partitioning(monkeypatch):

@@ -289,6 +289,26 @@ def test_html_memory_timeline_chart_has_every_point_and_labels_the_peak():
         assert chart["boundaries"] == 1  # forward | backward
 
 
+def test_a_report_without_the_comparison_says_so():
+    """compare_default=False (the default): text and HTML say "not compared" where PyTorch's figures would be, never
+    zeros or blanks; nothing of the comparison is drawn."""
+    model, inputs = example("mlp")
+    report = run_fxremat_aot(model, inputs, strict=True, compare_default=False)[3][0]
+    assert report.baseline_saved_bytes is None and report.baseline_error is None
+    text = fxremat.format_text(report, diff=True)
+    assert "PyTorch default partition: not compared (compare_default=False)" in text
+    assert "no PyTorch default partition to compare with: not compared (compare_default=False)" in text
+    page = _Collect()
+    page.feed(format_html([report], diff=True))
+    words = " ".join(page.text)
+    assert "PyTorch default partition: not compared (compare_default=False)." in words
+    assert "ratio" not in words  # the summary has fxremat's column alone
+    assert "PyTorch default" not in page.svg_text and "memory timeline: PyTorch default" not in words
+    # a failed comparison says why instead
+    failed = fxremat.format_text(report.with_changes(baseline_error="RuntimeError: boom"))
+    assert "PyTorch default partition: failed: RuntimeError: boom" in failed
+
+
 def test_pareto_chart_draws_a_frontier_when_the_report_has_one(json_out):
     report = CutReport.from_dict(json_out["data"])
     base = report.saved_bytes
