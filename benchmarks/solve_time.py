@@ -1,6 +1,7 @@
 """Partition (solve) time on N stacked transformer blocks: fxremat vs PyTorch's partitioner on the same joint graphs.
 
     python benchmarks/solve_time.py [--blocks 1 4 16 48 96] [--sweep 20] [--repeats 3] [--markdown PATH]
+                                    [--only COLUMN ...]
 
 For each N: trace the joint graph once (AOTAutograd, no Inductor), then time, interleaved, on fresh copies of it
 (the copy is made before the clock starts, on both sides):
@@ -13,12 +14,18 @@ For each N: trace the joint graph once (AOTAutograd, no Inductor), then time, in
     (what an eager-GraphModule partition cannot avoid);
   - ``report_read``: what fxremat's partition leaves for later, timed apart: the report's simulated-peak fields
     (the step's liveness simulation, on the report's own copy of the split), computed on their first read;
-    ``fxremat.backend`` reads them once Inductor's compile is done, to store the report;
+  - ``stored_lazy``: what a compile with fxremat's defaults pays for its partition (issue 16): the whole partition
+    with ``Options.create()``'s defaults (``compare_default`` off unless ``FXREMAT_COMPARE``/``FXREMAT_REPORT_DIR``
+    say otherwise) inside ``lazy_graph_modules()``, plus the report's JSON as ``fxremat.backend`` stores it for the
+    compile cache (``backend.stored_report_json``: no deferred field computed unless asked for);
+    ``compare_stored_lazy``: the same with ``compare_default=True`` (the default before issue 16: PyTorch's
+    partition on a copy, the frontier, and both splits simulated for the stored report);
   - a sweep of ``--sweep`` budgets from 1.0 to 0.0 over one flow problem (what a frontier costs), with the
     searches sharing one ``SolveCache`` and (``_unshared``) each bisecting from scratch;
   - the max-flow alone on fxremat's flow problem: scipy's Dinic (ours) vs networkx's ``minimum_cut``.
 Times are medians of ``--repeats`` runs (seconds), on one thread; the machine's load shows in the spread, which
-goes to stderr.
+goes to stderr.  ``--only`` times those columns alone (e.g. ``pytorch_default_lazy_s fxremat_stored_lazy_s``),
+without the sweep and the max-flow comparison: less CPU on a shared machine.
 """
 
 from __future__ import annotations
@@ -85,7 +92,7 @@ def networkx_seconds(problem) -> float:
     return time.perf_counter() - start
 
 
-def measure(blocks: int, sweep: int, repeats: int = 1) -> dict:
+def measure(blocks: int, sweep: int, repeats: int = 1, only: list[str] | None = None) -> dict:
     import fxremat
     from fxremat.options import Options
     from fxremat.report import DEFERRED_FIELDS
@@ -118,6 +125,17 @@ def measure(blocks: int, sweep: int, repeats: int = 1) -> dict:
             partition_fn(tp.copy_graph_module(gm), inputs, **kwargs)
         return timed(lambda: [getattr(reports[0], name) for name in DEFERRED_FIELDS])
 
+    def stored(**options) -> float:
+        # the partition and the report store's JSON, timed together: what fxremat.backend spends on a joint graph
+        from fxremat.backend import stored_report_json
+
+        chosen = Options.create(strict=True, **options)
+        reports: list = []
+        partition_fn = fxremat.make_partition_fn(chosen, reports)
+        joint = tp.copy_graph_module(gm)
+        with _maybe(True):
+            return timed(lambda: (partition_fn(joint, inputs, **kwargs), stored_report_json(reports[0], chosen)))
+
     def codegen() -> float:
         fw, bw = fxremat.make_partition_fn(Options.create(compare_default=False, strict=True), [])(
             tp.copy_graph_module(gm), inputs, **kwargs
@@ -132,18 +150,33 @@ def measure(blocks: int, sweep: int, repeats: int = 1) -> dict:
         "pytorch_default_lazy_s": lambda: pytorch(lazy=True),
         "fxremat_default_lazy_s": lambda: ours(lazy=True),
         "fxremat_report_read_s": report_read,
+        "fxremat_stored_lazy_s": stored,
+        "fxremat_compare_stored_lazy_s": lambda: stored(compare_default=True),
         "codegen_fw_bw_s": codegen,
     }
+    if only:
+        unknown = sorted(set(only) - set(runs))
+        if unknown:
+            raise SystemExit(f"--only: unknown column(s) {unknown}; one of {sorted(runs)}")
+        runs = {name: run for name, run in runs.items() if name in only}
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():  # interleaved: load changes hit every column alike
             times[name].append(run())
     for name, values in times.items():
         row[name] = statistics.median(values)
-    row["speedup_default"] = row["pytorch_default_s"] / row["fxremat_default_s"]
-    row["speedup_budget_0.5"] = row["pytorch_budget_0.5_s"] / row["fxremat_budget_0.5_s"]
-    row["speedup_default_lazy"] = row["pytorch_default_lazy_s"] / row["fxremat_default_lazy_s"]
+    for name, theirs, ours_ in (
+        ("speedup_default", "pytorch_default_s", "fxremat_default_s"),
+        ("speedup_budget_0.5", "pytorch_budget_0.5_s", "fxremat_budget_0.5_s"),
+        ("speedup_default_lazy", "pytorch_default_lazy_s", "fxremat_default_lazy_s"),
+        ("speedup_stored_lazy", "pytorch_default_lazy_s", "fxremat_stored_lazy_s"),
+        ("speedup_compare_stored_lazy", "pytorch_default_lazy_s", "fxremat_compare_stored_lazy_s"),
+    ):
+        if theirs in row and ours_ in row:
+            row[name] = row[theirs] / row[ours_]
     print(f"{blocks} blocks, all runs: {times}", file=sys.stderr, flush=True)
+    if only:
+        return row
 
     joint = tp.prepare_joint_graph(tp.copy_graph_module(gm))
     roles = classify(joint, num_fwd_outputs=kwargs["num_fwd_outputs"], static_lifetime_input_indices=[])
@@ -179,14 +212,15 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--markdown", default=None)
+    parser.add_argument("--only", nargs="+", default=None, metavar="COLUMN", help="time these columns alone")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     from tabulate import tabulate
 
-    measure(1, 2)  # warm-up: first calls import Inductor's pattern matcher (~1 s) on either side
+    measure(1, 2, only=args.only)  # warm-up: first calls import Inductor's pattern matcher (~1 s) on either side
     rows = []
     for blocks in args.blocks:
-        rows.append(measure(blocks, args.sweep, args.repeats))
+        rows.append(measure(blocks, args.sweep, args.repeats, args.only))
         print(rows[-1], file=sys.stderr, flush=True)
     headers = list(rows[0])
     table = tabulate(

@@ -110,6 +110,14 @@ def _dynamo_graph_key(gm: fx.GraphModule, example_inputs, uuid: str) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
 
 
+def stored_report_json(report: CutReport, options: Options) -> str:
+    """The JSON the report store keeps for warm-cache re-emission.  Its deferred fields (the step's simulation) are
+    computed only for a report someone asked for (``compare_default``, which ``report_dir`` and ``FXREMAT_COMPARE``
+    turn on, or ``report_dir`` itself): otherwise it keeps what the partition computed, and a cache hit re-emits
+    null peaks (a ``peak_budget`` plan's simulation is part of choosing it, so its peaks are kept)."""
+    return report.to_json(compute_deferred=options.compare_default or options.report_dir is not None)
+
+
 class FxrematBackend:
     """``torch.compile(model, backend=fxremat.backend(...))``.  ``.reports``: one CutReport per joint graph."""
 
@@ -131,12 +139,9 @@ class FxrematBackend:
             self._unwritten.append((report, key, len(self.reports)))
 
     def _write_reports(self) -> None:
-        """Write the reports of this compile's partitions to the report store and ``report_dir``, once Inductor is
-        done.  The deferred fields (the step's simulation) are computed here, outside the partition, and only for
-        a report someone asked for (``compare_default``, which ``report_dir`` and ``FXREMAT_COMPARE`` turn on, or
-        ``report_dir`` itself): otherwise the store keeps what the partition computed and a cache hit re-emits
-        null peaks (a ``peak_budget`` plan's simulation is part of choosing it, so its peaks are kept)."""
-        full = self.options.compare_default or self.options.report_dir is not None
+        """Write the reports of this compile's partitions to the report store (``stored_report_json``: deferred
+        fields only when asked for) and ``report_dir`` (full reports), once Inductor is done, so that whatever
+        they compute runs outside the partition."""
         with self._lock:
             unwritten, self._unwritten = self._unwritten, []
         for report, key, number in unwritten:
@@ -144,7 +149,7 @@ class FxrematBackend:
                 try:
                     path = report_store_dir() / f"{key}.json"
                     path.parent.mkdir(parents=True, exist_ok=True)
-                    path.write_text(report.to_json(compute_deferred=full))
+                    path.write_text(stored_report_json(report, self.options))
                 except OSError as error:  # a report must never break training
                     log.warning("fxremat: could not store report: %s", error)
             self._write_report_dir(report, number)
