@@ -115,7 +115,7 @@ def stored_report_json(report: CutReport, options: Options) -> str:
     computed only for a report someone asked for (``compare_default``, which ``report_dir`` and ``FXREMAT_COMPARE``
     turn on, or ``report_dir`` itself): otherwise it keeps what the partition computed, and a cache hit re-emits
     null peaks (a ``peak_budget`` plan's simulation is part of choosing it, so its peaks are kept)."""
-    return report.to_json(compute_deferred=options.compare_default or options.report_dir is not None)
+    return report.to_json(compute_deferred=options.compare_default or options.report_dir is not None, indent=None)
 
 
 class FxrematBackend:

@@ -5,6 +5,7 @@ Build the record first (``CutReport``), then format it (``format_text``, ``CutRe
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import re
@@ -149,12 +150,13 @@ class CutReport:
             if pending:
                 defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name in pending}
                 report = dataclasses.replace(self, **defaults)
-        data = dataclasses.asdict(report)
+        data = {f.name: _plain(getattr(report, f.name)) for f in dataclasses.fields(report)}
         data["schema_version"] = SCHEMA_VERSION
         return data
 
-    def to_json(self, compute_deferred: bool = True) -> str:
-        return json.dumps(self.to_dict(compute_deferred), indent=2, sort_keys=True)
+    def to_json(self, compute_deferred: bool = True, indent: int | None = 2) -> str:
+        """``indent=None``: one line, with Python's C encoder (the report store's copy: 7x faster at 48 blocks)."""
+        return json.dumps(self.to_dict(compute_deferred), indent=indent, sort_keys=True)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CutReport:
@@ -182,6 +184,29 @@ class CutReport:
 
     def with_changes(self, **changes: Any) -> CutReport:
         return dataclasses.replace(self, **changes)
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _plain(value: Any) -> Any:
+    """``dataclasses.asdict``'s conversion of one field (dataclasses to dicts, containers rebuilt), without its deep
+    copy of every leaf: a report's leaves are immutable (numbers, strings, None), and its thousands of rows made
+    ``asdict`` most of ``to_dict``'s time (15 ms of a 48-block stack's report)."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        names = _FIELD_NAMES.get(type(value))
+        if names is None:
+            names = _FIELD_NAMES[type(value)] = tuple(f.name for f in dataclasses.fields(value))
+        return {name: _plain(getattr(value, name)) for name in names}
+    return copy.deepcopy(value)
 
 
 DEFERRED_FIELDS = tuple(name for name, value in vars(CutReport).items() if isinstance(value, _DeferrableField))

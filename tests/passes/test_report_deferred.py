@@ -80,6 +80,21 @@ def test_to_dict_can_leave_deferred_fields_uncomputed(monkeypatch):
     assert report.to_dict()["baseline_simulated_peak_bytes"] > 0 and len(calls) == 2
 
 
+def test_to_dict_is_asdict_and_the_one_line_json_the_same_object(monkeypatch):
+    """to_dict converts without asdict's deep copy of every leaf: the same dict, and to_json(indent=None) (the
+    report store's) the same object in one line."""
+    import dataclasses
+
+    from fxremat.report import SCHEMA_VERSION
+
+    report, *_ = _partition("block_sdpa", monkeypatch, compare_default=True, compare_budgets=True, memory_budget=0.5)
+    report = report.with_changes(extra={"note": [1, {"pair": (2, 3)}]})
+    assert report.saved and report.baseline_saved and report.recomputed and report.frontier
+    assert report.to_dict() == {**dataclasses.asdict(report), "schema_version": SCHEMA_VERSION}
+    one_line = report.to_json(indent=None)
+    assert "\n" not in one_line and json.loads(one_line) == json.loads(report.to_json())
+
+
 @pytest.mark.parametrize(
     "options,simulated",
     [
