@@ -84,6 +84,14 @@ class FxrematPartitioner(tp.CustomPartitionerFn):
         return fw, bw
 
 
+def _compiling_for_fxremat() -> bool:
+    """Whether Inductor is compiling a graph of fxremat's: our partitioner is in its config (``compile_fx``
+    re-applies our config patches around the lazy backward lowering too)."""
+    import torch._inductor.config as inductor_config
+
+    return isinstance(inductor_config.custom_partitioner_fn, FxrematPartitioner)
+
+
 def _rebuild_partitioner(options: Options) -> FxrematPartitioner:
     return FxrematPartitioner(options, lambda report, key: None)
 
@@ -128,6 +136,8 @@ class FxrematBackend:
         self._unwritten: list[tuple[CutReport, str | None, int]] = []  # (report, store key, number): _write_reports
         self._lock = threading.Lock()
         self._partitioner = FxrematPartitioner(options, self._record)
+        # looked up at each call, so that a test can tell the fix which compiles to mend
+        tp.inductor_keeps_mutation_order(lambda: _compiling_for_fxremat())
         self._verifier = Verifier()
 
     def __repr__(self) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import re
+import threading
 
 import torch
 
@@ -69,6 +70,7 @@ from torch._functorch.partitioners import (  # noqa: E402
 from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_files  # noqa: E402
 from torch._inductor.decomposition import select_decomp_table  # noqa: E402
 from torch._inductor.graph import GraphLowering  # noqa: E402
+from torch._inductor.scheduler import SchedulerNode  # noqa: E402
 from torch._library.fake_class_registry import FakeScriptObject  # noqa: E402
 from torch.fx._lazy_graph_module import _LazyGraphModule, _make_graph_module  # noqa: E402
 from torch.fx.experimental._backward_state import BackwardState  # noqa: E402
@@ -103,6 +105,7 @@ __all__ = [
     "get_hash_for_files",
     "has_free_unbacked_symbols",
     "inductor_layout_optimisation",
+    "inductor_keeps_mutation_order",
     "is_backward_state",
     "is_bwd_seed_offset",
     "is_fwd_seed_offset",
@@ -157,6 +160,44 @@ def inductor_layout_optimisation(gm: torch.fx.GraphModule) -> bool:
     channels-last): Inductor's own per-graph decision (``GraphLowering.decide_layout_opt``), read off the same FX
     graph (its nodes' ``meta["val"]``), so the simulator cannot drift from it."""
     return bool(GraphLowering.decide_layout_opt(gm, is_inference=False))
+
+
+_MUTATION_FIX_LOCK = threading.Lock()
+_unfixed_recompute = None
+
+
+def inductor_keeps_mutation_order(applies) -> None:
+    """Inductor's CPU scheduler must not run a reader of a mutated buffer before the mutation, in the graphs for
+    which ``applies()`` is true (fxremat's compiles: issue #20, diffusers UNet2DModel with ResNet blocks, 84 of 114
+    gradients wrong under layout optimisation, PyTorch's own partition included).  Installed once; idempotent.
+
+    The bug (torch 2.13, ``scheduler.py``): ``SchedulerNode.recompute_size_and_body`` re-reads a node's
+    dependencies from its loop body, which names a mutated buffer by its real name (``buf100``, the zeros an
+    ``index_put(..., accumulate=True)`` scatters into), and renames them to the mutation (``buf101``) only when the
+    node also has fake dependencies.  The C++ backend calls it to fuse a flat pointwise node with a node of more
+    loop variables (``CppScheduling._align_compatible_range_nodes``): under layout optimisation, a reader of the
+    scatter's result beside its channels-last copy for ``convolution_backward``.  The reader then depends on the
+    zero fill only, lands in the fill's kernel and reads zeros: the gradient through an upsampling
+    (``upsample_nearest2d``'s backward is a zero fill and a scatter) came back zero.  The fix re-applies the
+    node's mutation renames after the recompute, as ``refresh_dependencies`` already does.
+
+    Why a method wrapper and not a context around fxremat's ``compile_fx`` call: AOTAutograd lowers the backward
+    lazily, at the first backward call, outside any such context; ``applies`` reads Inductor's config, which
+    ``compile_fx`` re-applies around that lowering too, so other compiles in the user's process are untouched."""
+    global _unfixed_recompute
+    with _MUTATION_FIX_LOCK:
+        if _unfixed_recompute is not None:
+            return
+        unfixed = SchedulerNode.recompute_size_and_body
+
+        def recompute_keeping_mutation_renames(self, *args, **kwargs):
+            unfixed(self, *args, **kwargs)
+            if self.mutation_renames and applies():
+                # what ``refresh_dependencies`` does after re-reading a body
+                self.set_read_writes(self.read_writes.rename(self.mutation_renames))
+
+        _unfixed_recompute = unfixed
+        SchedulerNode.recompute_size_and_body = recompute_keeping_mutation_renames
 
 
 # PyTorch's placement predicates read a node's ``partitioner_tag`` and its target's schema only: their answers,
