@@ -113,10 +113,8 @@ def _fmt_grads(row) -> str:
     return "yes" if matched else f"NO ({row.get('max_grad_error', float('nan')):.1e})"
 
 
-def row_note(row: dict[str, Any]) -> str:
-    """What a reader must know to trust the row: an error, a fallback, a missed budget, graph breaks."""
-    if row.get("error"):
-        return "error: " + row["error"].splitlines()[0][:100]
+def compile_notes(row: dict[str, Any]) -> list[str]:
+    """Graph breaks, fxremat's fallbacks and missed budgets of a compiled run (``bench_measure.fxremat_facts``)."""
     notes = []
     if row.get("graphs", 1) > 1:
         notes.append(f"{row['graphs']} graphs")
@@ -124,6 +122,14 @@ def row_note(row: dict[str, Any]) -> str:
         notes.append(f"fxremat fell back on {len(row['fxremat_fallbacks'])} graph(s)")
     if False in (row.get("fxremat_budget_met") or []):
         notes.append("budget not met")
+    return notes
+
+
+def row_note(row: dict[str, Any]) -> str:
+    """What a reader must know to trust the row: an error, a fallback, a missed budget, graph breaks."""
+    if row.get("error"):
+        return "error: " + row["error"].splitlines()[0][:100]
+    notes = compile_notes(row)
     if row.get("memory_budget_bytes") is not None:
         notes.append(f"budget {row['memory_budget_bytes'] / MIB:.2f} MiB")
     return "; ".join(notes)

@@ -337,12 +337,7 @@ def note(row: dict[str, Any]) -> str:
     notes = [] if row["gates"] else ["not gating"]
     if row.get("dropout"):
         notes.append("dropout: checked by its own tests")
-    if row.get("graphs", 1) > 1:
-        notes.append(f"{row['graphs']} graphs")
-    if row.get("fxremat_fallbacks"):
-        notes.append(f"fxremat fell back on {len(row['fxremat_fallbacks'])} graph(s)")
-    if False in (row.get("fxremat_budget_met") or []):
-        notes.append("budget not met")
+    notes += br.compile_notes(row)
     if row.get("also_wrong_in_pytorch_default"):
         notes.append(f"{row['also_wrong_in_pytorch_default']} also wrong under {BASELINE}")
     return "; ".join(notes)

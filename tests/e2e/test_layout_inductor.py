@@ -2,8 +2,8 @@
 ``memory_budget=0.5`` plan gave 18 wrong parameter gradients before backward's ``as_strided`` reads were pinned
 (``passes/layout.py``: ``pin_as_strided_inputs``).  One cold compile, ~1 minute here.
 
-The rule (the issue's): against an fp64 eager copy, error = max|g - g64| / max|g64|; a parameter is wrong when its
-error exceeds 1e-3 and ten times eager fp32's own error.
+The rule (the issue's, ``benchmarks/grad_rule.py``): against an fp64 eager copy, error = max|g - g64| / max|g64|; a
+parameter is wrong when its error exceeds 1e-3 and ten times eager fp32's own error.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import importlib
 
+import grad_rule  # benchmarks/ (tests/conftest.py puts it on the path)
 import pytest
 import torch
 import torch.nn.functional as F
@@ -27,31 +28,28 @@ def _grads(model, x, target):
     return {n.removeprefix("_orig_mod."): p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
-def _wrong(grads, grads32, grads64):
-    wrong = {}
-    for name, g64 in grads64.items():
-        scale = g64.abs().max().item()
-        error = (grads[name].double() - g64).abs().max().item() / scale
-        error32 = (grads32[name].double() - g64).abs().max().item() / scale
-        if error > 1e-3 and error > 10 * error32:
-            wrong[name] = error
-    return wrong
+def _wrong_parameters(model, x, target, backend) -> list[str]:
+    """One compiled step of ``model`` against fp64 and fp32 eager copies, judged by grad_check's rule
+    (benchmarks/grad_rule.py)."""
+    torch._dynamo.reset()
+    grads64 = _grads(copy.deepcopy(model).double(), x.double(), target.double())
+    grads32 = _grads(copy.deepcopy(model), x, target)
+    grads = _grads(torch.compile(model, backend=backend), x, target)
+    errors, _ = grad_rule.relative_errors(grads, grads64)
+    eager_errors, _ = grad_rule.relative_errors(grads32, grads64)
+    return [w["name"] for w in grad_rule.judge(errors, eager_errors)["wrong"]]
 
 
 def test_groupnorm_convnet_budget_plan_is_right_under_layout_optimisation():
     import torch._inductor.config as inductor_config
 
     assert inductor_config.layout_optimization and torch.backends.mkldnn.is_available()  # Inductor's CPU rule
-    torch._dynamo.reset()
     torch.manual_seed(0)
     model = groupnorm_convnet()
     x, target = torch.randn(2, 3, 32, 32), torch.randn(2, 3, 32, 32)
-    grads64 = _grads(copy.deepcopy(model).double(), x.double(), target.double())
-    grads32 = _grads(copy.deepcopy(model), x, target)
     backend = fxremat.backend(memory_budget=0.5, compare_default=False, strict=True)
-    grads = _grads(torch.compile(model, backend=backend), x, target)
+    assert _wrong_parameters(model, x, target, backend) == []
     assert backend.reports and backend.reports[0].budget_met
-    assert _wrong(grads, grads32, grads64) == {}
 
 
 class _Res(torch.nn.Module):
@@ -97,15 +95,11 @@ def test_scheduler_keeps_a_scatter_before_its_readers(fixed, monkeypatch, tmp_pa
     monkeypatch.setattr(backend_module, "_compiling_for_fxremat", lambda: fixed)
     # a cache of its own: the FX graph cache's key does not know about the fix
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    torch._dynamo.reset()
     torch.manual_seed(0)
     model = _UpsamplingNet()
     x, target = torch.randn(2, 3, 32, 32), torch.randn(2, 3, 32, 32)
-    grads64 = _grads(copy.deepcopy(model).double(), x.double(), target.double())
-    grads32 = _grads(copy.deepcopy(model), x, target)
-    grads = _grads(torch.compile(model, backend="inductor"), x, target)
-    wrong = _wrong(grads, grads32, grads64)
+    wrong = _wrong_parameters(model, x, target, "inductor")
     if fixed:
-        assert wrong == {}
+        assert wrong == []
     else:
         assert len(wrong) > 4, "Inductor no longer reorders the scatter: drop inductor_keeps_mutation_order"
