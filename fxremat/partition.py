@@ -398,6 +398,24 @@ def partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModu
         return _partition(request, options)
 
 
+def _fallback(request: PartitionRequest, profile: DeviceProfile, reason: str):
+    """PyTorch's default partition of the joint graph, with one warning: (fw, bw, described, peak fields)."""
+    warnings.warn(
+        f"fxremat: partitioning {request.graph_id} failed ({reason}); using PyTorch's default "
+        "partitioner for this graph. Pass strict=True to fxremat.backend to raise instead.",
+        FxrematFallbackWarning,
+        stacklevel=3,
+    )
+    fw, bw = tp.pytorch_default_partition(
+        request.joint,
+        request.joint_inputs,
+        num_fwd_outputs=request.num_fwd_outputs,
+        static_lifetime_input_indices=request.static_lifetime_input_indices,
+    )
+    described = describe_split(fw, bw, request.num_fwd_outputs, profile)
+    return fw, bw, described, _peak_fields(_simulate(fw, bw, request.num_fwd_outputs))
+
+
 def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModule, fx.GraphModule, CutReport]:
     start = time.perf_counter()
     device_type, device_name = graph_device(request.joint)
@@ -430,23 +448,8 @@ def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphMod
         fallback_reason = f"{type(error).__name__}: {error}"
         fields = {}
     if fallback_reason is not None:
-        warnings.warn(
-            f"fxremat: partitioning {request.graph_id} failed ({fallback_reason}); using PyTorch's default "
-            "partitioner for this graph. Pass strict=True to fxremat.backend to raise instead.",
-            FxrematFallbackWarning,
-            stacklevel=2,
-        )
-        fw, bw = tp.pytorch_default_partition(
-            request.joint,
-            request.joint_inputs,
-            num_fwd_outputs=request.num_fwd_outputs,
-            static_lifetime_input_indices=request.static_lifetime_input_indices,
-        )
-        described = describe_split(fw, bw, request.num_fwd_outputs, profile)
-        peak_fields = _peak_fields(_simulate(fw, bw, request.num_fwd_outputs))
-    # every backward we hand to Inductor, ours or PyTorch's: its as_strided reads must not depend on the layout
-    # Inductor gives the saved tensors (issue #20)
-    pin_as_strided_inputs(bw)
+        fw, bw, described, peak_fields = _fallback(request, profile, fallback_reason)
+    pin_as_strided_inputs(bw)  # ours or PyTorch's: as_strided reads independent of saved layouts (issue #20)
     report = CutReport(
         **common,
         **describe_fields(described),

@@ -167,23 +167,15 @@ _unfixed_recompute = None
 
 
 def inductor_keeps_mutation_order(applies) -> None:
-    """Inductor's CPU scheduler must not run a reader of a mutated buffer before the mutation, in the graphs for
-    which ``applies()`` is true (fxremat's compiles: issue #20, diffusers UNet2DModel with ResNet blocks, 84 of 114
-    gradients wrong under layout optimisation, PyTorch's own partition included).  Installed once; idempotent.
-
-    The bug (torch 2.13, ``scheduler.py``): ``SchedulerNode.recompute_size_and_body`` re-reads a node's
-    dependencies from its loop body, which names a mutated buffer by its real name (``buf100``, the zeros an
-    ``index_put(..., accumulate=True)`` scatters into), and renames them to the mutation (``buf101``) only when the
-    node also has fake dependencies.  The C++ backend calls it to fuse a flat pointwise node with a node of more
-    loop variables (``CppScheduling._align_compatible_range_nodes``): under layout optimisation, a reader of the
-    scatter's result beside its channels-last copy for ``convolution_backward``.  The reader then depends on the
-    zero fill only, lands in the fill's kernel and reads zeros: the gradient through an upsampling
-    (``upsample_nearest2d``'s backward is a zero fill and a scatter) came back zero.  The fix re-applies the
-    node's mutation renames after the recompute, as ``refresh_dependencies`` already does.
-
-    Why a method wrapper and not a context around fxremat's ``compile_fx`` call: AOTAutograd lowers the backward
-    lazily, at the first backward call, outside any such context; ``applies`` reads Inductor's config, which
-    ``compile_fx`` re-applies around that lowering too, so other compiles in the user's process are untouched."""
+    """Inductor's C++ scheduler must not run a reader of a mutated buffer before the mutation, in the compiles for
+    which ``applies()`` is true (fxremat's).  Installed once.  The bug (torch 2.13): ``recompute_size_and_body``
+    re-reads a node's dependencies from its loop body, which names a scattered-into buffer by its real name, and
+    renames them to the scatter only when the node has fake dependencies; ``CppScheduling.
+    _align_compatible_range_nodes`` calls it, and the reader then runs in the zero fill's kernel, before the
+    scatter (issue #20's ResNet-block UNet: upsampling gradients came back zero).  The fix re-applies the
+    renames, as ``refresh_dependencies`` does.  A method wrapper, not a context around ``compile_fx``: AOTAutograd
+    lowers backward at the first backward call; ``applies`` reads Inductor's config, which ``compile_fx``
+    re-applies there.  docs/DESIGN.md §7."""
     global _unfixed_recompute
     with _MUTATION_FIX_LOCK:
         if _unfixed_recompute is not None:
