@@ -59,6 +59,76 @@ class Stack(nn.Module):
         return self.blocks(x)
 
 
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(dim)), eps
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+def rope_tables(seq: int, head_dim: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of rotary position embedding, (seq, head_dim): the halves rotate together."""
+    inv = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq, dtype=torch.float32), inv)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def _rotate(x, cos, sin):
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+class LlamaBlock(nn.Module):
+    """RMSNorm, rotary embeddings, grouped-query attention (``kv_heads`` < ``heads``) and a SwiGLU MLP: written
+    here, independently of transformers, so that no tuning to one library's model goes unnoticed."""
+
+    def __init__(self, dim: int = 64, heads: int = 4, kv_heads: int = 2, hidden: int | None = None) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        hidden = hidden or 8 * dim // 3
+        self.n1, self.n2 = RMSNorm(dim), RMSNorm(dim)
+        self.q = nn.Linear(dim, dim, bias=False)
+        self.kv = nn.Linear(dim, 2 * kv_heads * self.head_dim, bias=False)
+        self.o = nn.Linear(dim, dim, bias=False)
+        self.gate_up = nn.Linear(dim, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+
+    def _attend(self, x, cos, sin):
+        b, t, d = x.shape
+        q = self.q(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(x).view(b, t, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k = _rotate(q, cos[:t], sin[:t]), _rotate(k, cos[:t], sin[:t])
+        repeat = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(b, t, d))
+
+    def forward(self, x, cos, sin):
+        x = x + self._attend(self.n1(x), cos, sin)
+        gate, up = self.gate_up(self.n2(x)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+class LlamaStack(nn.Module):
+    """``depth`` LlamaBlocks sharing one pair of rotary tables (buffers), then a final RMSNorm."""
+
+    def __init__(self, depth: int = 2, dim: int = 64, heads: int = 4, kv_heads: int = 2, max_seq: int = 512) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(LlamaBlock(dim, heads, kv_heads) for _ in range(depth))
+        self.norm = RMSNorm(dim)
+        cos, sin = rope_tables(max_seq, dim // heads)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x, self.cos, self.sin)
+        return self.norm(x)
+
+
 class ConvNet(nn.Module):
     def __init__(self, channels: int = 16) -> None:
         super().__init__()
@@ -121,6 +191,8 @@ def example(name: str, batch: int = 4, seq: int = 32, dim: int = 64):
         return Block(dim, attention="softmax"), (torch.randn(batch, seq, dim),)
     if name == "stack":
         return Stack(2, dim), (torch.randn(batch, seq, dim),)
+    if name == "llama_stack":
+        return LlamaStack(2, dim, heads=4, kv_heads=2, max_seq=max(seq, 16)), (torch.randn(batch, seq, dim),)
     if name == "convnet":
         return ConvNet(), (torch.randn(batch, 3, 16, 16),)
     if name == "groupnorm_convnet":
@@ -130,4 +202,4 @@ def example(name: str, batch: int = 4, seq: int = 32, dim: int = 64):
     raise ValueError(f"unknown example {name!r}; one of {EXAMPLES}")
 
 
-EXAMPLES = ("mlp", "block_sdpa", "block_softmax", "stack", "convnet", "groupnorm_convnet", "dropout")
+EXAMPLES = ("mlp", "block_sdpa", "block_softmax", "stack", "llama_stack", "convnet", "groupnorm_convnet", "dropout")
