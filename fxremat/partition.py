@@ -30,12 +30,12 @@ from fxremat_passes.describe import describe_split
 from fxremat_passes.flow_problem import VALUE_ROLES, build_flow_problem
 from fxremat_passes.layout import CONVOLUTION, pin_as_strided_inputs
 from fxremat_passes.liveness import PeakEstimate, simulate_step
-from fxremat_passes.plan_memory import build_joint_memory, estimate_peak
 from fxremat_passes.roles import Policy, Role, classify, recompute_tag
 from fxremat_passes.split import SplitRecipe, split_with_recipe
 
 from .options import Options
-from .plan import FxrematBudgetWarning, choose_plan, fastest_first, peak_candidates, peak_shortlist, plan_key
+from .peak_choice import choose_plan_for_budget, choose_plan_for_peak
+from .plan import choose_plan
 from .report import CutReport, Deferred, describe_fields, never_recomputed_counts
 
 log = logging.getLogger(__name__)
@@ -181,9 +181,6 @@ def _report_peak_fields(fw, bw, num_fwd_outputs: int, recipe: SplitRecipe | None
     return _peak_fields(_simulate(fw, bw, num_fwd_outputs))
 
 
-# Candidate plans for a peak budget whose real split is simulated (each costs a split and a simulation).
-PEAK_SIMULATED_CANDIDATES = 10
-
 # PyTorch's activation_memory_budget values shown beside fxremat's frontier (compare_budgets).
 PYTORCH_BUDGETS = (0.5, 0.1, 0.0)
 
@@ -293,13 +290,15 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
             static_lifetime_input_nodes=roles.static_inputs,
         )
 
-    if options.peak_budget is None:
-        plan, plan_fields = choose_plan(flow.parametric, options, profile, request.graph_id)
-        split_done, peak = None, None
-    else:
-        plan, plan_fields, split_done, peak = _choose_plan_for_peak(
+    if options.peak_budget is not None:
+        plan, plan_fields, split_done, peak = choose_plan_for_peak(flow, roles, joint, options, profile, request, split)
+    elif options.memory_budget not in (None, 1.0) and options.solver == "mincut":
+        plan, plan_fields, split_done, peak = choose_plan_for_budget(
             flow, roles, joint, options, profile, request, split
         )
+    else:
+        plan, plan_fields = choose_plan(flow.parametric, options, profile, request.graph_id)
+        split_done, peak = None, None
     fields.update(plan_fields)
     fields["solve_seconds"] = time.perf_counter() - solve_start
     recomputed_nodes = [flow.nodes[i] for i in plan.recomputed]
@@ -312,68 +311,6 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
     _enter("split")
     fw, bw, recipe = split_done if split_done is not None else split(plan)
     return _Split(fw, bw, fields, recipe, peak)
-
-
-def _choose_plan_for_peak(flow, roles, joint, options: Options, profile: DeviceProfile, request, split):
-    """The fastest candidate plan whose simulated activation peak fits ``peak_budget`` (and whose saved bytes fit
-    ``memory_budget``, when both are given).  Candidates (``plan.peak_candidates``) are estimated at plan level
-    (``plan_memory.py``, milliseconds each), and a shortlist of them is split and simulated (``simulate_step``).
-    A float budget is a fraction of the way from the lowest simulated peak (0.0) to the default plan's (1.0)."""
-    problem = flow.parametric
-    memory = build_joint_memory(joint, roles, request.num_fwd_outputs)
-    index = {n: i for i, n in enumerate(joint.graph.nodes)}
-    value_node = [index[n] for n in flow.nodes]
-    forward = [roles.role[n] is Role.FORWARD for n in flow.nodes]
-    default_plan, fields = choose_plan(problem, options, profile, request.graph_id)  # memory_budget's plan if any
-    candidates = peak_candidates(problem, forward, options, profile, fields.get("budget_bytes"))
-    if "budget_bytes" in fields:
-        candidates = [p for p in candidates if p.saved_bytes <= fields["budget_bytes"]]
-    candidates = fastest_first([default_plan, *candidates])
-    estimates = {
-        plan_key(p): estimate_peak(memory, {value_node[v] for v in p.saved}).activation_peak_bytes for p in candidates
-    }
-    # The estimate is off by up to 26% on Llama (it leaves out Inductor's fusion order), so the choice is made on
-    # real simulations of a shortlist alone; the shortlist does not depend on the budget, so a tighter budget only
-    # removes plans and the peak found is monotone in the budget.
-    shortlist = peak_shortlist(candidates, lambda p: estimates[plan_key(p)], default_plan, PEAK_SIMULATED_CANDIDATES)
-    splits, simulations, real = {}, {}, {}
-    for plan in shortlist:
-        # lazy modules: a candidate's code is generated only if it is the one chosen and then called (9 of 10
-        # candidates' codegen was half of a peak-budget partition)
-        with tp.lazy_graph_modules():
-            splits[plan_key(plan)] = split(plan)
-        fw_bw = splits[plan_key(plan)][:2]
-        # the default plan must simulate (its peak anchors a fraction); another candidate that cannot is dropped
-        if plan_key(plan) == plan_key(default_plan):
-            simulated = simulate_step(*fw_bw, request.num_fwd_outputs)
-        else:
-            simulated = _simulate(*fw_bw, request.num_fwd_outputs)
-            if simulated is None:
-                continue
-        simulations[plan_key(plan)] = simulated  # the chosen plan's is its report's
-        real[plan_key(plan)] = simulated.activation_peak_bytes
-    shortlist = [p for p in shortlist if plan_key(p) in real]
-    lowest = min(shortlist, key=lambda p: (real[plan_key(p)], p.seconds))
-    budget = options.peak_budget
-    if isinstance(budget, float):
-        target = int(real[plan_key(lowest)] + budget * max(0, real[plan_key(default_plan)] - real[plan_key(lowest)]))
-    else:
-        target = budget
-    fields.update(
-        peak_budget=budget, peak_budget_bytes=target, peak_candidates=len(candidates), peak_simulated=len(shortlist)
-    )
-    chosen = next((p for p in shortlist if real[plan_key(p)] <= target), None)
-    if chosen is not None:
-        key = plan_key(chosen)
-        return chosen, dict(fields, peak_budget_met=True), splits[key], simulations[key]
-    warnings.warn(
-        f"fxremat: {request.graph_id} cannot keep its simulated activation peak within {target} bytes "
-        f"(peak_budget={budget!r}); the lowest any candidate plan reaches is {real[plan_key(lowest)]} bytes. "
-        "Using that plan.",
-        FxrematBudgetWarning,
-        stacklevel=3,
-    )
-    return lowest, dict(fields, peak_budget_met=False), splits[plan_key(lowest)], simulations[plan_key(lowest)]
 
 
 @contextlib.contextmanager

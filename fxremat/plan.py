@@ -37,13 +37,22 @@ class FxrematBudgetWarning(UserWarning):
     """A memory budget could not be met; the fewest-bytes plan was used."""
 
 
-def _budget_bytes(budget: float | int, default: Plan, fewest: Plan) -> int:
+def budget_target_bytes(budget: float | int, default: Plan, fewest: Plan) -> int:
     if isinstance(budget, float):
         return int(fewest.saved_bytes + budget * max(0, default.saved_bytes - fewest.saved_bytes))
     return int(budget)
 
 
-def _prices(options: Options, profile: DeviceProfile) -> tuple[float, float]:
+def warn_unreachable(graph_id: str, target: int, budget, fewest_bytes: int) -> None:
+    warnings.warn(
+        f"fxremat: {graph_id} cannot keep its saved activations within {target} bytes (memory_budget="
+        f"{budget!r}); the fewest it can keep is {fewest_bytes} bytes. Using that plan.",
+        FxrematBudgetWarning,
+        stacklevel=5,
+    )
+
+
+def prices(options: Options, profile: DeviceProfile) -> tuple[float, float]:
     """(the price of memory of the default plan, the price standing for infinity), in seconds per byte."""
     return options.memory_price / profile.mem_bandwidth, FEWEST_BYTES_PRICE_UNITS / profile.mem_bandwidth
 
@@ -82,7 +91,7 @@ def fastest_first(plans) -> list[Plan]:
 def choose_plan(
     problem: ParametricProblem, options: Options, profile: DeviceProfile, graph_id: str
 ) -> tuple[Plan, dict]:
-    price, max_price = _prices(options, profile)
+    price, max_price = prices(options, profile)
     budget = options.memory_budget
     fields: dict = {}
     cache = SolveCache(problem)  # the budget search and the frontier share their max-flows
@@ -93,7 +102,7 @@ def choose_plan(
     plan = default
     if budget is not None and budget != 1.0:
         fewest = cache.at(max_price)
-        target = _budget_bytes(budget, default, fewest)
+        target = budget_target_bytes(budget, default, fewest)
         if options.solver == "milp":
             try:
                 plan = solve_milp(problem, price, target, MILP_TIME_LIMIT)
@@ -103,12 +112,7 @@ def choose_plan(
         else:
             plan, met = _cheapest_within(problem, target, price, max_price, default, fewest, cache)
         if not met:
-            warnings.warn(
-                f"fxremat: {graph_id} cannot keep its saved activations within {target} bytes (memory_budget="
-                f"{budget!r}); the fewest it can keep is {fewest.saved_bytes} bytes. Using that plan.",
-                FxrematBudgetWarning,
-                stacklevel=3,
-            )
+            warn_unreachable(graph_id, target, budget, fewest.saved_bytes)
         fields.update(budget_bytes=target, budget_met=met, fewest_saved_bytes=fewest.saved_bytes)
     fields["default_plan_saved_bytes"] = default.saved_bytes
     fields["plan_method"] = plan.method
@@ -140,12 +144,12 @@ PEAK_CANDIDATE_FRACTIONS = (0.75, 0.5, 0.25, 0.1)
 
 def candidate_plans(problem: ParametricProblem, options: Options, profile: DeviceProfile) -> list[Plan]:
     """Distinct plans spanning default to fewest bytes, fastest (estimated) first."""
-    price, max_price = _prices(options, profile)
+    price, max_price = prices(options, profile)
     cache = SolveCache(problem)
     plans = frontier(problem, price, max_price, cache=cache)
     default, fewest = plans[0], plans[-1]
     for fraction in PEAK_CANDIDATE_FRACTIONS:
-        target = _budget_bytes(fraction, default, fewest)
+        target = budget_target_bytes(fraction, default, fewest)
         plans.append(_cheapest_within(problem, target, price, max_price, default, fewest, cache)[0])
     return fastest_first(plans)
 
@@ -166,7 +170,7 @@ def peak_candidates(
     lazily (the bytes-only frontier has no plan whose recompute is spread over backward).  With a saved-bytes
     budget too, each checkpoint set also gets its cheapest plan within that budget."""
     plans = candidate_plans(problem, options, profile)
-    price, max_price = _prices(options, profile)
+    price, max_price = prices(options, profile)
     for constrained in checkpoint_grid(problem, forward):
         cache = SolveCache(constrained)
         found = frontier(constrained, price, max_price, max_solves=CHECKPOINT_FRONTIER_SOLVES, cache=cache)
@@ -190,3 +194,60 @@ def peak_shortlist(candidates: list[Plan], estimate, default: Plan, most: int) -
     if len(front) > most:
         front = [front[round(i * (len(front) - 1) / (most - 1))] for i in range(most)]
     return fastest_first([*front, default])
+
+
+def budget_shortlist(candidates: list[Plan], estimate, default: Plan, fewest: Plan, most: int) -> list[Plan]:
+    """The candidates a ``memory_budget`` chooses among by simulated peak, independent of the budget: those no other
+    candidate beats on estimated seconds, saved bytes and estimated peak at once, thinned evenly by saved bytes to at
+    most ``most`` (keeping the default and the fewest-bytes plans, so every reachable budget has a plan); fastest
+    first.  Independence from the budget is what makes ``monotone_choice`` monotone."""
+    plans = fastest_first(candidates)
+
+    def beaten(p: Plan) -> bool:
+        return any(
+            plan_key(q) != plan_key(p)
+            and q.seconds <= p.seconds
+            and q.saved_bytes <= p.saved_bytes
+            and estimate(q) <= estimate(p)
+            for q in plans
+        )
+
+    front = sorted((p for p in plans if not beaten(p)), key=lambda p: -p.saved_bytes)
+    if len(front) > most - 2:
+        front = [front[round(i * (len(front) - 1) / max(1, most - 3))] for i in range(max(1, most - 2))]
+    return fastest_first([*front, default, fewest])
+
+
+@dataclasses.dataclass(frozen=True)
+class PeakChoice:
+    plan: Plan
+    peak: int  # the plan's simulated peak
+    lowest_looser_peak: int  # the lowest peak chosen at any looser budget (the default plan's included)
+    raised: bool  # the budget itself forced a peak above lowest_looser_peak
+
+
+def monotone_choice(shortlist: list[Plan], default: Plan, target: int, peak_of) -> PeakChoice:
+    """The fastest plan of ``shortlist`` (fastest first) within ``target`` saved bytes whose
+    peak (``peak_of(plan)``, simulated on demand) is at most that of the plan chosen at every looser budget,
+    the default plan's included; where none is, the lowest-peak plan within ``target`` (``raised``).
+
+    Walking the budgets from the loosest down, the chosen plan changes only where a plan stops fitting, so the
+    walk visits each distinct saved-bytes level of the shortlist above ``target``, then ``target``.  The shortlist
+    does not depend on the budget, so the chosen peak is non-increasing as the budget goes down, except where a
+    budget leaves no plan that low (then it is the lowest the budget allows, and ``raised`` says so)."""
+    bound = peak_of(default)
+    choice = PeakChoice(default, bound, bound, False)
+    if target >= default.saved_bytes:
+        return choice
+    target = max(target, min(p.saved_bytes for p in shortlist))  # an unreachable budget: the fewest bytes
+    levels = {p.saved_bytes for p in shortlist if target < p.saved_bytes < default.saved_bytes}
+    caps = [*sorted(levels, reverse=True), target]
+    for cap in caps:
+        fitting = [p for p in shortlist if p.saved_bytes <= cap]
+        plan = next((p for p in fitting if peak_of(p) <= bound), None)
+        raised = plan is None
+        if raised:
+            plan = min(fitting, key=lambda p: (peak_of(p), p.seconds))
+        choice = PeakChoice(plan, peak_of(plan), bound, raised)
+        bound = min(bound, choice.peak)
+    return choice

@@ -107,6 +107,11 @@ class CutReport:
     fewest_saved_bytes: int | None = None  # the fewest-bytes plan's saved bytes (budget runs)
     default_plan_saved_bytes: int | None = None  # fxremat's plan without a budget
     plan_method: str = "mincut"
+    # memory_budget's peak-safe choice (fxremat/peak_choice.py): candidates, of which simulated; and the simulated
+    # step-peak bytes the budget itself forced above the lowest peak of any looser budget (0: none)
+    budget_candidates: int | None = None
+    budget_simulated: int | None = None
+    peak_raised_by_budget: int | None = None
     frontier: tuple[tuple[int, float, float], ...] = ()  # (saved bytes, est. recompute s, memory_price) per vertex
     peak_budget: float | int | None = None  # as asked (activation peak bytes, or a fraction)
     peak_budget_bytes: int | None = None  # the activation peak the plan had to fit
@@ -417,6 +422,13 @@ def budget_lines(report: CutReport) -> list[str]:
         lines.append(
             f"memory_budget {report.memory_budget!r}: at most {format_bytes(report.budget_bytes)} saved -> "
             f"{format_bytes(report.saved_bytes)} ({'met' if report.budget_met else 'NOT met: fewest-bytes plan'})"
+        )
+    if report.budget_simulated is not None:
+        raised = report.peak_raised_by_budget
+        lines.append(
+            f"  the fastest of {report.budget_simulated} simulated plans (of {report.budget_candidates} candidates) "
+            "whose step peak is no higher than at any looser budget"
+            + (f"; NONE within this budget: the lowest-peak one, {format_bytes(raised)} higher" if raised else "")
         )
     if isinstance(report.peak_budget, float):  # relative to the candidates' estimated peaks
         lines.append(

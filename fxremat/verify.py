@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-
 # Relative to the reference's largest magnitude, in float32 and float64; Inductor reorders fp32 reductions (1.5e-4
 # measured on the convnet's BatchNorm gradients, tests/e2e), a wrong plan is off by O(1).
 TOLERANCE = 1e-3

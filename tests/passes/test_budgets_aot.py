@@ -3,16 +3,18 @@ in the budget, correct gradients, randomness never redrawn, tags honoured at bud
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
 import torch
-from conftest import assert_grads_close, eager_grads, run_aot, run_fxremat_aot
+from conftest import assert_grads_close, capture_joint, eager_grads, run_aot, run_fxremat_aot
 from test_partition_aot import Tagged
 
 import fxremat
 from fxremat.examples import example
 from fxremat.options import Options
+from fxremat.partition import PartitionRequest, partition
 from fxremat.plan import FxrematBudgetWarning
 from fxremat_passes import _torch_private as tp
 
@@ -98,3 +100,32 @@ def test_report_has_a_frontier_from_default_to_fewest():
     assert len(saved) >= 2
     assert saved == sorted(saved, reverse=True) and seconds == sorted(seconds)
     assert saved[0] == report.saved_bytes
+
+
+def test_simulated_peak_is_monotone_over_a_20_budget_sweep():
+    """memory_budget is peak-safe (issue #15): from 1.0 down to 0.0 the chosen plan's simulated step peak never
+    rises, and never exceeds the default plan's, except where the budget itself leaves no lower plan, which the
+    report says (peak_raised_by_budget); the saved bytes still meet each budget.  One joint graph, partitioned 20
+    times (gradients: the plan at 0.5, end to end)."""
+    model, inputs = example("llama_stack", batch=2, seq=32, dim=48)
+    gm, kwargs = capture_joint(model, inputs)
+    previous = None
+    for budget in [1.0 - i / 19 for i in range(20)]:
+        request = PartitionRequest(copy.deepcopy(gm), None, kwargs["num_fwd_outputs"], None, "g")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FxrematBudgetWarning)  # 0.0 is out of reach (the RoPE tables' slices)
+            report = partition(request, Options.create(memory_budget=budget, strict=True))[2]
+        peak = report.simulated_peak_bytes
+        if budget == 1.0:
+            default_peak = previous = peak
+            continue
+        assert report.saved_bytes <= max(report.budget_bytes, report.fewest_saved_bytes), budget
+        if report.peak_raised_by_budget:
+            # above the lowest peak of the looser budgets, this sweep's or those between its points
+            assert peak > peak - report.peak_raised_by_budget <= previous, (budget, peak, previous)
+        else:
+            assert peak <= previous and peak <= default_peak, (budget, peak, previous, default_peak)
+        previous = min(previous, peak)
+    assert previous < default_peak  # somewhere below the default plan's peak
+    _, expected = eager_grads(model, inputs)
+    assert_grads_close(run_fxremat_aot(model, inputs, memory_budget=0.5, strict=True)[1], expected)

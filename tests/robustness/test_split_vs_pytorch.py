@@ -127,7 +127,8 @@ def _step_checked(model, inputs, loss, config, require_partition: bool = True) -
         assert result.reports, "no joint graph was partitioned: nothing was compared"
     for report in result.reports:
         assert report.fallback_reason is None
-    assert checks.prepared == checks.split == len(result.reports)
+    # every split is compared, and a budget's peak-safe choice splits each plan it simulates
+    assert checks.split >= checks.prepared == len(result.reports)
     return result
 
 
@@ -207,7 +208,7 @@ def test_dynamic_shapes_split_like_pytorch():
                 x = torch.randn(3, length, 8)
                 _loss(compiled(x)).backward()
                 _loss(eager(x)).backward()
-        assert checks.split == len(reports) >= 1
+        assert checks.split >= len(reports) >= 1  # a budget splits every plan it simulates
         assert any(r.saved_symbols for r in reports)
         for p, q in zip(model.parameters(), eager.parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)

@@ -202,3 +202,30 @@ def test_frontier_is_sorted_and_spans_default_to_fewest():
     assert points[-1].saved_bytes == solve_at(problem, MAX_PRICE).saved_bytes
     assert all(a.saved_bytes > b.saved_bytes for a, b in itertools.pairwise(points))
     assert all(a.seconds <= b.seconds + 1e-12 for a, b in itertools.pairwise(points))
+
+
+def _plan(saved_bytes: int, seconds: float, name: int):
+    from fxremat_passes.budget import Plan
+
+    return Plan(price=0.0, saved=(name,), recomputed=(), saved_bytes=saved_bytes, seconds=seconds)
+
+
+def test_monotone_choice_never_raises_the_peak_a_looser_budget_reached():
+    from fxremat.plan import monotone_choice
+
+    # (saved bytes, seconds, simulated peak): the fast 60-byte plan peaks above the default; the 40-byte plan is
+    # low; the 10-byte plan peaks highest and is the only one within 10 bytes
+    plans = {0: (100, 1.0, 50), 1: (60, 2.0, 70), 2: (40, 3.0, 45), 3: (10, 4.0, 80)}
+    shortlist = [_plan(b, s, k) for k, (b, s, _) in plans.items()]
+    peak = {p.saved: plans[p.saved[0]][2] for p in shortlist}
+    simulated = []
+
+    def peak_of(p):
+        simulated.append(p.saved)
+        return peak[p.saved]
+
+    chosen = {t: monotone_choice(shortlist, shortlist[0], t, peak_of) for t in (100, 70, 60, 50, 40, 10, 0)}
+    assert [chosen[t].plan.saved[0] for t in (100, 70, 60, 50, 40)] == [0, 2, 2, 2, 2]  # never the 70-byte peak
+    assert chosen[10].raised and chosen[10].plan.saved == (3,) and chosen[10].lowest_looser_peak == 45
+    assert chosen[0].plan.saved == (3,)  # unreachable: the fewest bytes
+    assert not any(chosen[t].raised for t in (100, 70, 60, 50, 40))

@@ -1,0 +1,179 @@
+"""Choosing a plan by the simulated peak of its real split: for ``peak_budget`` (the fastest plan whose activation
+peak fits) and for ``memory_budget`` (the fastest plan within the saved bytes whose step peak is no higher than at
+any looser budget: ``plan.monotone_choice``).
+
+Both start from the same candidates (``plan.peak_candidates``: the price search's plans and checkpointed ones),
+rank them by the plan-level estimate (``plan_memory.py``, milliseconds each) into a shortlist that does not depend
+on the budget, and split and simulate (``liveness.simulate_step``) only the shortlisted plans they look at, each at
+most once (``SimulatedPlans``).  The chosen plan's simulation is its report's.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fxremat_passes import _torch_private as tp
+from fxremat_passes.budget import Plan, SolveCache
+from fxremat_passes.liveness import PeakEstimate, simulate_step
+from fxremat_passes.plan_memory import build_joint_memory, estimate_peak
+from fxremat_passes.roles import Role
+
+from .plan import (
+    FxrematBudgetWarning,
+    budget_shortlist,
+    budget_target_bytes,
+    choose_plan,
+    fastest_first,
+    monotone_choice,
+    peak_candidates,
+    peak_shortlist,
+    plan_key,
+    prices,
+    warn_unreachable,
+)
+
+log = logging.getLogger(__name__)
+
+# Candidate plans whose real split may be simulated (each costs a split and a simulation).
+PEAK_SIMULATED_CANDIDATES = 10
+
+
+@dataclass
+class SimulatedPlans:
+    """Each plan's split and simulation, made on first demand and kept (the chosen one's are handed on)."""
+
+    split: Callable[[Plan], tuple]
+    num_fwd_outputs: int
+    required: set = field(default_factory=set)  # plan keys whose simulation must not fail (the default plan)
+    splits: dict = field(default_factory=dict)
+    simulations: dict = field(default_factory=dict)
+
+    def simulation(self, plan: Plan) -> PeakEstimate | None:
+        key = plan_key(plan)
+        if key not in self.simulations:
+            # lazy modules: a candidate's code is generated only if it is the one chosen and then called
+            with tp.lazy_graph_modules():
+                self.splits[key] = self.split(plan)
+            fw_bw = self.splits[key][:2]
+            if key in self.required:
+                self.simulations[key] = simulate_step(*fw_bw, self.num_fwd_outputs)
+            else:
+                try:
+                    self.simulations[key] = simulate_step(*fw_bw, self.num_fwd_outputs)
+                except Exception as error:  # a candidate that cannot be simulated is dropped
+                    log.debug("simulation of a candidate plan failed: %s", error, exc_info=True)
+                    self.simulations[key] = None
+        return self.simulations[key]
+
+    def handed_on(self, plan: Plan) -> tuple[tuple, PeakEstimate]:
+        return self.splits[plan_key(plan)], self.simulations[plan_key(plan)]
+
+
+def _ranked_candidates(flow, roles, joint, options, profile, request, budget_bytes):
+    """(candidates fastest first, the plan-level estimate of a plan's step peak and activation peak)."""
+    problem = flow.parametric
+    memory = build_joint_memory(joint, roles, request.num_fwd_outputs)
+    index = {n: i for i, n in enumerate(joint.graph.nodes)}
+    value_node = [index[n] for n in flow.nodes]
+    forward = [roles.role[n] is Role.FORWARD for n in flow.nodes]
+    candidates = peak_candidates(problem, forward, options, profile, budget_bytes)
+    estimates: dict = {}
+
+    def estimate(plan: Plan):
+        key = plan_key(plan)
+        if key not in estimates:
+            estimates[key] = estimate_peak(memory, {value_node[v] for v in plan.saved})
+        return estimates[key]
+
+    return candidates, estimate
+
+
+def choose_plan_for_budget(flow, roles, joint, options, profile, request, split):
+    """``memory_budget``'s plan, peak-safe: ``monotone_choice`` over the budget-independent shortlist, judged by
+    the simulated step peak.  (plan, report fields, (fw, bw, recipe) or None, its simulation or None)."""
+    problem = flow.parametric
+    price, max_price = prices(options, profile)
+    cache = SolveCache(problem)
+    default, fewest = cache.at(price), cache.at(max_price)
+    target = budget_target_bytes(options.memory_budget, default, fewest)
+    met = fewest.saved_bytes <= target
+    if not met:
+        warn_unreachable(request.graph_id, target, options.memory_budget, fewest.saved_bytes)
+    candidates, estimate = _ranked_candidates(flow, roles, joint, options, profile, request, None)
+    shortlist = budget_shortlist(
+        [*candidates, default, fewest], lambda p: estimate(p).peak_bytes, default, fewest, PEAK_SIMULATED_CANDIDATES
+    )
+    simulated = SimulatedPlans(split, request.num_fwd_outputs, required={plan_key(default)})
+
+    def peak_of(plan: Plan) -> float:
+        simulation = simulated.simulation(plan)
+        return simulation.peak_bytes if simulation is not None else float("inf")
+
+    choice = monotone_choice(shortlist, default, target, peak_of)
+    fields = dict(
+        budget_bytes=target,
+        budget_met=met,
+        fewest_saved_bytes=fewest.saved_bytes,
+        default_plan_saved_bytes=default.saved_bytes,
+        plan_method=choice.plan.method,
+        budget_candidates=len(candidates),
+        budget_simulated=len(simulated.simulations),
+        peak_raised_by_budget=int(choice.peak - choice.lowest_looser_peak) if choice.raised else 0,
+    )
+    if choice.raised:
+        log.info(
+            "%s: memory_budget=%r leaves no plan whose simulated peak is as low as a looser budget's (%d bytes); "
+            "the lowest within it peaks %d bytes higher",
+            request.graph_id,
+            options.memory_budget,
+            choice.lowest_looser_peak,
+            fields["peak_raised_by_budget"],
+        )
+    (fw_bw_recipe, simulation) = simulated.handed_on(choice.plan)
+    return choice.plan, fields, fw_bw_recipe, simulation
+
+
+def choose_plan_for_peak(flow, roles, joint, options, profile, request, split):
+    """``peak_budget``'s plan: the fastest shortlisted plan whose simulated activation peak fits it (and whose saved
+    bytes fit ``memory_budget``, when both are given).  A float budget is a fraction of the way from the lowest
+    simulated activation peak (0.0) to the default plan's (1.0).  Returns as ``choose_plan_for_budget``."""
+    default_plan, fields = choose_plan(flow.parametric, options, profile, request.graph_id)  # memory_budget's plan
+    candidates, estimate = _ranked_candidates(flow, roles, joint, options, profile, request, fields.get("budget_bytes"))
+    if "budget_bytes" in fields:
+        candidates = [p for p in candidates if p.saved_bytes <= fields["budget_bytes"]]
+    candidates = fastest_first([default_plan, *candidates])
+    # the shortlist does not depend on the budget: a tighter budget only removes plans, so the peak found is
+    # monotone in the budget
+    shortlist = peak_shortlist(
+        candidates, lambda p: estimate(p).activation_peak_bytes, default_plan, PEAK_SIMULATED_CANDIDATES
+    )
+    simulated = SimulatedPlans(split, request.num_fwd_outputs, required={plan_key(default_plan)})
+    real = {}
+    for plan in shortlist:
+        simulation = simulated.simulation(plan)
+        if simulation is not None:
+            real[plan_key(plan)] = simulation.activation_peak_bytes
+    shortlist = [p for p in shortlist if plan_key(p) in real]
+    lowest = min(shortlist, key=lambda p: (real[plan_key(p)], p.seconds))
+    budget = options.peak_budget
+    if isinstance(budget, float):
+        target = int(real[plan_key(lowest)] + budget * max(0, real[plan_key(default_plan)] - real[plan_key(lowest)]))
+    else:
+        target = budget
+    fields.update(
+        peak_budget=budget, peak_budget_bytes=target, peak_candidates=len(candidates), peak_simulated=len(shortlist)
+    )
+    chosen = next((p for p in shortlist if real[plan_key(p)] <= target), None)
+    if chosen is None:
+        warnings.warn(
+            f"fxremat: {request.graph_id} cannot keep its simulated activation peak within {target} bytes "
+            f"(peak_budget={budget!r}); the lowest any candidate plan reaches is {real[plan_key(lowest)]} bytes. "
+            "Using that plan.",
+            FxrematBudgetWarning,
+            stacklevel=4,
+        )
+    plan = chosen if chosen is not None else lowest
+    return plan, dict(fields, peak_budget_met=chosen is not None), *simulated.handed_on(plan)
