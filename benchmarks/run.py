@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench_* modules 
 
 import bench_measure as bm  # noqa: E402
 import bench_report as br  # noqa: E402
-from bench_models import ALL_MODELS, SIZES  # noqa: E402
+from bench_models import ALL_MODELS, EXTRA_MODELS, SIZES  # noqa: E402
 
 ROW_MARKER = "FXREMAT_BENCH_ROW "  # the worker's result line; everything else it prints is noise to us
 THREADS = 1  # CPU step times are only comparable on one thread (and this machine is shared)
@@ -45,15 +45,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the MLP, pytorch_default vs fxremat_default, in-process")
     more_configs = " ".join(c for c in bm.CONFIGS if c not in bm.DEFAULT_CONFIGS)
+    sets = "; ".join(f"{name}: {' '.join(configs)}" for name, configs in bm.CONFIG_SETS.items())
     parser.add_argument(
-        "--models", nargs="+", default=None, metavar="NAME", help=f"default: {' '.join(ALL_MODELS)}; also: llama_stack"
+        "--models", nargs="+", default=None, metavar="NAME",
+        help=f"default: {' '.join(ALL_MODELS)}; also: {' '.join(EXTRA_MODELS)}",
     )
     parser.add_argument(
-        "--configs",
-        nargs="+",
-        default=None,
-        metavar="NAME",
-        help=f"default: {' '.join(bm.DEFAULT_CONFIGS)}; also: {more_configs}",
+        "--configs", nargs="+", default=None, metavar="NAME",
+        help=f"default: {' '.join(bm.DEFAULT_CONFIGS)}; also: {more_configs}. Set names expand ({sets})",
     )
     parser.add_argument("--size", choices=sorted(SIZES), default=None, help="default: small (tiny with --quick)")
     parser.add_argument("--repeats", type=int, default=10, help="timed steps; the median is reported")
@@ -64,18 +63,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--budget-bytes", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    apply_defaults(args)
+    for config in args.configs:
+        if config not in bm.CONFIGS:
+            parser.error(f"unknown configuration {config!r}; choose from {' '.join(bm.CONFIGS)} or a set "
+                         f"({' '.join(bm.CONFIG_SETS)})")
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    return args
+
+
+def apply_defaults(args: argparse.Namespace) -> None:
+    """--quick's models and configurations, the default ones otherwise; configuration set names expanded."""
     if args.quick:
         args.models = args.models or list(QUICK_MODELS)
         args.configs = args.configs or list(bm.QUICK_CONFIGS)
     args.models = args.models or list(ALL_MODELS)
-    args.configs = args.configs or list(bm.DEFAULT_CONFIGS)
+    args.configs = bm.expand_configs(args.configs or list(bm.DEFAULT_CONFIGS))
     args.size = args.size or ("tiny" if args.quick else "small")
-    for config in args.configs:
-        if config not in bm.CONFIGS:
-            parser.error(f"unknown configuration {config!r}; choose from {' '.join(bm.CONFIGS)}")
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
-    return args
 
 
 def device() -> str:
