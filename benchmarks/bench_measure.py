@@ -49,15 +49,29 @@ CONFIGS = (*PYTORCH_BUDGETS, "fxremat_default", *FXREMAT_BUDGETS, *BUDGET_SOURCE
 # The default run: PyTorch's default and budgets 0.5 / 0.1 against fxremat's default, the same knob at 0.5, and
 # fxremat at PyTorch's measured bytes.  The rest were added for the peak studies (issues #8, #15): --configs.
 DEFAULT_CONFIGS = (
-    "pytorch_default", "pytorch_budget_0.5", "pytorch_budget_0.1",
-    "fxremat_default", "fxremat_budget_0.5", "fxremat_at_pytorch_0.5", "fxremat_at_pytorch_0.1",
+    "pytorch_default",
+    "pytorch_budget_0.5",
+    "pytorch_budget_0.1",
+    "fxremat_default",
+    "fxremat_budget_0.5",
+    "fxremat_at_pytorch_0.5",
+    "fxremat_at_pytorch_0.1",
 )
 QUICK_CONFIGS = ("pytorch_default", "fxremat_default")
 # Issue #15's table: every setting it judges (memory_budget 1.0 = the default plan), both partitioners.
 ISSUE15_CONFIGS = (
-    "pytorch_default", "pytorch_budget_0.5", "pytorch_budget_0.2", "pytorch_budget_0.0",
-    "fxremat_default", "fxremat_budget_0.5", "fxremat_budget_0.2", "fxremat_budget_0.0",
-    "fxremat_at_pytorch_0.5", "fxremat_at_pytorch_0.2", "fxremat_peak_0.5", "fxremat_peak_0.0",
+    "pytorch_default",
+    "pytorch_budget_0.5",
+    "pytorch_budget_0.2",
+    "pytorch_budget_0.0",
+    "fxremat_default",
+    "fxremat_budget_0.5",
+    "fxremat_budget_0.2",
+    "fxremat_budget_0.0",
+    "fxremat_at_pytorch_0.5",
+    "fxremat_at_pytorch_0.2",
+    "fxremat_peak_0.5",
+    "fxremat_peak_0.0",
 )
 # Names that --configs expands to a list.
 CONFIG_SETS = {"default": DEFAULT_CONFIGS, "quick": QUICK_CONFIGS, "issue15": ISSUE15_CONFIGS}
@@ -209,8 +223,13 @@ def simulated_facts(backend, peak_bytes: int, graphs: int) -> dict[str, Any]:
     if reports is None:
         return {}
     per_graph = [r.simulated_peak_bytes for r in reports]
-    facts: dict[str, Any] = dict(simulated_peak_bytes=None, sim_error=None, simulated_peak_at=None,
-                                 simulated_peak_bytes_per_graph=per_graph, sim_note=None)
+    facts: dict[str, Any] = dict(
+        simulated_peak_bytes=None,
+        sim_error=None,
+        simulated_peak_at=None,
+        simulated_peak_bytes_per_graph=per_graph,
+        sim_note=None,
+    )
     if len(reports) != 1 or graphs != 1:
         facts["sim_note"] = f"{graphs} Dynamo graph(s), {len(reports)} joint graph(s): no single simulated step"
     elif per_graph[0] is None:

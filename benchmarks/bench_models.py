@@ -129,8 +129,17 @@ def _lm_workload(model, shape: dict[str, int], **info) -> Workload:
 
 def _gpt2(t, s) -> Workload:
     config = t.GPT2Config(
-        n_embd=s["hidden"], n_layer=s["layers"], n_head=s["heads"], vocab_size=s["vocab"], n_positions=s["seq"],
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0, use_cache=False,
+        n_embd=s["hidden"],
+        n_layer=s["layers"],
+        n_head=s["heads"],
+        vocab_size=s["vocab"],
+        n_positions=s["seq"],
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+        use_cache=False,
     )
     model = _from_config(t.GPT2LMHeadModel, config)
     model.loss_type = "ForCausalLM"  # GPT-2's default loss lookup breaks the graph under Dynamo
@@ -139,28 +148,51 @@ def _gpt2(t, s) -> Workload:
 
 def _llama(t, s) -> Workload:
     config = t.LlamaConfig(
-        hidden_size=s["hidden"], intermediate_size=4 * s["hidden"], num_hidden_layers=s["layers"],
-        num_attention_heads=s["heads"], num_key_value_heads=s["heads"], vocab_size=s["vocab"],
-        max_position_embeddings=s["seq"], attention_dropout=0.0, use_cache=False,
-        bos_token_id=0, eos_token_id=0, pad_token_id=0,
+        hidden_size=s["hidden"],
+        intermediate_size=4 * s["hidden"],
+        num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"],
+        num_key_value_heads=s["heads"],
+        vocab_size=s["vocab"],
+        max_position_embeddings=s["seq"],
+        attention_dropout=0.0,
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
     )
     return _lm_workload(_from_config(t.LlamaForCausalLM, config), s)
 
 
 def _bert(t, s) -> Workload:
     config = t.BertConfig(
-        hidden_size=s["hidden"], intermediate_size=4 * s["hidden"], num_hidden_layers=s["layers"],
-        num_attention_heads=s["heads"], vocab_size=s["vocab"], max_position_embeddings=s["seq"],
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, pad_token_id=0,
+        hidden_size=s["hidden"],
+        intermediate_size=4 * s["hidden"],
+        num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"],
+        vocab_size=s["vocab"],
+        max_position_embeddings=s["seq"],
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        pad_token_id=0,
     )
     return _lm_workload(_from_config(t.BertForMaskedLM, config), s)
 
 
 def _t5(t, s) -> Workload:
     config = t.T5Config(
-        d_model=s["hidden"], d_kv=s["hidden"] // s["heads"], d_ff=4 * s["hidden"], num_layers=s["layers"],
-        num_decoder_layers=s["layers"], num_heads=s["heads"], vocab_size=s["vocab"], dropout_rate=0.0,
-        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, use_cache=False,
+        d_model=s["hidden"],
+        d_kv=s["hidden"] // s["heads"],
+        d_ff=4 * s["hidden"],
+        num_layers=s["layers"],
+        num_decoder_layers=s["layers"],
+        num_heads=s["heads"],
+        vocab_size=s["vocab"],
+        dropout_rate=0.0,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+        use_cache=False,
     )
     return _lm_workload(_from_config(t.T5ForConditionalGeneration, config), s)
 
@@ -169,9 +201,15 @@ def _vit(t, s) -> Workload:
     patch = 8
     image = patch * round(math.sqrt(s["seq"]))  # about as many patches as the text models have tokens
     config = t.ViTConfig(
-        hidden_size=s["hidden"], intermediate_size=4 * s["hidden"], num_hidden_layers=s["layers"],
-        num_attention_heads=s["heads"], image_size=image, patch_size=patch, num_labels=10,
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        hidden_size=s["hidden"],
+        intermediate_size=4 * s["hidden"],
+        num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"],
+        image_size=image,
+        patch_size=patch,
+        num_labels=10,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
         # set up front: the loss sets it on its first call, and that config mutation recompiles the second step
         problem_type="single_label_classification",
     )
@@ -183,10 +221,21 @@ def _vit(t, s) -> Workload:
 
 def _mixtral(t, s) -> Workload:
     config = t.MixtralConfig(
-        hidden_size=s["hidden"], intermediate_size=2 * s["hidden"], num_hidden_layers=s["layers"],
-        num_attention_heads=s["heads"], num_key_value_heads=s["heads"], vocab_size=s["vocab"],
-        max_position_embeddings=s["seq"], num_local_experts=4, num_experts_per_tok=2, attention_dropout=0.0,
-        router_jitter_noise=0.0, use_cache=False, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+        hidden_size=s["hidden"],
+        intermediate_size=2 * s["hidden"],
+        num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"],
+        num_key_value_heads=s["heads"],
+        vocab_size=s["vocab"],
+        max_position_embeddings=s["seq"],
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        attention_dropout=0.0,
+        router_jitter_noise=0.0,
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
     )
     model, experts = _mixtral_with_batched_experts(t, config)
     return _lm_workload(model, s, experts_implementation=experts)

@@ -47,11 +47,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     more_configs = " ".join(c for c in bm.CONFIGS if c not in bm.DEFAULT_CONFIGS)
     sets = "; ".join(f"{name}: {' '.join(configs)}" for name, configs in bm.CONFIG_SETS.items())
     parser.add_argument(
-        "--models", nargs="+", default=None, metavar="NAME",
+        "--models",
+        nargs="+",
+        default=None,
+        metavar="NAME",
         help=f"default: {' '.join(ALL_MODELS)}; also: {' '.join(EXTRA_MODELS)}",
     )
     parser.add_argument(
-        "--configs", nargs="+", default=None, metavar="NAME",
+        "--configs",
+        nargs="+",
+        default=None,
+        metavar="NAME",
         help=f"default: {' '.join(bm.DEFAULT_CONFIGS)}; also: {more_configs}. Set names expand ({sets})",
     )
     parser.add_argument("--size", choices=sorted(SIZES), default=None, help="default: small (tiny with --quick)")
@@ -66,8 +72,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     apply_defaults(args)
     for config in args.configs:
         if config not in bm.CONFIGS:
-            parser.error(f"unknown configuration {config!r}; choose from {' '.join(bm.CONFIGS)} or a set "
-                         f"({' '.join(bm.CONFIG_SETS)})")
+            parser.error(
+                f"unknown configuration {config!r}; choose from {' '.join(bm.CONFIGS)} or a set "
+                f"({' '.join(bm.CONFIG_SETS)})"
+            )
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     return args
@@ -105,13 +113,24 @@ def worker_main(args: argparse.Namespace) -> int:
 
 
 def parse_worker_output(stdout: str) -> dict | None:
-    rows = [line[len(ROW_MARKER):] for line in stdout.splitlines() if line.startswith(ROW_MARKER)]
+    rows = [line[len(ROW_MARKER) :] for line in stdout.splitlines() if line.startswith(ROW_MARKER)]
     return json.loads(rows[-1]) if rows else None
 
 
 def worker_command(model: str, config: str, size: str, repeats: int, budget: int | None) -> list[str]:
-    command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--models", model, "--configs", config,
-               "--size", size, "--repeats", str(repeats)]
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--models",
+        model,
+        "--configs",
+        config,
+        "--size",
+        size,
+        "--repeats",
+        str(repeats),
+    ]
     return command + ([] if budget is None else ["--budget-bytes", str(budget)])
 
 
@@ -121,16 +140,22 @@ def subprocess_runner(size: str, repeats: int, timeout: float) -> Runner:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TRITON_CACHE_DIR": os.path.join(cache, "triton")}
         start = time.perf_counter()
         try:
-            proc = subprocess.run(worker_command(model, config, size, repeats, budget), env=env,
-                                  capture_output=True, text=True, timeout=timeout)
+            proc = subprocess.run(
+                worker_command(model, config, size, repeats, budget),
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
         except subprocess.TimeoutExpired:
             return bm.error_row(model, size, config, device(), f"worker timed out after {timeout:.0f} s")
         finally:
             shutil.rmtree(cache, ignore_errors=True)
         row = parse_worker_output(proc.stdout)
         if row is None:
-            return bm.error_row(model, size, config, device(),
-                                f"worker exited with {proc.returncode} and no result", proc.stderr)
+            return bm.error_row(
+                model, size, config, device(), f"worker exited with {proc.returncode} and no result", proc.stderr
+            )
         row["worker_s"] = time.perf_counter() - start
         return row
 
@@ -221,9 +246,17 @@ def log_row(row: dict) -> None:
 
 
 def build_result(args: argparse.Namespace, rows: list[dict]) -> dict[str, Any]:
-    settings = dict(size=args.size, shape=SIZES[args.size], repeats=args.repeats, warmup=bm.WARMUP_STEPS,
-                    models=args.models, configs=args.configs, quick=args.quick, in_process=args.quick,
-                    grad_tolerance=bm.GRAD_TOLERANCE)
+    settings = dict(
+        size=args.size,
+        shape=SIZES[args.size],
+        repeats=args.repeats,
+        warmup=bm.WARMUP_STEPS,
+        models=args.models,
+        configs=args.configs,
+        quick=args.quick,
+        in_process=args.quick,
+        grad_tolerance=bm.GRAD_TOLERANCE,
+    )
     return dict(schema_version=1, environment=br.environment(THREADS), settings=settings, rows=br.add_ratios(rows))
 
 

@@ -11,8 +11,9 @@ def _row(model, config, saved=100, peak=1000, step=2.0, **extra):
 
 
 def test_ratios_are_against_the_same_models_pytorch_default():
-    rows = br.add_ratios([_row("a", "pytorch_default"), _row("a", "fxremat_default", saved=50, step=3.0),
-                          _row("b", "fxremat_default")])
+    rows = br.add_ratios(
+        [_row("a", "pytorch_default"), _row("a", "fxremat_default", saved=50, step=3.0), _row("b", "fxremat_default")]
+    )
     assert rows[1]["saved_ratio"] == 0.5 and rows[1]["step_ratio"] == 1.5 and rows[1]["peak_ratio"] == 1.0
     assert rows[2]["saved_ratio"] is None  # model b has no baseline row
 
@@ -48,8 +49,12 @@ def test_worker_output_is_the_last_marked_line():
 
 
 def test_markdown_table_has_one_line_per_row_and_shows_errors():
-    rows = br.add_ratios([_row("a", "pytorch_default", grads_matched=True),
-                          dict(model="a", config="fxremat_default", error="ValueError: bad | thing\nmore")])
+    rows = br.add_ratios(
+        [
+            _row("a", "pytorch_default", grads_matched=True),
+            dict(model="a", config="fxremat_default", error="ValueError: bad | thing\nmore"),
+        ]
+    )
     lines = br.markdown_table(rows).strip().splitlines()
     assert len(lines) == 4 and all(line.count("|") == len(br.HEADERS) + 1 for line in lines)
     assert "error: ValueError: bad / thing" in lines[3]
@@ -70,8 +75,16 @@ def test_issue15_configurations_exist_and_run_after_their_budget_sources():
     import bench_measure as bm
 
     assert set(bm.ISSUE15_CONFIGS) <= set(bm.CONFIGS) and set(bm.DEFAULT_CONFIGS) <= set(bm.CONFIGS)
-    issue15 = ("fxremat_budget_0.5", "fxremat_budget_0.2", "fxremat_budget_0.0", "fxremat_peak_0.5",
-               "fxremat_peak_0.0", "pytorch_budget_0.2", "pytorch_budget_0.0", "fxremat_at_pytorch_0.2")
+    issue15 = (
+        "fxremat_budget_0.5",
+        "fxremat_budget_0.2",
+        "fxremat_budget_0.0",
+        "fxremat_peak_0.5",
+        "fxremat_peak_0.0",
+        "pytorch_budget_0.2",
+        "pytorch_budget_0.0",
+        "fxremat_at_pytorch_0.2",
+    )
     assert set(issue15) <= set(bm.ISSUE15_CONFIGS)
     order = {config: i for i, config in enumerate(bm.CONFIGS)}
     for user, source in {**bm.BUDGET_SOURCES, **bm.PEAK_AT_SOURCES}.items():
