@@ -222,14 +222,18 @@ def simulated_facts(backend, peak_bytes: int, graphs: int) -> dict[str, Any]:
     reports = getattr(backend, "reports", None)
     if reports is None:
         return {}
-    per_graph = [r.simulated_peak_bytes for r in reports]
     facts: dict[str, Any] = dict(
         simulated_peak_bytes=None,
         sim_error=None,
         simulated_peak_at=None,
-        simulated_peak_bytes_per_graph=per_graph,
+        simulated_peak_bytes_per_graph=None,
         sim_note=None,
     )
+    try:
+        per_graph = facts["simulated_peak_bytes_per_graph"] = [r.simulated_peak_bytes for r in reports]
+    except Exception as exc:  # noqa: BLE001 - a failing simulation must not cost the row its measurements
+        facts["sim_note"] = f"simulation failed: {type(exc).__name__}: {exc}"[:300]
+        return facts
     if len(reports) != 1 or graphs != 1:
         facts["sim_note"] = f"{graphs} Dynamo graph(s), {len(reports)} joint graph(s): no single simulated step"
     elif per_graph[0] is None:

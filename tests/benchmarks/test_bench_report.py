@@ -152,3 +152,16 @@ def test_markdown_shows_the_simulated_peak_and_its_error():
     row = _row("a", "fxremat_default", peak=2**20, simulated_peak_bytes=int(1.05 * 2**20), sim_error=0.05)
     cells = br.table_cells(br.add_ratios([row])[0])
     assert cells[br.HEADERS.index("sim peak MiB")] == "1.05" and cells[br.HEADERS.index("sim err")] == "+5.0%"
+
+
+class _FailingReport:
+    @property
+    def simulated_peak_bytes(self):
+        raise RuntimeError("no timeline")
+
+
+def test_a_failing_simulation_keeps_the_row_and_says_why():
+    import bench_measure as bm
+
+    facts = bm.simulated_facts(_Backend(_FailingReport()), peak_bytes=1000, graphs=1)
+    assert facts["simulated_peak_bytes"] is None and facts["sim_note"] == "simulation failed: RuntimeError: no timeline"
