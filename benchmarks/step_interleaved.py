@@ -9,10 +9,11 @@ own fresh model (``bench_models.build_workload``: the same seed, so identical we
 backend (``bench_measure.make_backend``), in run.py's order, so that ``fxremat_at_pytorch_X`` takes the saved
 bytes ``pytorch_budget_X`` measured a moment before.  Each gets warm-up steps; then, per repetition, one step of
 each configuration in turn, ``--steps`` rounds, the round's first configuration rotating, so that a slow drift of
-the machine (load, clocks) falls on every configuration alike and none always runs after the same neighbour.  The
-result, per configuration: the median of each repetition, its ratio to ``--reference``'s median of the same
-repetition, and to PyTorch's at the same setting (``SAME_SETTING``); the gradients of its first step against
-eager (``bench_measure.grad_errors``, as run.py).
+the machine (load, clocks) falls on every configuration alike and none always runs after the same neighbour
+(Python's garbage collector paused meanwhile: ``collector_paused``).  The result, per configuration: the median
+of each repetition, its ratio to ``--reference``'s median of the same repetition, and to PyTorch's at the same
+setting (``SAME_SETTING``); the gradients of its first step against eager (``bench_measure.grad_errors``, as
+run.py).
 
 Every configuration shares this process's Inductor cache (an empty one, made for the run) and Dynamo state: fine
 for step time, which is measured after compiling, but compile times here are not comparable (a configuration may
@@ -23,6 +24,8 @@ Only on a quiet machine do the times mean anything.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import statistics
 import sys
 from pathlib import Path
@@ -139,14 +142,29 @@ def time_interleaved(entries: dict[str, dict[str, Any]], steps: int, repetitions
     for _ in range(repetitions):
         for config in ready:
             times[config].append([])
-        for _, config in round_robin(ready, steps):
-            entry = entries[config]
-            times[config][-1].append(bm.timed_step(entry["compiled"], entry["work"], device) * 1e3)
+        with collector_paused():
+            for _, config in round_robin(ready, steps):
+                entry = entries[config]
+                times[config][-1].append(bm.timed_step(entry["compiled"], entry["work"], device) * 1e3)
     for config in ready:
         row = entries[config]["row"]
         row["step_times_ms"] = times[config]
         row["step_ms_per_repetition"] = [statistics.median(rep) for rep in times[config]]
         row["step_ms"] = statistics.median(row["step_ms_per_repetition"])
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector off while steps are timed, as ``timeit`` does: compiling leaves a large
+    heap, a full collection of it takes milliseconds, and it is triggered by allocation counts, so it can land
+    on the same configuration's step round after round.  A training step's tensors are freed by reference
+    counting, so nothing piles up in one repetition; the collection runs between repetitions instead."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def add_step_ratios(rows: dict[str, dict[str, Any]], reference: str) -> None:

@@ -53,6 +53,34 @@ def test_ratios_are_taken_per_repetition_against_the_reference_and_the_same_sett
     assert "| 1.050x (1.000 / 1.100 / 1.050) vs pytorch_budget_0.5 |" in lines[4]
 
 
+def test_timing_interleaves_steps_with_the_collector_off():
+    import gc
+
+    import torch
+    from bench_models import Workload
+
+    seen = []
+
+    def entry(name):
+        model = torch.nn.Linear(4, 4)
+
+        def step(x):
+            seen.append((name, gc.isenabled()))
+            return model(x)
+
+        return dict(work=Workload(model, args=(torch.randn(2, 4),)), compiled=step, row=dict(error=None))
+
+    entries = {"a": entry("a"), "b": entry("b"), "failed": dict(row=dict(error="boom"))}
+    si.time_interleaved(entries, steps=3, repetitions=2, device="cpu")
+    timed = seen[2 * bm.WARMUP_STEPS :]
+    assert [name for name, _ in timed] == ["a", "b", "b", "a", "a", "b"] * 2
+    assert not any(enabled for _, enabled in timed) and gc.isenabled()
+    for name in ("a", "b"):
+        row = entries[name]["row"]
+        assert [len(rep) for rep in row["step_times_ms"]] == [3, 3] and len(row["step_ms_per_repetition"]) == 2
+    assert "step_ms" not in entries["failed"]["row"]
+
+
 @pytest.mark.inductor
 def test_the_script_on_the_tiny_mlp(tmp_path):
     out = tmp_path / "steps.json"
