@@ -3,7 +3,7 @@ time under both partitioners, fxremat's simulated peak, and the checks of the is
 
     python benchmarks/run.py --size small --repeats 5 --configs issue15 --json results.json \\
         --models mlp block_sdpa stack convnet gpt2 llama bert t5 vit mixtral llama_stack
-    python benchmarks/peak_table.py results.json [more.json ...] [--markdown PATH] [--strict]
+    python benchmarks/peak_table.py results.json [more.json ...] [--steps steps_*.json] [--markdown PATH] [--strict]
 
 Several files are read as one set of rows (a later row of the same model and configuration replaces an earlier
 one), so a model run on its own joins the table.  The flags, per model (a row that failed, or is missing, is
@@ -17,10 +17,12 @@ left out of every check that needs it):
     (d) peak_budget=0.0 is not the lowest measured peak of the model's rows (both partitioners) within 3%
     (e) |simulated / measured - 1| > 10% on an fxremat row
     (f) gradients not matched against eager; (x) a row that failed
+    (g) with --steps (benchmarks/step_interleaved.py JSON files): fxremat's interleaved median step time above
+        1.05x PyTorch's at the same setting (the median of the per-repetition ratios)
 
-The thresholds are the issue's.  Step times here are the run's medians, one configuration per process; the
-issue's step-time criterion is measured by benchmarks/step_interleaved.py.  Exit status 0, or 1 with --strict
-when anything is flagged.
+The thresholds are the issue's.  The "step ms" columns are run.py's medians, one configuration per process; the
+issue's step-time criterion is the interleaved ratio of step_interleaved.py (``--steps``).  Exit status 0, or 1
+with --strict when anything is flagged.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ MIB = 2**20
 MONOTONE_SLACK = 0.03  # issue #15: "measured peak non-increasing (within 3%)"
 LOWEST_SLACK = 0.03  # issue #15: peak_budget=0.0 "the lowest of all settings (within 3%)"
 SIM_TOLERANCE = 0.10  # issue #15: "simulated within 10% of measured"
+STEP_RATIO_LIMIT = 1.05  # issue #15: "step time <= 1.05x PyTorch's (interleaved medians ...)"
 
 
 @dataclass(frozen=True)
@@ -180,12 +183,25 @@ def check_rows(model: str, rows: dict[str, dict[str, Any]]) -> list[Flag]:
     return flags
 
 
-def all_flags(rows: list[dict[str, Any]]) -> list[Flag]:
+def check_steps(steps: list[dict[str, Any]]) -> list[Flag]:
+    """(g): step_interleaved.py's median ratio to PyTorch at the same setting above 1.05."""
+    flags = []
+    for row in steps:
+        ratio = row.get("step_ratio_same_setting")
+        if ratio is not None and ratio > STEP_RATIO_LIMIT:
+            per = " / ".join(f"{r:.3f}" for r in row["step_ratio_same_setting_per_repetition"])
+            text = f"step {ratio:.3f}x {row['same_setting_as']}'s, interleaved (per repetition {per})"
+            flags.append(Flag(row["model"], row["config"], "g", text))
+    return flags
+
+
+def all_flags(rows: list[dict[str, Any]], steps: list[dict[str, Any]] = ()) -> list[Flag]:
+    """Every check on run.py's rows, then (g) on step_interleaved.py's."""
     flags = []
     for model, model_rows in by_model(rows).items():
         for check in (check_monotone, check_against_pytorch, check_peak_zero, check_rows):
             flags += check(model, model_rows)
-    return flags
+    return flags + check_steps(list(steps))
 
 
 # ---- output ----------------------------------------------------------------------------------------------------
@@ -200,6 +216,7 @@ HEADERS = (
     "fxremat peak",
     "simulated (error)",
     "fxremat step ms",
+    "step vs PyTorch, interleaved",
     "flags",
 )
 
@@ -229,8 +246,14 @@ def _side(row: dict[str, Any] | None) -> list[str]:
     return [_mib(row.get("saved_bytes")), _mib(row.get("peak_bytes"))]
 
 
-def table_lines(rows: list[dict[str, Any]], flags: list[Flag]) -> list[str]:
+def _interleaved(row: dict[str, Any] | None) -> str:
+    ratio = None if row is None else row.get("step_ratio_same_setting")
+    return "" if ratio is None else f"{ratio:.3f}x"
+
+
+def table_lines(rows: list[dict[str, Any]], flags: list[Flag], steps: list[dict[str, Any]] = ()) -> list[str]:
     """One Markdown line per (model, setting) with at least one of its rows measured; the row's flag codes."""
+    interleaved = {(row["model"], row["config"]): row for row in steps}
     codes: dict[tuple[str, str], list[str]] = {}
     for flag in flags:
         codes.setdefault((flag.model, flag.config), []).append(flag.code)
@@ -249,18 +272,20 @@ def table_lines(rows: list[dict[str, Any]], flags: list[Flag]) -> list[str]:
                 *_side(fxremat),
                 _simulated(fxremat),
                 _step(fxremat),
+                _interleaved(interleaved.get((model, setting.fxremat))),
                 ",".join(sorted(set(marks))),
             ]
             lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-def format_report(rows: list[dict[str, Any]]) -> str:
-    flags = all_flags(rows)
+def format_report(rows: list[dict[str, Any]], steps: list[dict[str, Any]] = ()) -> str:
+    flags = all_flags(rows, steps)
     out = [
-        "Bytes in MiB; peak: one step's, above what was live at its start (benchmarks/README.md).",
+        "Bytes in MiB; peak: one step's, above what was live at its start (benchmarks/README.md). Step vs PyTorch: "
+        "fxremat's median over PyTorch's at the same setting, steps interleaved (step_interleaved.py, --steps).",
         "",
-        *table_lines(rows, flags),
+        *table_lines(rows, flags, steps),
         "",
     ]
     if not flags:
@@ -273,15 +298,16 @@ def format_report(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", help="run.py --json files")
+    parser.add_argument("--steps", nargs="+", default=[], metavar="JSON", help="step_interleaved.py --json files")
     parser.add_argument("--markdown", default=None, metavar="PATH", help="also write the table here")
     parser.add_argument("--strict", action="store_true", help="exit status 1 when anything is flagged")
     args = parser.parse_args(argv)
-    rows = load_rows(args.results)
-    text = format_report(rows)
+    rows, steps = load_rows(args.results), load_rows(args.steps)
+    text = format_report(rows, steps)
     print(text, end="")
     if args.markdown:
         Path(args.markdown).write_text(text)
-    return 1 if args.strict and all_flags(rows) else 0
+    return 1 if args.strict and all_flags(rows, steps) else 0
 
 
 if __name__ == "__main__":

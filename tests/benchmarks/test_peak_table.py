@@ -129,3 +129,32 @@ def test_files_are_read_as_one_set_of_rows_later_files_winning(tmp_path):
     assert len(rows) == len(GOOD) + len(BAD)
     assert ("fxremat_peak_0.0", "d") in _codes([r for r in rows if r["model"] == "m"])
     assert pt.main([str(first)]) == 0 and pt.main([str(second), "--strict"]) == 1
+
+
+def test_interleaved_step_ratios_fill_their_column_and_flag_above_1_05():
+    steps = [
+        dict(
+            model="m",
+            config="fxremat_budget_0.5",
+            step_ratio_same_setting=1.08,
+            same_setting_as="pytorch_budget_0.5",
+            step_ratio_same_setting_per_repetition=[1.07, 1.08, 1.09],
+        ),
+        dict(
+            model="m",
+            config="fxremat_default",
+            step_ratio_same_setting=1.04,
+            same_setting_as="pytorch_default",
+            step_ratio_same_setting_per_repetition=[1.03, 1.04, 1.05],
+        ),
+        dict(model="m", config="pytorch_default", step_ratio_same_setting=None),
+    ]
+    flags = pt.all_flags(GOOD, steps)
+    assert [(f.config, f.code) for f in flags] == [("fxremat_budget_0.5", "g")]
+    assert "1.080x pytorch_budget_0.5's" in flags[0].text and "1.070 / 1.080 / 1.090" in flags[0].text
+    lines = pt.table_lines(GOOD, flags, steps)
+    column = pt.HEADERS.index("step vs PyTorch, interleaved")
+    cells = {line.split(" | ")[1]: line[2:-2].split(" | ") for line in lines[2:]}
+    assert cells["memory_budget 0.5"][column] == "1.080x" and cells["memory_budget 0.5"][-1] == "g"
+    assert cells["memory_budget 1.0 (default)"][column] == "1.040x"
+    assert cells["memory_budget 0.2"][column] == ""  # not timed interleaved
