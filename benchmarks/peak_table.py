@@ -252,16 +252,20 @@ def _interleaved(row: dict[str, Any] | None) -> str:
 
 
 def table_lines(rows: list[dict[str, Any]], flags: list[Flag], steps: list[dict[str, Any]] = ()) -> list[str]:
-    """One Markdown line per (model, setting) with at least one of its rows measured; the row's flag codes."""
+    """One Markdown line per (model, setting) with at least one of its rows measured (by run.py or interleaved);
+    the row's flag codes."""
     interleaved = {(row["model"], row["config"]): row for row in steps}
     codes: dict[tuple[str, str], list[str]] = {}
     for flag in flags:
         codes.setdefault((flag.model, flag.config), []).append(flag.code)
     lines = ["| " + " | ".join(HEADERS) + " |", "|" + "|".join("---" for _ in HEADERS) + "|"]
-    for model, model_rows in by_model(rows).items():
+    measured = by_model(rows)
+    for model in dict.fromkeys([*measured, *(model for model, _ in interleaved)]):
+        model_rows = measured.get(model, {})
         for setting in SETTINGS:
             pytorch, fxremat = model_rows.get(setting.pytorch or ""), model_rows.get(setting.fxremat or "")
-            if pytorch is None and fxremat is None:
+            timed = interleaved.get((model, setting.fxremat))
+            if pytorch is None and fxremat is None and timed is None:
                 continue
             marks = codes.get((model, setting.pytorch), []) + codes.get((model, setting.fxremat), [])
             cells = [
@@ -272,7 +276,7 @@ def table_lines(rows: list[dict[str, Any]], flags: list[Flag], steps: list[dict[
                 *_side(fxremat),
                 _simulated(fxremat),
                 _step(fxremat),
-                _interleaved(interleaved.get((model, setting.fxremat))),
+                _interleaved(timed),
                 ",".join(sorted(set(marks))),
             ]
             lines.append("| " + " | ".join(cells) + " |")

@@ -158,3 +158,10 @@ def test_interleaved_step_ratios_fill_their_column_and_flag_above_1_05():
     assert cells["memory_budget 0.5"][column] == "1.080x" and cells["memory_budget 0.5"][-1] == "g"
     assert cells["memory_budget 1.0 (default)"][column] == "1.040x"
     assert cells["memory_budget 0.2"][column] == ""  # not timed interleaved
+
+
+def test_a_setting_timed_only_interleaved_still_gets_its_line():
+    steps = [dict(model="n", config="fxremat_at_pytorch_0.5", step_ratio_same_setting=0.98)]
+    lines = pt.table_lines(GOOD, [], steps)
+    assert lines[-1].startswith("| n | at PyTorch 0.5's saved bytes |") and "| 0.980x |" in lines[-1]
+    assert len(lines) == 2 + 8 + 1  # GOOD: 12 rows on 8 lines (1.0, 0.5, 0.2, 0.0 pair up); one more for n
