@@ -1,9 +1,10 @@
 """One model x one configuration, measured in this process: what ``benchmarks/run.py --worker`` runs.
 
-Every figure is measured from the outside, never read from fxremat's report: saved bytes through
+Every measured figure is taken from the outside, never read from fxremat's report: saved bytes through
 ``saved_tensors_hooks`` (``fxremat.measure.measure_saved``), peak memory of one training step (CUDA allocator
-statistics, or the CPU profiler's memory events), step times, compile time, and gradients against eager.  The one
-exception is fxremat's own partition time, which only its report knows.
+statistics, or the CPU profiler's memory events), step times, compile time, and gradients against eager.  Two
+figures do come from fxremat's report: its own partition time, which only it knows, and its simulated step peak,
+kept beside the measured one so that one run says how far the simulation is off (``simulated_facts``).
 """
 
 from __future__ import annotations
@@ -23,11 +24,19 @@ from bench_models import Workload, build_workload
 PYTORCH_BUDGETS = {
     "pytorch_default": None,
     "pytorch_budget_0.5": 0.5,
+    "pytorch_budget_0.2": 0.2,
     "pytorch_budget_0.1": 0.1,
     "pytorch_budget_0.0": 0.0,
 }
+# fxremat rows with the knob PyTorch users know: memory_budget as a fraction (0.0 = the fewest-bytes plan), to set
+# beside the PyTorch row of the same value (issue #15).
+FXREMAT_BUDGETS = {"fxremat_budget_0.5": 0.5, "fxremat_budget_0.2": 0.2, "fxremat_budget_0.0": 0.0}
 # fxremat rows with an absolute budget: the saved bytes measured by this PyTorch row of the same model.
-BUDGET_SOURCES = {"fxremat_at_pytorch_0.5": "pytorch_budget_0.5", "fxremat_at_pytorch_0.1": "pytorch_budget_0.1"}
+BUDGET_SOURCES = {
+    "fxremat_at_pytorch_0.5": "pytorch_budget_0.5",
+    "fxremat_at_pytorch_0.2": "pytorch_budget_0.2",
+    "fxremat_at_pytorch_0.1": "pytorch_budget_0.1",
+}
 # fxremat rows with a peak budget (a fraction: 0.0 = the lowest-peak plan it finds, 1.0 = its default's peak).
 PEAK_BUDGETS = {"fxremat_peak_0.5": 0.5, "fxremat_peak_0.0": 0.0}
 # ... and the lowest-peak plan within the saved bytes this PyTorch row measured (same saved bytes, lower peak).
@@ -35,10 +44,46 @@ PEAK_AT_SOURCES = {
     "fxremat_peak_at_pytorch_0.5": "pytorch_budget_0.5",
     "fxremat_peak_at_pytorch_0.1": "pytorch_budget_0.1",
 }
-CONFIGS = (*PYTORCH_BUDGETS, "fxremat_default", *BUDGET_SOURCES, *PEAK_BUDGETS, *PEAK_AT_SOURCES)
-# The default run leaves out the configurations added for the peak study (select them with --configs).
-DEFAULT_CONFIGS = ("pytorch_default", "pytorch_budget_0.5", "pytorch_budget_0.1", "fxremat_default", *BUDGET_SOURCES)
+# Run order (benchmarks/run.py's plan): every PyTorch row before the fxremat rows that take its measured bytes.
+CONFIGS = (*PYTORCH_BUDGETS, "fxremat_default", *FXREMAT_BUDGETS, *BUDGET_SOURCES, *PEAK_BUDGETS, *PEAK_AT_SOURCES)
+# The default run: PyTorch's default and budgets 0.5 / 0.1 against fxremat's default, the same knob at 0.5, and
+# fxremat at PyTorch's measured bytes.  The rest were added for the peak studies (issues #8, #15): --configs.
+DEFAULT_CONFIGS = (
+    "pytorch_default",
+    "pytorch_budget_0.5",
+    "pytorch_budget_0.1",
+    "fxremat_default",
+    "fxremat_budget_0.5",
+    "fxremat_at_pytorch_0.5",
+    "fxremat_at_pytorch_0.1",
+)
 QUICK_CONFIGS = ("pytorch_default", "fxremat_default")
+# Issue #15's table: every setting it judges (memory_budget 1.0 = the default plan), both partitioners.
+ISSUE15_CONFIGS = (
+    "pytorch_default",
+    "pytorch_budget_0.5",
+    "pytorch_budget_0.2",
+    "pytorch_budget_0.0",
+    "fxremat_default",
+    "fxremat_budget_0.5",
+    "fxremat_budget_0.2",
+    "fxremat_budget_0.0",
+    "fxremat_at_pytorch_0.5",
+    "fxremat_at_pytorch_0.2",
+    "fxremat_peak_0.5",
+    "fxremat_peak_0.0",
+)
+# Names that --configs expands to a list.
+CONFIG_SETS = {"default": DEFAULT_CONFIGS, "quick": QUICK_CONFIGS, "issue15": ISSUE15_CONFIGS}
+
+
+def expand_configs(names: list[str]) -> list[str]:
+    """Set names (``CONFIG_SETS``) replaced by their configurations, duplicates dropped, order kept."""
+    out: list[str] = []
+    for name in names:
+        out += CONFIG_SETS.get(name, (name,))
+    return list(dict.fromkeys(out))
+
 
 WARMUP_STEPS = 3
 GRAD_TOLERANCE = 1e-3  # max relative error per parameter (fxremat.measure.max_relative_error)
@@ -138,6 +183,8 @@ def make_backend(config: str, budget_bytes: int | None):
     # partitioner on a copy of the graph (for the report) and pay for it in compile time.
     if config == "fxremat_default":
         return fxremat.backend(compare_default=False), contextlib.nullcontext
+    if config in FXREMAT_BUDGETS:
+        return fxremat.backend(compare_default=False, memory_budget=FXREMAT_BUDGETS[config]), contextlib.nullcontext
     if config in PEAK_BUDGETS:
         return fxremat.backend(compare_default=False, peak_budget=PEAK_BUDGETS[config]), contextlib.nullcontext
     sources = {**BUDGET_SOURCES, **PEAK_AT_SOURCES}
@@ -160,8 +207,41 @@ def fxremat_facts(backend) -> dict[str, Any]:
         fxremat_graphs=len(reports),
         fxremat_fallbacks=[r.fallback_reason for r in reports if r.fallback_reason],
         fxremat_budget_met=[r.budget_met for r in reports if r.budget_met is not None],
-        simulated_peak_bytes=[r.simulated_peak_bytes for r in reports],  # per joint graph, from fxremat's report
     )
+
+
+def simulated_facts(backend, peak_bytes: int, graphs: int) -> dict[str, Any]:
+    """fxremat's simulated step peak beside the measured one, as benchmarks/peak_memory.py compares them: the
+    report's ``simulated_peak_bytes`` (its split's step, parameter gradients included) against the step's peak
+    above what was live at its start, grads set to None before.  Reading the field runs the deferred simulation
+    (fxremat/report.py), so call this outside the timed steps.
+
+    Only a step of one Dynamo graph with one joint graph has a single simulated step: with more, each report
+    simulates its own graph alone, and neither their sum nor their maximum is the step's peak, so the row keeps
+    the per-graph figures (``simulated_peak_bytes_per_graph``) and says why there is no ``sim_error``."""
+    reports = getattr(backend, "reports", None)
+    if reports is None:
+        return {}
+    facts: dict[str, Any] = dict(
+        simulated_peak_bytes=None,
+        sim_error=None,
+        simulated_peak_at=None,
+        simulated_peak_bytes_per_graph=None,
+        sim_note=None,
+    )
+    try:
+        per_graph = facts["simulated_peak_bytes_per_graph"] = [r.simulated_peak_bytes for r in reports]
+    except Exception as exc:  # noqa: BLE001 - a failing simulation must not cost the row its measurements
+        facts["sim_note"] = f"simulation failed: {type(exc).__name__}: {exc}"[:300]
+        return facts
+    if len(reports) != 1 or graphs != 1:
+        facts["sim_note"] = f"{graphs} Dynamo graph(s), {len(reports)} joint graph(s): no single simulated step"
+    elif per_graph[0] is None:
+        facts["sim_note"] = "no simulation in the report (a fallback, or a report re-emitted from the cache)"
+    else:
+        facts.update(simulated_peak_bytes=per_graph[0], simulated_peak_at=reports[0].simulated_peak_at)
+        facts["sim_error"] = per_graph[0] / peak_bytes - 1 if peak_bytes else None
+    return facts
 
 
 def dynamo_graph_count() -> int:
@@ -203,6 +283,7 @@ def measure(
     row["step_times_ms"] = times
     row["graphs"] = dynamo_graph_count() - graphs_before
     row.update(fxremat_facts(backend))
+    row.update(simulated_facts(backend, row["peak_bytes"], row["graphs"]))
     row["error"] = None
     return row
 

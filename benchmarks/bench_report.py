@@ -93,13 +93,29 @@ def environment(threads: int) -> dict[str, Any]:
 # ---- Markdown --------------------------------------------------------------------------------------------------
 
 HEADERS = (
-    "model", "config", "saved MiB", "peak MiB", "step ms", "compile s", "partition s", "grads ok",
-    "saved vs default", "peak vs default", "step vs default", "note",
+    "model",
+    "config",
+    "saved MiB",
+    "peak MiB",
+    "sim peak MiB",
+    "sim err",
+    "step ms",
+    "compile s",
+    "partition s",
+    "grads ok",
+    "saved vs default",
+    "peak vs default",
+    "step vs default",
+    "note",
 )
 
 
 def _fmt(value, spec: str, scale: float = 1.0) -> str:
     return "" if value is None else format(value / scale, spec)
+
+
+def _fmt_error(value) -> str:
+    return "" if value is None else f"{value:+.1%}"
 
 
 def _fmt_ratio(value) -> str:
@@ -132,16 +148,26 @@ def row_note(row: dict[str, Any]) -> str:
     notes = compile_notes(row)
     if row.get("memory_budget_bytes") is not None:
         notes.append(f"budget {row['memory_budget_bytes'] / MIB:.2f} MiB")
+    if row.get("sim_note"):
+        notes.append(row["sim_note"])
     return "; ".join(notes)
 
 
 def table_cells(row: dict[str, Any]) -> list[str]:
     return [
-        row["model"], row["config"],
-        _fmt(row.get("saved_bytes"), ".2f", MIB), _fmt(row.get("peak_bytes"), ".2f", MIB),
-        _fmt(row.get("step_ms"), ".2f"), _fmt(row.get("compile_s"), ".1f"), _fmt(row.get("partition_s"), ".3f"),
+        row["model"],
+        row["config"],
+        _fmt(row.get("saved_bytes"), ".2f", MIB),
+        _fmt(row.get("peak_bytes"), ".2f", MIB),
+        _fmt(row.get("simulated_peak_bytes"), ".2f", MIB),
+        _fmt_error(row.get("sim_error")),
+        _fmt(row.get("step_ms"), ".2f"),
+        _fmt(row.get("compile_s"), ".1f"),
+        _fmt(row.get("partition_s"), ".3f"),
         _fmt_grads(row),
-        _fmt_ratio(row.get("saved_ratio")), _fmt_ratio(row.get("peak_ratio")), _fmt_ratio(row.get("step_ratio")),
+        _fmt_ratio(row.get("saved_ratio")),
+        _fmt_ratio(row.get("peak_ratio")),
+        _fmt_ratio(row.get("step_ratio")),
         row_note(row).replace("|", "/"),
     ]
 
@@ -200,7 +226,7 @@ def write_plot(path: str, rows: list[dict[str, Any]]) -> bool:
         ax.set_xlabel("step time (ms, median)")
         ax.set_ylabel("peak memory of a step (MiB)")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(models):]:
+    for ax in list(axes.flat)[len(models) :]:
         ax.axis("off")
     legend = {}  # every configuration once, whichever panel has it (a failed run leaves a panel without it)
     for ax in axes.flat:

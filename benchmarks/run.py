@@ -6,8 +6,9 @@
 Each model x configuration runs in a fresh process (this script in its hidden ``--worker`` mode, which prints one
 JSON line) with its own empty Inductor cache, so no compile state leaks from one run into the next.  The PyTorch
 budget runs go first: ``fxremat_at_pytorch_X`` gives fxremat, as an absolute budget, the saved bytes that
-``pytorch_budget_X`` measured.  ``--quick``: the MLP, two configurations, in this process.  See
-benchmarks/README.md for what each column means.
+``pytorch_budget_X`` measured.  ``--quick``: the MLP, two configurations, in this process.  ``--configs`` also
+takes set names (``bench_measure.CONFIG_SETS``): ``--configs issue15`` runs every setting issue #15 judges, and
+benchmarks/peak_table.py turns that JSON into its table.  See benchmarks/README.md for what each column means.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench_* modules 
 
 import bench_measure as bm  # noqa: E402
 import bench_report as br  # noqa: E402
-from bench_models import ALL_MODELS, SIZES  # noqa: E402
+from bench_models import ALL_MODELS, EXTRA_MODELS, SIZES  # noqa: E402
 
 ROW_MARKER = "FXREMAT_BENCH_ROW "  # the worker's result line; everything else it prints is noise to us
 THREADS = 1  # CPU step times are only comparable on one thread (and this machine is shared)
@@ -45,15 +46,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the MLP, pytorch_default vs fxremat_default, in-process")
     more_configs = " ".join(c for c in bm.CONFIGS if c not in bm.DEFAULT_CONFIGS)
+    sets = ", ".join(bm.CONFIG_SETS)
     parser.add_argument(
-        "--models", nargs="+", default=None, metavar="NAME", help=f"default: {' '.join(ALL_MODELS)}; also: llama_stack"
+        "--models",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help=f"default: {' '.join(ALL_MODELS)}; also: {' '.join(EXTRA_MODELS)}",
     )
     parser.add_argument(
         "--configs",
         nargs="+",
         default=None,
         metavar="NAME",
-        help=f"default: {' '.join(bm.DEFAULT_CONFIGS)}; also: {more_configs}",
+        help=f"default: {' '.join(bm.DEFAULT_CONFIGS)}; also: {more_configs}; or a set: {sets} (see the README)",
     )
     parser.add_argument("--size", choices=sorted(SIZES), default=None, help="default: small (tiny with --quick)")
     parser.add_argument("--repeats", type=int, default=10, help="timed steps; the median is reported")
@@ -64,18 +70,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--budget-bytes", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    apply_defaults(args)
+    for config in args.configs:
+        if config not in bm.CONFIGS:
+            parser.error(
+                f"unknown configuration {config!r}; choose from {' '.join(bm.CONFIGS)} or a set "
+                f"({' '.join(bm.CONFIG_SETS)})"
+            )
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    return args
+
+
+def apply_defaults(args: argparse.Namespace) -> None:
+    """--quick's models and configurations, the default ones otherwise; configuration set names expanded."""
     if args.quick:
         args.models = args.models or list(QUICK_MODELS)
         args.configs = args.configs or list(bm.QUICK_CONFIGS)
     args.models = args.models or list(ALL_MODELS)
-    args.configs = args.configs or list(bm.DEFAULT_CONFIGS)
+    args.configs = bm.expand_configs(args.configs or list(bm.DEFAULT_CONFIGS))
     args.size = args.size or ("tiny" if args.quick else "small")
-    for config in args.configs:
-        if config not in bm.CONFIGS:
-            parser.error(f"unknown configuration {config!r}; choose from {' '.join(bm.CONFIGS)}")
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
-    return args
 
 
 def device() -> str:
@@ -100,13 +114,24 @@ def worker_main(args: argparse.Namespace) -> int:
 
 
 def parse_worker_output(stdout: str) -> dict | None:
-    rows = [line[len(ROW_MARKER):] for line in stdout.splitlines() if line.startswith(ROW_MARKER)]
+    rows = [line[len(ROW_MARKER) :] for line in stdout.splitlines() if line.startswith(ROW_MARKER)]
     return json.loads(rows[-1]) if rows else None
 
 
 def worker_command(model: str, config: str, size: str, repeats: int, budget: int | None) -> list[str]:
-    command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--models", model, "--configs", config,
-               "--size", size, "--repeats", str(repeats)]
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--models",
+        model,
+        "--configs",
+        config,
+        "--size",
+        size,
+        "--repeats",
+        str(repeats),
+    ]
     return command + ([] if budget is None else ["--budget-bytes", str(budget)])
 
 
@@ -116,16 +141,22 @@ def subprocess_runner(size: str, repeats: int, timeout: float) -> Runner:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TRITON_CACHE_DIR": os.path.join(cache, "triton")}
         start = time.perf_counter()
         try:
-            proc = subprocess.run(worker_command(model, config, size, repeats, budget), env=env,
-                                  capture_output=True, text=True, timeout=timeout)
+            proc = subprocess.run(
+                worker_command(model, config, size, repeats, budget),
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
         except subprocess.TimeoutExpired:
             return bm.error_row(model, size, config, device(), f"worker timed out after {timeout:.0f} s")
         finally:
             shutil.rmtree(cache, ignore_errors=True)
         row = parse_worker_output(proc.stdout)
         if row is None:
-            return bm.error_row(model, size, config, device(),
-                                f"worker exited with {proc.returncode} and no result", proc.stderr)
+            return bm.error_row(
+                model, size, config, device(), f"worker exited with {proc.returncode} and no result", proc.stderr
+            )
         row["worker_s"] = time.perf_counter() - start
         return row
 
@@ -216,9 +247,17 @@ def log_row(row: dict) -> None:
 
 
 def build_result(args: argparse.Namespace, rows: list[dict]) -> dict[str, Any]:
-    settings = dict(size=args.size, shape=SIZES[args.size], repeats=args.repeats, warmup=bm.WARMUP_STEPS,
-                    models=args.models, configs=args.configs, quick=args.quick, in_process=args.quick,
-                    grad_tolerance=bm.GRAD_TOLERANCE)
+    settings = dict(
+        size=args.size,
+        shape=SIZES[args.size],
+        repeats=args.repeats,
+        warmup=bm.WARMUP_STEPS,
+        models=args.models,
+        configs=args.configs,
+        quick=args.quick,
+        in_process=args.quick,
+        grad_tolerance=bm.GRAD_TOLERANCE,
+    )
     return dict(schema_version=1, environment=br.environment(THREADS), settings=settings, rows=br.add_ratios(rows))
 
 
