@@ -112,7 +112,18 @@ def choose_plan_for_budget(flow, roles, joint, options, profile, request, split)
         simulation = simulated.simulation(plan)
         return simulation.peak_bytes if simulation is not None else float("inf")
 
-    choice = monotone_choice(shortlist, default, target, peak_of)
+    try:
+        choice = monotone_choice(shortlist, default, target, peak_of)
+    except Exception as error:  # the default plan could not be simulated: the bytes-only choice, said once
+        warnings.warn(
+            f"fxremat: {request.graph_id}: the step's memory could not be simulated ({type(error).__name__}: "
+            f"{error}); memory_budget={options.memory_budget!r} is met by saved bytes alone, without its peak "
+            "check. Please report this.",
+            FxrematBudgetWarning,
+            stacklevel=4,
+        )
+        plan, fields = choose_plan(problem, options, profile, request.graph_id)
+        return plan, fields, None, None
     fields = dict(
         budget_bytes=target,
         budget_met=met,

@@ -129,3 +129,23 @@ def test_simulated_peak_is_monotone_over_a_20_budget_sweep():
     assert previous < default_peak  # somewhere below the default plan's peak
     _, expected = eager_grads(model, inputs)
     assert_grads_close(run_fxremat_aot(model, inputs, memory_budget=0.5, strict=True)[1], expected)
+
+
+def test_budget_without_a_simulation_is_met_by_bytes_with_one_warning(monkeypatch):
+    """The peak check needs the step's simulation; if it fails, the budget is still met (bytes only), one warning,
+    never PyTorch's partitioner."""
+    import fxremat.peak_choice as peak_choice
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulator bug")
+
+    monkeypatch.setattr(peak_choice, "simulate_step", broken)
+    model, inputs = example("stack")
+    _, expected = eager_grads(model, inputs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, grads, saved, reports = run_fxremat_aot(model, inputs, memory_budget=0.5, strict=True)
+    assert [str(w.message) for w in caught if issubclass(w.category, FxrematBudgetWarning)][0].count("simulator bug")
+    assert len([w for w in caught if issubclass(w.category, FxrematBudgetWarning)]) == 1
+    assert reports[0].fallback_reason is None and reports[0].budget_met and saved.nbytes <= reports[0].budget_bytes
+    assert_grads_close(grads, expected)
