@@ -422,6 +422,30 @@ def test_slice_scatter_is_a_pointwise_select():
     assert _simulated_backward(backward, saved=1) == 512 + 1024 + 2048
 
 
+def test_a_cpu_cat_is_a_fresh_buffer_never_written_over_its_kernels_input():
+    """On CPU Inductor lowers every cat to a ConcatKernel (lowering.cat), a NopKernel whose buffer is allocated on
+    its own and filled by the kernels computing its inputs: never an in-place update, even of an input the same
+    size that its kernel reads last.  Forward saves s (16x16 fp32, 1024 B); backward's cat of two halves of 2*s
+    and 3*s holds s and a new 1024 B buffer (2048 B), where an in-place write over s would hold 1024 B.  A
+    recomputed SwiGLU's backward writes gate's and up's gradients so (Llama stack, memory_budget=0.0: -11.7%)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fxremat_passes.liveness import simulate_step
+
+    x = torch.randn(16, 16)
+    fw = make_fx(lambda x: (x.sum(), x.sin() + 1), tracing_mode="fake")(x)
+
+    def backward(s, tangents_1):
+        return (torch.cat([s[:, :8] * 2, s[:, 8:] * 3], 1),)
+
+    def pointwise(s, tangents_1):
+        return (s * 2,)
+
+    for bw, held in ((backward, 2048), (pointwise, 1024)):
+        gm = make_fx(bw, tracing_mode="fake")(x.clone(), torch.tensor(1.0))
+        assert _backward_peak(simulate_step(fw, gm, 1)) == held, bw.__name__
+
+
 def test_buffer_reuse_pool_holds_a_freed_buffer_within_inductors_estimate():
     """Inductor's wrapper pools a freed buffer and hands it to the next allocation of the same size and dtype when
     the estimated memory in between plus the buffer stays within the graph's estimated peak (should_reuse_buffer),
