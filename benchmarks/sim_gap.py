@@ -118,10 +118,25 @@ def _measured_lines(step, files: set[str]):
 
 
 def _explain(captured, step, code_files) -> None:
-    from fxremat_passes.liveness import simulate_step
+    from fxremat_passes import liveness
 
     fw, bw, n = captured[-1]
-    sim = simulate_step(fw, bw, n)
+    phases = []
+    run = liveness._Phase.run
+
+    def recording(self, phase, timeline, order=None):
+        phases.append((phase, self))
+        return run(self, phase, timeline, order)
+
+    liveness._Phase.run = recording
+    try:
+        sim = liveness.simulate_step(fw, bw, n)
+    finally:
+        liveness._Phase.run = run
+    print("  simulated kernels, in order (units fused into one kernel share a line):")
+    for phase, p in phases:
+        for head in p.fusion_order():
+            print(f"    {phase[:2]} {' '.join(u.name for u in p.kernels[head])}")
     print(f"  output code: {' '.join(sorted(code_files))}")
     print(f"  simulated peak {sim.peak_bytes:,} at {sim.peak_phase}:{sim.peak_node}")
     print("  simulated timeline (phase, unit, bytes):")

@@ -143,6 +143,37 @@ def concat_kernel(node: fx.Node) -> bool:
     return node.target is aten.cat.default and isinstance(val, torch.Tensor) and val.device.type == "cpu"
 
 
+REDUCTIONS_WITH_DIMS = frozenset(
+    getattr(aten, name)
+    for name in ("sum", "mean", "amax", "amin", "prod", "var", "std", "var_mean")
+    if hasattr(aten, name)
+)
+
+
+def column_reduction(node: fx.Node) -> tuple[int, int] | None:
+    """(kept, reduced) elements of a reduction that keeps its input's innermost dimension (a column reduction: the
+    weight gradient of a norm or a bias sums over the rows), or None.  Such a loop reads its input at index
+    ``column + width * row`` with the row reduced, where a pointwise loop or a row reduction over the same input
+    reads ``width * row + column`` with the column innermost: Inductor's fusion score counts only reads of equal
+    index (``Scheduler.score_fusion_memory`` over ``MemoryDep``s), finds "no shared data" and refuses the fusion
+    (``InductorChoices.can_fuse``); two column reductions of one shape read alike and fuse.  So the norms'
+    weight-gradient sums of a recomputed Llama stack share one kernel, never the norm backward beside them, and
+    that kernel runs where all of them can (``memory_budget=0.2``: simulated -15.3% before, -0.5% after)."""
+    if getattr(node.target, "overloadpacket", None) not in REDUCTIONS_WITH_DIMS or len(node.args) < 2:
+        return None
+    x, dims = node.args[0], node.args[1]
+    val = x.meta.get("val") if isinstance(x, fx.Node) else None
+    if not isinstance(val, torch.Tensor) or not isinstance(dims, (list, tuple)) or not dims:
+        return None
+    shape = hinted_shape(val)
+    reduced = {d % len(shape) for d in dims if isinstance(d, int)}
+    nontrivial = [d for d, size in enumerate(shape) if size != 1]
+    if not nontrivial or nontrivial[-1] in reduced:
+        return None
+    kept = int(np.prod([size for d, size in enumerate(shape) if d not in reduced]))
+    return kept, int(np.prod([shape[d] for d in reduced]))
+
+
 def inductor_class(node: fx.Node, cls: OpClass) -> OpClass:
     """The op class as Inductor's code generation sees it, where that differs from ours: gathers are loads fused
     into their readers, scatters are kernels their values' producers fuse into, and on CPU a ``bmm`` with one row or
@@ -403,6 +434,12 @@ class _Phase:
                 sizes[n] = _numel(n)
         return max((sizes[n] for n in (*self.owned[unit], *self.loop_reads[unit])), default=0)
 
+    def _loop(self, unit: fx.Node) -> tuple:
+        """What must match for two units to share a kernel: the loop's size (``_numel``); for a column reduction
+        (``column_reduction``) its kept and reduced sizes, which only another such reduction matches."""
+        column = column_reduction(unit)
+        return ("column", *column) if column is not None else ("flat", self._numel(unit))
+
     # --- fusion: kernels Inductor merges (shared reads, producer into consumer) when the loops match ----------
 
     def _fuse(self) -> None:
@@ -425,7 +462,7 @@ class _Phase:
                     succ[p].add(u)
                     pred[u].add(p)
         fusible = [u for u in units if self.classes[u] in KERNEL_CLASSES]
-        numel = {u: self._numel(u) for u in fusible}
+        numel = {u: self._loop(u) for u in fusible}
         candidates: dict[tuple[fx.Node, fx.Node], int] = {}
         readers: dict[fx.Node, list[fx.Node]] = {}
         for u in fusible:
@@ -486,9 +523,15 @@ class _Phase:
             vertical = gb in succ[ga] or ga in succ[gb]
             return not vertical and max(abs(first[ga] - last[gb]), abs(first[gb] - last[ga])) > FUSION_DISTANCE
 
-        for (a, b), _ in sorted(
-            candidates.items(), key=lambda kv: (-kv[1], self.index[kv[0][0]], self.index[kv[0][1]])
-        ):
+        # Largest shared bytes first; of equal ones, the two closest in order (Inductor's ``score_fusion``: memory
+        # score, then proximity): the recomputed norm of a block's input fuses with the norm backward beside it,
+        # not with a recomputed norm of the same input twenty kernels earlier (which would pull the whole
+        # recomputed block to there).
+        def priority(kv):
+            (a, b), nbytes = kv
+            return (-nbytes, abs(order[b] - order[a]), self.index[a], self.index[b])
+
+        for (a, b), _ in sorted(candidates.items(), key=priority):
             ga, gb = find(a), find(b)
             if ga is gb or too_far(ga, gb) or creates_cycle(ga, gb):
                 continue
