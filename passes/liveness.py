@@ -5,8 +5,10 @@ What it models (all in one place, so the rule can be checked against measurement
   are not counted; gradients are, since they are allocated during backward and outlive it).
 * Each graph runs as Inductor schedules it.  Every materialised buffer (below) is one unit of work; units of
   Inductor's own kernels (pointwise, copies, reductions, norms) fuse when they share a read or one reads the other,
-  their loops have the same size and fusing makes no cycle (largest shared bytes first); the fused kernel runs at
-  its earliest member's place, dependencies first (``Scheduler.fuse_nodes`` then ``topological_sort_schedule``).
+  their loops have the same size and fusing makes no cycle (largest shared bytes first, then the closest pair:
+  ``score_fusion``); a column reduction (a norm's weight gradient) fuses only with column reductions of its shape,
+  since it reads its input at other indices than a row loop (``lowering.column_reduction``); the fused kernel runs
+  at its earliest member's place, dependencies first (``Scheduler.fuse_nodes`` then ``topological_sort_schedule``).
   Matmuls, convolutions, attention and custom ops run alone.  Fusion moves work: e.g. a recomputed GELU and its
   backward fuse through their shared read of the saved input, so the saved input dies before the weight gradient's
   matmul that sat between them in graph order.
@@ -15,8 +17,11 @@ What it models (all in one place, so the rule can be checked against measurement
   never leaves it.  A kernel unit writes in place over an input of the same size that no other unit reads, its
   own kernel's included unless they feed it (Inductor's in-place update), including backward's saved inputs, which
   backward frees as they die, never its tangents (not donated).
-* Inductor's buffer reuse: a freed buffer is held until a later allocation of the same size and dtype takes it, as
-  long as Inductor's own estimate of the graph's memory stays within its estimated peak (``_pool_held``).
+* On CPU a ``cat`` is a ConcatKernel: a buffer of its own that its inputs' kernels write into, never an in-place
+  update of an input (``lowering.concat_kernel``).  The op-level facts live in ``lowering.py``.
+* Inductor's buffer reuse (``buffer_pool.py``): a freed buffer is held until a later allocation of the same size
+  and dtype takes it, as long as Inductor's own estimate of the graph's memory stays within its estimated peak
+  (``_pool_held``).
 * What forward returns stays alive: saved values until their last use in backward, other outputs until forward
   ends (the caller drops them: ``model(x).sum().backward()`` keeps only the loss).  Backward's outputs (gradients)
   stay alive to the end.  Tangents are allocated when backward starts.
@@ -36,13 +41,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.fx as fx
 
-from . import _torch_private as tp
-from .costs import alias_root, hinted_numel, hinted_shape, value_nbytes
+from .buffer_pool import _pool_held
+from .costs import alias_root, hinted_numel, value_nbytes
 from .layout import channels_last_copies, layout_optimised, workspace_bytes
+from .lowering import (  # noqa: F401  (re-exported: plan_memory, tests)
+    FUSED_LOADS,
+    HEAVY_OPS,
+    KERNEL_CLASSES,
+    MAX_READS,
+    MAX_READS_CPU,
+    POINTWISE_SCATTERS,
+    REALIZE_READS_THRESHOLD,
+    _folded_into_addmm,
+    _readers_through_views,
+    addmm_matmul,
+    column_reduction,
+    concat_kernel,
+    inductor_class,
+    scatter_values,
+)
 from .ops import FUSIBLE, OpClass, op_class
 
 aten = torch.ops.aten
@@ -99,158 +119,9 @@ def materialises(node: fx.Node, classes: dict[fx.Node, OpClass], outputs: set[fx
     return not (readers and all(classes[u] in FUSES_INTO for u in readers))
 
 
-def _readers_through_views(node: fx.Node, classes: dict[fx.Node, OpClass] | None = None) -> set[fx.Node]:
-    """The nodes that read ``node``'s data, looking through views of it (a view fuses nothing by itself)."""
-    class_of = classes.get if classes is not None else op_class
-    readers: set[fx.Node] = set()
-    stack = list(node.users)
-    while stack:
-        user = stack.pop()
-        if class_of(user) in (OpClass.VIEW, OpClass.GETITEM):
-            stack.extend(user.users)
-        else:
-            readers.add(user)
-    return readers
-
-
 def _tensor_storage_bytes(node: fx.Node) -> int:
     val = node.meta.get("val")
     return value_nbytes(val) if isinstance(val, torch.Tensor) else 0
-
-
-# Kernels Inductor generates itself (and fuses with each other); everything else (matmul, convolution, attention,
-# custom ops, collectives) is an extern kernel that runs alone.
-KERNEL_CLASSES = frozenset({OpClass.POINTWISE, OpClass.COPY, OpClass.CREATION, OpClass.REDUCTION, OpClass.NORM})
-
-
-# Gathers Inductor lowers to indexed loads inside the kernel that reads them (so they fuse like pointwise ops).
-FUSED_LOADS = frozenset(
-    getattr(aten, name) for name in ("embedding", "index", "index_select", "gather", "_unsafe_index", "take_along_dim")
-)
-# Scatters into a slice Inductor lowers to a pointwise select between the two inputs (``lowering.slice_scatter``):
-# RoPE's backward (the gradient of a cat of two halves) fuses into the add that reads it.
-POINTWISE_SCATTERS = frozenset(getattr(aten, name) for name in ("slice_scatter", "select_scatter"))
-
-
-def inductor_class(node: fx.Node, cls: OpClass) -> OpClass:
-    """The op class as Inductor's code generation sees it, where that differs from ours: gathers are loads fused
-    into their readers, scatters are kernels their values' producers fuse into, and on CPU a ``bmm`` with one row or
-    one column per batch (``kernel/bmm.py``: M == 1 or N == 1, e.g. MoE experts applied one token at a time) is
-    lowered to a multiply and a sum, a reduction kernel into which its operands' producers fuse (a recomputed gather
-    of expert weights never exists whole).  Mixtral: 534 MiB simulated vs 20.5 MiB measured before, 23.2 after."""
-    target = getattr(node, "target", None)
-    packet = getattr(target, "overloadpacket", None)
-    if cls is OpClass.GATHER:
-        # a load fuses into its reader; a scatter is a kernel that reads its values through a loader, so the
-        # pointwise producer of those values (an outer product of MoE weight gradients) never exists whole
-        return OpClass.POINTWISE if packet in FUSED_LOADS or packet in POINTWISE_SCATTERS else OpClass.REDUCTION
-    if cls is OpClass.POINTWISE and addmm_matmul(node) is not None:
-        return OpClass.MATMUL
-    if cls is OpClass.MATMUL and packet is aten.bmm and len(node.args) >= 2:
-        a, b = (arg.meta.get("val") if isinstance(arg, fx.Node) else None for arg in node.args[:2])
-        if (
-            isinstance(a, torch.Tensor)
-            and isinstance(b, torch.Tensor)
-            and a.device.type == "cpu"
-            and a.dim() == 3
-            and (a.shape[1] == 1 or b.shape[2] == 1)
-        ):
-            return OpClass.REDUCTION
-    return cls
-
-
-def _hinted_layout(val: torch.Tensor) -> list[int]:
-    return [*hinted_shape(val), *(tp.size_hint(s) for s in val.stride())]
-
-
-def _noop_view_source(node: fx.Node) -> fx.Node:
-    """What a chain of views that changes nothing (the same shape and strides at both ends: a permute and its
-    inverse), each read only by the next, reads from: Inductor drops such views (``pointless_permute_pair``) before
-    it matches patterns.  ``node`` itself when it is no such chain."""
-    val = node.meta.get("val")
-    src = node
-    while (
-        src.op == "call_function"
-        and getattr(src.target, "is_view", False)
-        and src.args
-        and isinstance(src.args[0], fx.Node)
-        and len(src.args[0].users) == 1
-    ):
-        src = src.args[0]
-    found = src.meta.get("val")
-    same = isinstance(val, torch.Tensor) and isinstance(found, torch.Tensor)
-    return src if same and _hinted_layout(val) == _hinted_layout(found) else node
-
-
-def addmm_matmul(node: fx.Node) -> fx.Node | None:
-    """The ``mm`` Inductor folds into this ``add``, or None.  Its post-grad pass rewrites ``add(mm(a, b), c)`` (either
-    order, the mm read by nothing else, ``c`` a tensor of their dtype that broadcasts to the product) into one
-    ``addmm(c, a, b)``: an extern kernel whose output is the sum, so the product never exists alone and the sum
-    does not fuse into its readers (``fx_passes/post_grad.py: addmm``; on a GPU only when some reader of the sum is
-    not pointwise).  T5's tied embedding gradient (lm_head's product plus the embedding's scatter) is one."""
-    if node.op != "call_function" or node.target is not aten.add.Tensor or len(node.args) != 2 or node.kwargs:
-        return None
-    for mm_arg, other in (node.args, node.args[::-1]):
-        if not isinstance(mm_arg, fx.Node) or not isinstance(other, fx.Node):
-            return None
-        mm = _noop_view_source(mm_arg)
-        if mm.target is not aten.mm.default or len(mm_arg.users) != 1 or len(mm.users) != 1:
-            continue
-        a, b = (x.meta.get("val") if isinstance(x, fx.Node) else None for x in mm.args[:2])
-        c = other.meta.get("val")
-        if not all(isinstance(t, torch.Tensor) for t in (a, b, c)) or not c.dtype == a.dtype == b.dtype:
-            continue
-        product = [tp.size_hint(a.shape[0]), tp.size_hint(b.shape[1])]
-        shape = hinted_shape(c)
-        if len(shape) > 2 or any(s not in (1, p) for s, p in zip(reversed(shape), reversed(product))):
-            continue
-        if a.device.type != "cpu" and _only_pointwise_readers(node):
-            continue  # Inductor keeps mm + a pointwise add on a GPU (``should_prefer_unfused_addmm``)
-        return mm
-    return None
-
-
-def _only_pointwise_readers(node: fx.Node) -> bool:
-    """``torch._inductor.utils.is_pointwise_use`` for every reader: pointwise, looking through views."""
-    return all(op_class(u) is OpClass.POINTWISE for u in _readers_through_views(node))
-
-
-def _folded_into_addmm(node: fx.Node, classes: dict[fx.Node, OpClass]) -> bool:
-    if node.target is not aten.mm.default:
-        return False
-    readers = _readers_through_views(node, classes)
-    return len(readers) == 1 and addmm_matmul(next(iter(readers))) is node
-
-
-def scatter_values(node: fx.Node) -> fx.Node | None:
-    """The values a scatter writes (its largest tensor argument, not counting the tensor it scatters into, which
-    has the output's shape), or None for a gather.  Inductor's scatter kernel loops over them: a scatter fuses with
-    the kernel that computes its values (T5's and GPT-2's embedding gradients, ``_unsafe_masked_index_put_accumulate``
-    over the rows' gradients, run inside the norm backward that produces those), and its output is filled
-    beforehand (the zeros it starts from are fused into that fill)."""
-    if getattr(node.target, "overloadpacket", None) in FUSED_LOADS:
-        return None
-    out = node.meta.get("val")
-    args = [a for a in node.args if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)]
-    if args and args[0] is node.args[0] and isinstance(out, torch.Tensor):
-        if hinted_shape(args[0].meta["val"]) == hinted_shape(out):
-            args = args[1:]  # ``self``, the tensor scattered into
-    return max(args, key=_numel, default=None)
-
-
-# Ops whose Inductor code calls exp, log, sigmoid or tanh (directly or through their decomposition): a value
-# computing one is stored, not recomputed, when several nodes read it on CPU (``_realized_on_reuse``).
-HEAVY_OPS = frozenset(
-    getattr(aten, name)
-    for name in (
-        "exp log log10 log1p log2 sigmoid tanh silu silu_backward gelu_backward softplus softplus_backward mish "
-        "mish_backward logit"
-    ).split()
-    if hasattr(aten, name)
-)
-REALIZE_READS_THRESHOLD = 4  # torch._inductor.config.realize_reads_threshold
-# any pointwise value reading more buffers than this is realized (``IRNode.has_exceeded_max_reads``)
-MAX_READS_CPU, MAX_READS = 12, 8
 
 
 # Graph inputs Inductor's memory estimate never counts, by name (``is_nonfreeable_buffers``): parameters, tangents.
@@ -392,6 +263,12 @@ class _Phase:
                 sizes[n] = _numel(n)
         return max((sizes[n] for n in (*self.owned[unit], *self.loop_reads[unit])), default=0)
 
+    def _loop(self, unit: fx.Node) -> tuple:
+        """What must match for two units to share a kernel: the loop's size (``_numel``); for a column reduction
+        (``column_reduction``) its kept and reduced sizes, which only another such reduction matches."""
+        column = column_reduction(unit)
+        return ("column", *column) if column is not None else ("flat", self._numel(unit))
+
     # --- fusion: kernels Inductor merges (shared reads, producer into consumer) when the loops match ----------
 
     def _fuse(self) -> None:
@@ -414,7 +291,7 @@ class _Phase:
                     succ[p].add(u)
                     pred[u].add(p)
         fusible = [u for u in units if self.classes[u] in KERNEL_CLASSES]
-        numel = {u: self._numel(u) for u in fusible}
+        numel = {u: self._loop(u) for u in fusible}
         candidates: dict[tuple[fx.Node, fx.Node], int] = {}
         readers: dict[fx.Node, list[fx.Node]] = {}
         for u in fusible:
@@ -475,9 +352,15 @@ class _Phase:
             vertical = gb in succ[ga] or ga in succ[gb]
             return not vertical and max(abs(first[ga] - last[gb]), abs(first[gb] - last[ga])) > FUSION_DISTANCE
 
-        for (a, b), _ in sorted(
-            candidates.items(), key=lambda kv: (-kv[1], self.index[kv[0][0]], self.index[kv[0][1]])
-        ):
+        # Largest shared bytes first; of equal ones, the two closest in order (Inductor's ``score_fusion``: memory
+        # score, then proximity): the recomputed norm of a block's input fuses with the norm backward beside it,
+        # not with a recomputed norm of the same input twenty kernels earlier (which would pull the whole
+        # recomputed block to there).
+        def priority(kv):
+            (a, b), nbytes = kv
+            return (-nbytes, abs(order[b] - order[a]), self.index[a], self.index[b])
+
+        for (a, b), _ in sorted(candidates.items(), key=priority):
             ga, gb = find(a), find(b)
             if ga is gb or too_far(ga, gb) or creates_cycle(ga, gb):
                 continue
@@ -613,7 +496,7 @@ class _Phase:
                     if node.name not in self.keep and last_use.get(node.name, -1) == k and node not in self.returned:
                         continue  # read only inside its own kernel: never leaves it
                     reused = None
-                    if self.classes[u] in KERNEL_CLASSES:
+                    if self.classes[u] in KERNEL_CLASSES and not concat_kernel(u):
                         reused = self._inplace_candidate(u, nbytes, live, remaining, self.kernels[head])
                         if reused is not None:
                             free(reused)  # Inductor writes the result over an input only this kernel still reads
@@ -664,40 +547,6 @@ class _Phase:
         if self.classes[unit] in KERNEL_CLASSES or (self.classes[unit] is OpClass.MATMUL and unit is node):
             return (_tensor_storage_bytes(node), node.meta["val"].dtype)
         return None
-
-
-def _pool_held(estimated: list[int], allocated: list[list], freed: list[list]) -> list[int]:
-    """Bytes Inductor's buffer reuse holds during each kernel, beyond what is live.
-
-    Inductor's wrapper (``memory_plan_reuse``: ``FreeIfNotReusedLine``/``AllocateLine``) does not free a dead
-    buffer at once: it pools it, and a later allocation of the same size and dtype takes the most recently pooled
-    one, so the storage stays allocated from the free to that allocation.  It does so only while the
-    range's peak plus that buffer stays within the graph's peak by its own estimate (``should_reuse_buffer``, which
-    then adds the buffer to the range), or when the two kernels are adjacent.  The estimate
-    (``estimate_peak_memory``) has no in-place updates, counts buffers local to a fused kernel, and no tangents or
-    parameters; it is higher than what is live, so the pooled buffers fill the slack up to it: the real peak is near
-    that estimate, not the live bytes.  On a recompute-heavy plan of an 8-layer Llama, the MLP's buffers of one layer
-    are held through the next layer's attention (measured: 4.78 MB peak with reuse, 4.22 MB without)."""
-    held = [0] * len(estimated)
-    if not any(allocated):
-        return held
-    estimate = np.array(estimated, dtype=np.int64)
-    ceiling = int(estimate.max())
-    extra = np.zeros(len(estimated), dtype=np.int64)
-    pool: dict[object, list[int]] = {}
-    for k in range(len(estimated)):
-        for nbytes, key in allocated[k]:
-            stack = pool.get(key)
-            if not stack:
-                continue
-            f = stack[-1]
-            if f + 1 == k or nbytes + int(estimate[f + 1 : k].max(initial=0)) <= ceiling:
-                stack.pop()
-                estimate[f + 1 : k] += nbytes
-                extra[f + 1 : k] += nbytes
-        for key in freed[k]:
-            pool.setdefault(key, []).append(k)
-    return extra.tolist()
 
 
 def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) -> PeakEstimate:

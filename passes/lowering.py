@@ -1,0 +1,209 @@
+"""How Inductor lowers single ops, where that matters for memory: which ops are its own kernels and how they fuse
+(``inductor_class``, ``column_reduction``), which become other ops (``addmm_matmul``) or buffers of their own
+(``concat_kernel``), what a scatter loops over (``scatter_values``), and which values it stores instead of
+recomputing (``HEAVY_OPS``, the read thresholds).  Facts about one node and its neighbours, each with the Inductor
+source it follows; ``liveness.py`` builds the step's timeline from them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.fx as fx
+
+from . import _torch_private as tp
+from .costs import hinted_numel, hinted_shape
+from .ops import OpClass, op_class
+
+aten = torch.ops.aten
+
+
+def _readers_through_views(node: fx.Node, classes: dict[fx.Node, OpClass] | None = None) -> set[fx.Node]:
+    """The nodes that read ``node``'s data, looking through views of it (a view fuses nothing by itself)."""
+    class_of = classes.get if classes is not None else op_class
+    readers: set[fx.Node] = set()
+    stack = list(node.users)
+    while stack:
+        user = stack.pop()
+        if class_of(user) in (OpClass.VIEW, OpClass.GETITEM):
+            stack.extend(user.users)
+        else:
+            readers.add(user)
+    return readers
+
+
+# Kernels Inductor generates itself (and fuses with each other); everything else (matmul, convolution, attention,
+# custom ops, collectives) is an extern kernel that runs alone.
+KERNEL_CLASSES = frozenset({OpClass.POINTWISE, OpClass.COPY, OpClass.CREATION, OpClass.REDUCTION, OpClass.NORM})
+
+
+# Gathers Inductor lowers to indexed loads inside the kernel that reads them (so they fuse like pointwise ops).
+FUSED_LOADS = frozenset(
+    getattr(aten, name) for name in ("embedding", "index", "index_select", "gather", "_unsafe_index", "take_along_dim")
+)
+# Scatters into a slice Inductor lowers to a pointwise select between the two inputs (``lowering.slice_scatter``):
+# RoPE's backward (the gradient of a cat of two halves) fuses into the add that reads it.
+POINTWISE_SCATTERS = frozenset(getattr(aten, name) for name in ("slice_scatter", "select_scatter"))
+
+
+def concat_kernel(node: fx.Node) -> bool:
+    """Whether Inductor lowers ``node`` to a ``ConcatKernel``: on CPU every ``cat`` (``lowering.cat``: "if cpu_device:
+    return ConcatKernel.create"; the pointwise cat is GPU-only).  A ConcatKernel is a NopKernel: its buffer is
+    allocated on its own, before the kernels that compute its inputs write into their slices (``NonOwningLayout``),
+    so it is never an in-place update of a kernel's input (``SchedulerBuffer.allocate`` takes one only inside a real
+    kernel).  A recomputed SwiGLU's backward writes the gate's and up's gradients into one fresh gate-and-up-sized
+    buffer while the recomputed projection it reads is still live (Llama stack, ``memory_budget=0.0``: -11.7%)."""
+    val = node.meta.get("val")
+    return node.target is aten.cat.default and isinstance(val, torch.Tensor) and val.device.type == "cpu"
+
+
+REDUCTIONS_WITH_DIMS = frozenset(
+    getattr(aten, name)
+    for name in ("sum", "mean", "amax", "amin", "prod", "var", "std", "var_mean")
+    if hasattr(aten, name)
+)
+
+
+def column_reduction(node: fx.Node) -> tuple[int, int] | None:
+    """(kept, reduced) elements of a reduction that keeps its input's innermost dimension (a column reduction: the
+    weight gradient of a norm or a bias sums over the rows), or None.  Such a loop reads its input at index
+    ``column + width * row`` with the row reduced, where a pointwise loop or a row reduction over the same input
+    reads ``width * row + column`` with the column innermost: Inductor's fusion score counts only reads of equal
+    index (``Scheduler.score_fusion_memory`` over ``MemoryDep``s), finds "no shared data" and refuses the fusion
+    (``InductorChoices.can_fuse``); two column reductions of one shape read alike and fuse.  So the norms'
+    weight-gradient sums of a recomputed Llama stack share one kernel, never the norm backward beside them, and
+    that kernel runs where all of them can (``memory_budget=0.2``: simulated -15.3% before, -0.5% after)."""
+    if getattr(node.target, "overloadpacket", None) not in REDUCTIONS_WITH_DIMS or len(node.args) < 2:
+        return None
+    x, dims = node.args[0], node.args[1]
+    val = x.meta.get("val") if isinstance(x, fx.Node) else None
+    if not isinstance(val, torch.Tensor) or not isinstance(dims, (list, tuple)) or not dims:
+        return None
+    shape = hinted_shape(val)
+    reduced = {d % len(shape) for d in dims if isinstance(d, int)}
+    nontrivial = [d for d, size in enumerate(shape) if size != 1]
+    if not nontrivial or nontrivial[-1] in reduced:
+        return None
+    kept = int(np.prod([size for d, size in enumerate(shape) if d not in reduced]))
+    return kept, int(np.prod([shape[d] for d in reduced]))
+
+
+def inductor_class(node: fx.Node, cls: OpClass) -> OpClass:
+    """The op class as Inductor's code generation sees it, where that differs from ours: gathers are loads fused
+    into their readers, scatters are kernels their values' producers fuse into, and on CPU a ``bmm`` with one row or
+    one column per batch (``kernel/bmm.py``: M == 1 or N == 1, e.g. MoE experts applied one token at a time) is
+    lowered to a multiply and a sum, a reduction kernel into which its operands' producers fuse (a recomputed gather
+    of expert weights never exists whole).  Mixtral: 534 MiB simulated vs 20.5 MiB measured before, 23.2 after."""
+    target = getattr(node, "target", None)
+    packet = getattr(target, "overloadpacket", None)
+    if cls is OpClass.GATHER:
+        # a load fuses into its reader; a scatter is a kernel that reads its values through a loader, so the
+        # pointwise producer of those values (an outer product of MoE weight gradients) never exists whole
+        return OpClass.POINTWISE if packet in FUSED_LOADS or packet in POINTWISE_SCATTERS else OpClass.REDUCTION
+    if cls is OpClass.POINTWISE and addmm_matmul(node) is not None:
+        return OpClass.MATMUL
+    if cls is OpClass.MATMUL and packet is aten.bmm and len(node.args) >= 2:
+        a, b = (arg.meta.get("val") if isinstance(arg, fx.Node) else None for arg in node.args[:2])
+        if (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.device.type == "cpu"
+            and a.dim() == 3
+            and (a.shape[1] == 1 or b.shape[2] == 1)
+        ):
+            return OpClass.REDUCTION
+    return cls
+
+
+def _hinted_layout(val: torch.Tensor) -> list[int]:
+    return [*hinted_shape(val), *(tp.size_hint(s) for s in val.stride())]
+
+
+def _noop_view_source(node: fx.Node) -> fx.Node:
+    """What a chain of views that changes nothing (the same shape and strides at both ends: a permute and its
+    inverse), each read only by the next, reads from: Inductor drops such views (``pointless_permute_pair``) before
+    it matches patterns.  ``node`` itself when it is no such chain."""
+    val = node.meta.get("val")
+    src = node
+    while (
+        src.op == "call_function"
+        and getattr(src.target, "is_view", False)
+        and src.args
+        and isinstance(src.args[0], fx.Node)
+        and len(src.args[0].users) == 1
+    ):
+        src = src.args[0]
+    found = src.meta.get("val")
+    same = isinstance(val, torch.Tensor) and isinstance(found, torch.Tensor)
+    return src if same and _hinted_layout(val) == _hinted_layout(found) else node
+
+
+def addmm_matmul(node: fx.Node) -> fx.Node | None:
+    """The ``mm`` Inductor folds into this ``add``, or None.  Its post-grad pass rewrites ``add(mm(a, b), c)`` (either
+    order, the mm read by nothing else, ``c`` a tensor of their dtype that broadcasts to the product) into one
+    ``addmm(c, a, b)``: an extern kernel whose output is the sum, so the product never exists alone and the sum
+    does not fuse into its readers (``fx_passes/post_grad.py: addmm``; on a GPU only when some reader of the sum is
+    not pointwise).  T5's tied embedding gradient (lm_head's product plus the embedding's scatter) is one."""
+    if node.op != "call_function" or node.target is not aten.add.Tensor or len(node.args) != 2 or node.kwargs:
+        return None
+    for mm_arg, other in (node.args, node.args[::-1]):
+        if not isinstance(mm_arg, fx.Node) or not isinstance(other, fx.Node):
+            return None
+        mm = _noop_view_source(mm_arg)
+        if mm.target is not aten.mm.default or len(mm_arg.users) != 1 or len(mm.users) != 1:
+            continue
+        a, b = (x.meta.get("val") if isinstance(x, fx.Node) else None for x in mm.args[:2])
+        c = other.meta.get("val")
+        if not all(isinstance(t, torch.Tensor) for t in (a, b, c)) or not c.dtype == a.dtype == b.dtype:
+            continue
+        product = [tp.size_hint(a.shape[0]), tp.size_hint(b.shape[1])]
+        shape = hinted_shape(c)
+        if len(shape) > 2 or any(s not in (1, p) for s, p in zip(reversed(shape), reversed(product))):
+            continue
+        if a.device.type != "cpu" and _only_pointwise_readers(node):
+            continue  # Inductor keeps mm + a pointwise add on a GPU (``should_prefer_unfused_addmm``)
+        return mm
+    return None
+
+
+def _only_pointwise_readers(node: fx.Node) -> bool:
+    """``torch._inductor.utils.is_pointwise_use`` for every reader: pointwise, looking through views."""
+    return all(op_class(u) is OpClass.POINTWISE for u in _readers_through_views(node))
+
+
+def _folded_into_addmm(node: fx.Node, classes: dict[fx.Node, OpClass]) -> bool:
+    if node.target is not aten.mm.default:
+        return False
+    readers = _readers_through_views(node, classes)
+    return len(readers) == 1 and addmm_matmul(next(iter(readers))) is node
+
+
+def scatter_values(node: fx.Node) -> fx.Node | None:
+    """The values a scatter writes (its largest tensor argument, not counting the tensor it scatters into, which
+    has the output's shape), or None for a gather.  Inductor's scatter kernel loops over them: a scatter fuses with
+    the kernel that computes its values (T5's and GPT-2's embedding gradients, ``_unsafe_masked_index_put_accumulate``
+    over the rows' gradients, run inside the norm backward that produces those), and its output is filled
+    beforehand (the zeros it starts from are fused into that fill)."""
+    if getattr(node.target, "overloadpacket", None) in FUSED_LOADS:
+        return None
+    out = node.meta.get("val")
+    args = [a for a in node.args if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)]
+    if args and args[0] is node.args[0] and isinstance(out, torch.Tensor):
+        if hinted_shape(args[0].meta["val"]) == hinted_shape(out):
+            args = args[1:]  # ``self``, the tensor scattered into
+    return max(args, key=lambda a: hinted_numel(a.meta.get("val")), default=None)
+
+
+# Ops whose Inductor code calls exp, log, sigmoid or tanh (directly or through their decomposition): a value
+# computing one is stored, not recomputed, when several nodes read it on CPU (``_realized_on_reuse``).
+HEAVY_OPS = frozenset(
+    getattr(aten, name)
+    for name in (
+        "exp log log10 log1p log2 sigmoid tanh silu silu_backward gelu_backward softplus softplus_backward mish "
+        "mish_backward logit"
+    ).split()
+    if hasattr(aten, name)
+)
+REALIZE_READS_THRESHOLD = 4  # torch._inductor.config.realize_reads_threshold
+# any pointwise value reading more buffers than this is realized (``IRNode.has_exceeded_max_reads``)
+MAX_READS_CPU, MAX_READS = 12, 8
