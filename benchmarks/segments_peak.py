@@ -37,7 +37,7 @@ def _workload(name: str):
     if name == "llama_stack":
         return example("llama_stack", batch=2, seq=128, dim=192)
     if name == "stack6":
-        return Stack(6, 128), (torch.randn(2, 64, 128),)
+        return Stack(6, 64), (torch.randn(4, 256, 64),)  # activations above the parameters' gradients
     if name == "mlp_stack4":
         return torch.nn.Sequential(*[MLP(128, 512) for _ in range(4)]), (torch.randn(256, 128),)
     raise ValueError(name)

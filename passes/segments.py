@@ -33,6 +33,7 @@ from . import _torch_private as tp
 from .checkpoints import SEGMENT_COUNTS, Waists, forward_waists, segment_checkpoints
 from .costs import DeviceProfile, alias_root, node_cost, value_nbytes
 from .cse import impurity_test
+from .liveness import PeakEstimate, simulate_step
 from .ops import NEVER_RECOMPUTE, op_class
 from .split import FirstPass, SplitRecipe
 
@@ -89,26 +90,32 @@ def _estimate(region: _Region, waists: Waists, chosen: Sequence[int]) -> int:
     return held + max(b - a for a, b in zip(bounds, bounds[1:]))
 
 
-def backward_checkpoints(recipe: SplitRecipe, segments: int | None = None) -> tuple[tuple[fx.Node, ...], ...]:
-    """Checkpoint sets (open sets of the recomputed region, in forward order) for about ``segments`` segments of
-    equal recomputed bytes; None: the count in ``checkpoints.SEGMENT_COUNTS`` whose estimated backward peak (all
-    checkpoints plus the largest segment) is lowest.  Empty where backward recomputes nothing worth cutting."""
+def checkpoint_grid(recipe: SplitRecipe) -> list[tuple[int, tuple[tuple[fx.Node, ...], ...]]]:
+    """(estimated backward bytes, checkpoint sets) for each segment count of ``checkpoints.SEGMENT_COUNTS`` with a
+    distinct set; a checkpoint set is an open set of the recomputed region, and the sets are in forward order.  The
+    estimate is every checkpoint's storages plus the largest segment's bytes.  Empty where backward recomputes
+    nothing worth cutting, or something that may not be copied (a random op)."""
     nodes = recomputed_region(recipe)
     if not nodes or any(op_class(n) in NEVER_RECOMPUTE for n in nodes):
-        return ()
+        return []
     region = _region(nodes)
     waists = forward_waists(region, [True] * len(nodes))
     total = waists.cumulative_bytes[-1]
-    if total == 0:
-        return ()
-    best: tuple[int, ...] = ()
-    best_bytes = total
-    for count in (segments,) if segments is not None else SEGMENT_COUNTS:
-        chosen = segment_checkpoints(waists, max(1, total // count))
-        estimate = _estimate(region, waists, chosen)
-        if chosen and (segments is not None or estimate < best_bytes):
-            best, best_bytes = chosen, estimate
-    return tuple(tuple(nodes[v] for v in waists.open_sets[j]) for j in best if waists.open_sets[j])
+    grid, seen = [], set()
+    for count in SEGMENT_COUNTS if total else ():
+        chosen = tuple(j for j in segment_checkpoints(waists, max(1, total // count)) if waists.open_sets[j])
+        if chosen and chosen not in seen:
+            seen.add(chosen)
+            sets = tuple(tuple(nodes[v] for v in waists.open_sets[j]) for j in chosen)
+            grid.append((_estimate(region, waists, chosen), sets))
+    return grid
+
+
+def backward_checkpoints(recipe: SplitRecipe) -> tuple[tuple[fx.Node, ...], ...]:
+    """The checkpoint sets of ``checkpoint_grid`` with the lowest estimate (none if none is below the whole
+    recomputed region's bytes)."""
+    grid = checkpoint_grid(recipe)
+    return min(grid, key=lambda entry: entry[0])[1] if grid else ()
 
 
 def _live_main(recipe: SplitRecipe, checkpoints: frozenset[fx.Node]) -> set[fx.Node]:
@@ -200,10 +207,14 @@ def _raise_getitems(order: list, checkpoints: frozenset) -> list:
     return result
 
 
-def segment_backward(recipe: SplitRecipe, segments: int | None = None) -> SplitRecipe:
-    """The recipe whose backward recomputes the forward segment by segment (module docstring); the recipe itself
-    where there is nothing to cut (no recomputation, no tangent reader, or a mutation in backward)."""
-    checkpoint_sets = backward_checkpoints(recipe, segments)
+def segment_backward(recipe: SplitRecipe, checkpoint_sets: Sequence[Sequence[fx.Node]] | None = None) -> SplitRecipe:
+    """The recipe whose backward recomputes the forward segment by segment from ``checkpoint_sets`` (default:
+    ``backward_checkpoints``; module docstring); the recipe itself where there is nothing to cut (no recomputation,
+    or a mutation in backward)."""
+    if recipe.bw_checkpoints:
+        return recipe  # segmented already
+    if checkpoint_sets is None:
+        checkpoint_sets = backward_checkpoints(recipe)
     if not checkpoint_sets or any(tp.is_mutation_op(n) for n in recipe.bw_order):
         return recipe
     checkpoints = frozenset(n for s in checkpoint_sets for n in s)
@@ -229,3 +240,23 @@ def segment_recompute_flops(original: SplitRecipe, segmented: SplitRecipe, profi
     after = sum(node_cost(n, profile).flops for n in recomputed_region(segmented))
     first = sum(node_cost(i.node, profile).flops for i in segmented.bw_order if type(i) is FirstPass)
     return first + after - before
+
+
+# A segmentation whose simulated activation peak is within this factor of the lowest is as good; among those, the
+# fewest extra FLOPs wins (issue #15's llama_stack: 10 checkpoint sets and 3 reach about the same peak).
+PEAK_TOLERANCE = 1.02
+
+
+def lowest_peak_segments(
+    recipe: SplitRecipe, num_fwd_outputs: int, profile: DeviceProfile
+) -> tuple[SplitRecipe, PeakEstimate]:
+    """The recipe itself or one of its segmentations (one per ``checkpoint_grid`` entry), whichever has the lowest
+    simulated activation peak (``liveness.simulate_step`` on lazily built graphs); within ``PEAK_TOLERANCE`` of it,
+    the one with the fewest extra FLOPs.  Returns the recipe and its simulation."""
+    candidates = [recipe, *(segment_backward(recipe, sets) for _, sets in checkpoint_grid(recipe))]
+    simulated = [simulate_step(*c.build(lazy=True), num_fwd_outputs) for c in candidates]
+    lowest = min(p.activation_peak_bytes for p in simulated)
+    good = [i for i, p in enumerate(simulated) if p.activation_peak_bytes <= PEAK_TOLERANCE * lowest]
+    best = min(good, key=lambda i: (segment_recompute_flops(recipe, candidates[i], profile), i))
+    log.debug("segments: %d candidates, chose %d (%d bytes)", len(candidates), best, simulated[best].peak_bytes)
+    return candidates[best], simulated[best]

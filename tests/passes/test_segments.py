@@ -16,6 +16,7 @@ from fxremat.options import Options
 from fxremat.partition import PartitionRequest, partition
 from fxremat_passes.liveness import simulate_step
 from fxremat_passes.ops import NEVER_RECOMPUTE, OpClass, op_class
+from fxremat_passes.segments import segment_backward
 from fxremat_passes.split import FIRST_PASS_SUFFIX
 
 
@@ -38,6 +39,19 @@ def _partition(model, inputs, **options):
         warnings.simplefilter("ignore")
         fw, bw, report = partition(request, Options.create(compare_default=False, strict=True, **options))
     return fw, bw, report, kwargs["num_fwd_outputs"]
+
+
+def _recipe(model, inputs, **options):
+    """The recipe of fxremat's split (before segmenting) for these options."""
+    import fxremat.partition as partition_module
+
+    recipes = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(partition_module, "lowest_peak_segments", lambda r, n, p: (recipes.append(r), (r, None))[1])
+        patch.setattr(partition_module, "segment_recompute_flops", lambda *a: 0)
+        _partition(model, inputs, backward_segments=True, **options)
+    (recipe,) = recipes
+    return recipe
 
 
 def _first_pass(bw) -> list:
@@ -83,8 +97,9 @@ def test_segments_lower_the_simulated_peak_of_a_6_block_stack():
 def test_random_ops_are_never_copied():
     torch.manual_seed(0)
     model, inputs = torch.nn.Sequential(*[Block(32, 2, dropout=0.1) for _ in range(4)]), (torch.randn(2, 16, 32),)
-    _, plain_bw, _, _ = _partition(model, inputs, memory_budget=0.0)
-    _, bw, _, _ = _partition(model, inputs, memory_budget=0.0, backward_segments=True)
+    recipe = _recipe(model, inputs, memory_budget=0.0)
+    _, plain_bw = recipe.build()
+    _, bw = segment_backward(recipe).build()
     assert _first_pass(bw), "the dropout stack still has segments to cut"
     assert not [n for n in _first_pass(bw) if op_class(n) in NEVER_RECOMPUTE]
 
@@ -118,3 +133,16 @@ def test_inductor_segmented_step_peak_is_lower(tmp_path, monkeypatch):
         peaks.append(step_peak_bytes(step, "cpu")[0])
         assert_grads_close({n: p.grad for n, p in model.named_parameters()}, expected)
     assert peaks[1] < 0.8 * peaks[0], peaks
+
+
+def test_lowest_peak_segments_is_no_higher_than_any_grid_entry():
+    from fxremat_passes.costs import PROFILES
+    from fxremat_passes.segments import checkpoint_grid, lowest_peak_segments
+
+    recipe = _recipe(*MODELS["stack6"](), memory_budget=0.0)
+    chosen, peak = lowest_peak_segments(recipe, 1, PROFILES["cpu"])
+    assert chosen.bw_checkpoints
+    for _, sets in checkpoint_grid(recipe):
+        other = simulate_step(*segment_backward(recipe, sets).build(lazy=True), 1).activation_peak_bytes
+        assert peak.activation_peak_bytes <= 1.02 * other
+    assert peak.activation_peak_bytes < simulate_step(*recipe.build(lazy=True), 1).activation_peak_bytes
