@@ -27,15 +27,17 @@ SETTINGS = {
     "pb0": dict(peak_budget=0.0),
     "default": dict(),
 }
-MODELS = ("llama_stack", "stack6", "mlp_stack4")
+MODELS = ("llama_stack", "llama_stack6", "stack6", "mlp_stack4")
 
 
 def _workload(name: str):
-    from fxremat.examples import MLP, Stack, example
+    from fxremat.examples import MLP, LlamaStack, Stack, example
 
     torch.manual_seed(0)
     if name == "llama_stack":
         return example("llama_stack", batch=2, seq=128, dim=192)
+    if name == "llama_stack6":
+        return LlamaStack(6, 192, heads=4, kv_heads=2, max_seq=128), (torch.randn(2, 128, 192),)
     if name == "stack6":
         return Stack(6, 64), (torch.randn(4, 256, 64),)  # activations above the parameters' gradients
     if name == "mlp_stack4":
