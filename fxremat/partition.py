@@ -315,7 +315,10 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
     if options.backward_segments and recipe is not None:  # experimental (issue #15): passes/segments.py
         segmented, peak = lowest_peak_segments(recipe, request.num_fwd_outputs, profile)
         # in ``extra`` until the report has its field (README's schema)
-        fields["extra"] = dict(segment_recompute_flops=segment_recompute_flops(recipe, segmented, profile))
+        fields["extra"] = dict(
+            segment_recompute_flops=segment_recompute_flops(recipe, segmented, profile),
+            backward_checkpoints=tuple(sorted(n.name for n in segmented.bw_checkpoints)),
+        )
         (fw, bw), recipe = segmented.build(), segmented
     return _Split(fw, bw, fields, recipe, peak)
 

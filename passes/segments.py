@@ -236,10 +236,18 @@ def segment_backward(recipe: SplitRecipe, checkpoint_sets: Sequence[Sequence[fx.
 def segment_recompute_flops(original: SplitRecipe, segmented: SplitRecipe, profile: DeviceProfile) -> int:
     """FLOPs the segmented backward computes beyond the original's: its first pass, less what it no longer
     recomputes the original way (the checkpoints, and nodes only they read)."""
-    before = sum(node_cost(n, profile).flops for n in recomputed_region(original))
-    after = sum(node_cost(n, profile).flops for n in recomputed_region(segmented))
-    first = sum(node_cost(i.node, profile).flops for i in segmented.bw_order if type(i) is FirstPass)
-    return first + after - before
+    return _extra(original, segmented, lambda n: node_cost(n, profile).flops)
+
+
+def segment_recompute_seconds(original: SplitRecipe, segmented: SplitRecipe, profile: DeviceProfile) -> float:
+    """``segment_recompute_flops`` in estimated seconds (``NodeCost.recompute_seconds``), for a plan's time."""
+    return _extra(original, segmented, lambda n: node_cost(n, profile).recompute_seconds)
+
+
+def _extra(original: SplitRecipe, segmented: SplitRecipe, cost):
+    before = sum(cost(n) for n in recomputed_region(original))
+    after = sum(cost(n) for n in recomputed_region(segmented))
+    return sum(cost(i.node) for i in segmented.bw_order if type(i) is FirstPass) + after - before
 
 
 # A segmentation whose simulated activation peak is within this factor of the lowest is as good; among those, the

@@ -137,11 +137,12 @@ def test_inductor_segmented_step_peak_is_lower(tmp_path, monkeypatch):
 
 def test_lowest_peak_segments_is_no_higher_than_any_grid_entry():
     from fxremat_passes.costs import PROFILES
-    from fxremat_passes.segments import checkpoint_grid, lowest_peak_segments
+    from fxremat_passes.segments import checkpoint_grid, lowest_peak_segments, segment_recompute_seconds
 
     recipe = _recipe(*MODELS["stack6"](), memory_budget=0.0)
     chosen, peak = lowest_peak_segments(recipe, 1, PROFILES["cpu"])
     assert chosen.bw_checkpoints
+    assert segment_recompute_seconds(recipe, chosen, PROFILES["cpu"]) > 0
     for _, sets in checkpoint_grid(recipe):
         other = simulate_step(*segment_backward(recipe, sets).build(lazy=True), 1).activation_peak_bytes
         assert peak.activation_peak_bytes <= 1.02 * other
