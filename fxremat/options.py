@@ -162,6 +162,8 @@ class Options:
     report_dir       also write every report as JSON here (default: $FXREMAT_REPORT_DIR).
     verify           on each compiled graph's first call, also run it eagerly and raise FxrematVerifyError where
                      its outputs or gradients differ (fxremat/verify.py; default: $FXREMAT_VERIFY, else off).
+    backward_segments  (experimental, issue #15) backward recomputes the forward segment by segment from
+                     checkpoints it recomputes first (passes/segments.py), whatever plan is chosen.
     """
 
     memory_budget: float | int | None = None
@@ -174,6 +176,7 @@ class Options:
     strict: bool = False
     report_dir: str | None = None
     verify: bool = False
+    backward_segments: bool = False
 
     @classmethod
     def create(cls, **kwargs: Any) -> Options:
@@ -199,7 +202,7 @@ class Options:
             raise ValueError(f"solver={values['solver']!r} is not known; use one of {list(SOLVERS)}")
         if "verify" not in values:
             values["verify"] = verify_from_environment()
-        for flag in ("compare_default", "compare_budgets", "strict", "verify"):
+        for flag in ("compare_default", "compare_budgets", "strict", "verify", "backward_segments"):
             if flag in values and not isinstance(values[flag], bool):
                 raise TypeError(f"{flag} must be True or False, got {values[flag]!r}")
         if "report_dir" not in values:

@@ -265,19 +265,19 @@ def make_graph_module(root: torch.fx.GraphModule, graph: torch.fx.Graph) -> torc
 _map_arg = torch._C._fx_map_arg  # ``fx.map_arg`` without its callable check: the C walk itself
 
 
-def copy_node(graph: torch.fx.Graph, node: torch.fx.Node, lookup) -> torch.fx.Node:
+def copy_node(graph: torch.fx.Graph, node: torch.fx.Node, lookup, name: str | None = None) -> torch.fx.Node:
     """``graph.node_copy(node, lookup)``, for graphs we build ourselves (split.py, cse.py): the same node (op,
     target, args and kwargs mapped by ``lookup``, name, type, a shallow copy of ``meta``) inserted the same way,
     without ``create_node``'s scan of the arguments for raw SymInts.  That scan walks every argument through
     pytree, half the cost of a copy (48 blocks: 12k copies per partition), and on a copy it can only repeat the
     warning the original node already gave.  A graph owned by a module goes through ``node_copy`` (its create-node
-    hooks)."""
-    if graph.owning_module is not None:
+    hooks).  ``name``: another name to start from than the node's."""
+    if graph.owning_module is not None and name is None:
         return graph.node_copy(node, lookup)
     args = _map_arg(node.args, lookup) if node.args else ()
     kwargs = _map_arg(node.kwargs, lookup) if node.kwargs else torch.fx.immutable_collections.immutable_dict()
     namespace = graph._graph_namespace
-    name = namespace.create_name(node.name, None)
+    name = namespace.create_name(name or node.name, None)
     new = torch.fx.Node(graph, name, node.op, node.target, args, kwargs, node.type)
     namespace.associate_name_with_obj(name, new)
     graph._insert(new)

@@ -274,28 +274,54 @@ def _raise_getitems(order: list[fx.Node], placeholders: list[fx.Node]) -> list[f
     return result
 
 
+@dataclass(frozen=True)
+class FirstPass:
+    """An entry of a backward order: a second copy of a recomputed forward node, in the first pass that recomputes
+    the backward checkpoints (``passes/segments.py``); it reads the first-pass copies of its inputs."""
+
+    node: fx.Node
+
+
+# name suffix of first-pass copies: the other copy keeps the forward's name (describe.py matches recomputes by name)
+FIRST_PASS_SUFFIX = "_first"
+
+
 def _build(
     inputs: list[fx.Node],
-    order: list[fx.Node],
+    order: list,
     outputs: list,
     descs: list,
     *,
     copy_input_meta: bool,
     mark_backward: bool,
+    checkpoints: frozenset[fx.Node] = frozenset(),
 ) -> fx.Graph:
+    """The graph of ``order`` (joint nodes and ``FirstPass`` entries); every read of a node in ``checkpoints``
+    reads its first-pass copy."""
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
+    first: dict[fx.Node, fx.Node] = {}
     for node in inputs:
         placeholder = graph.placeholder(node.name)
         placeholder.meta = copy.copy(node.meta) if copy_input_meta else node.meta
         env[node] = placeholder
-    lookup = env.__getitem__
-    for node in order:
-        new = tp.copy_node(graph, node, lookup)
+
+    def lookup(node: fx.Node) -> fx.Node:
+        return first[node] if node in checkpoints else env[node]
+
+    def first_lookup(node: fx.Node) -> fx.Node:
+        return first[node] if node in first else env[node]
+
+    for item in order:
+        if type(item) is FirstPass:
+            new = tp.copy_node(graph, item.node, first_lookup, item.node.name + FIRST_PASS_SUFFIX)
+            first[item.node] = new
+        else:
+            new = tp.copy_node(graph, item, lookup)
+            env[item] = new
         if mark_backward:
             new.meta["autograd_backward"] = True
-        env[node] = new
-    values = [env[x] if isinstance(x, fx.Node) else x for x in outputs]
+    values = [lookup(x) if isinstance(x, fx.Node) else x for x in outputs]
     out = graph.output(tuple(values))
     out.meta["desc"] = descs
     out.meta["output_stack_traces"] = [v.meta.get("stack_trace") if isinstance(v, fx.Node) else None for v in values]
@@ -318,6 +344,9 @@ class SplitRecipe:
     bw_outputs: list
     bw_descs: list
     bw_copy_input_meta: bool  # PyTorch's backward reordering copies its placeholders' meta
+    # backward checkpoints (passes/segments.py): bw_order then holds FirstPass entries, and every backward read of
+    # one of these nodes reads its first-pass copy
+    bw_checkpoints: frozenset[fx.Node] = frozenset()
 
     def build(self, lazy: bool = False) -> tuple[fx.GraphModule, fx.GraphModule]:
         """The (forward, backward) GraphModules; ``lazy``: modules whose Python code is never generated unless
@@ -332,6 +361,7 @@ class SplitRecipe:
             self.bw_descs,
             copy_input_meta=self.bw_copy_input_meta,
             mark_backward=True,
+            checkpoints=self.bw_checkpoints,
         )
         make = tp.lazy_graph_module if lazy else tp.make_graph_module
         return make(self.joint, fw_graph), make(self.joint, bw_graph)

@@ -1,0 +1,272 @@
+"""Backward checkpoints: recompute the forward segment by segment inside backward (issue #15, "Budget 0.0").
+
+A plan that saves nothing has backward recompute the whole forward, and backward recomputes lazily
+(``split._reorder_like_autograd``): its first node needs the last layer, so the whole forward is recomputed at
+once and held, the peak of keeping everything.  ``passes/checkpoints.py`` fixes that in forward, by keeping waists;
+this module does it inside backward (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost", applied to
+the recomputation itself), so that it applies to any plan, the one that saves nothing included:
+
+* checkpoints S_1..S_k are open sets of the recomputed region (``checkpoints.forward_waists`` on the forward nodes
+  that backward recomputes): separators, so everything after S_j reads what came before only through S_j;
+* a first pass at the start of backward recomputes S_1, then S_2 from S_1, ... (``split.FirstPass`` copies of the
+  recomputed nodes up to S_k; their intermediates die at once, only the S_j stay);
+* every backward read of a checkpoint reads its first-pass copy, so the original recomputation is cut at each
+  checkpoint and the lazy order rebuilds segment j+1 from S_j just before its gradients need it.
+
+Nodes before S_k are computed twice in backward (``segment_recompute_flops``).  Only nodes the plan already
+recomputes are copied, so random ops (never recomputed, ``roles.py``) are never copied either.
+
+``segment_backward(recipe)`` returns a new ``SplitRecipe``; its ``build()`` makes the segmented graphs, every time.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+import torch.fx as fx
+
+from . import _torch_private as tp
+from .checkpoints import SEGMENT_COUNTS, Waists, forward_waists, segment_checkpoints
+from .costs import DeviceProfile, alias_root, node_cost, value_nbytes
+from .cse import impurity_test
+from .liveness import PeakEstimate, simulate_step
+from .ops import NEVER_RECOMPUTE, op_class
+from .split import FirstPass, SplitRecipe
+
+log = logging.getLogger(__name__)
+
+
+def recomputed_region(recipe: SplitRecipe) -> list[fx.Node]:
+    """The forward nodes backward recomputes (ancestors of forward's outputs in the joint graph), in joint order."""
+    forward: set[fx.Node] = set()
+    stack = [o for o in recipe.fw_outputs if isinstance(o, fx.Node)]
+    while stack:
+        node = stack.pop()
+        if node not in forward:
+            forward.add(node)
+            stack += node.all_input_nodes
+    return [n for n in recipe.bw_order if type(n) is fx.Node and n in forward and n.op == "call_function"]
+
+
+@dataclass(frozen=True)
+class _Region:
+    """The recomputed region as ``forward_waists`` reads a problem: values, edges, storages (views share their
+    base's; storages of graph inputs and saved values are -1: they are held anyway)."""
+
+    nodes: list[fx.Node]
+    num_values: int
+    edges: list[tuple[int, int]]
+    storage: list[int]
+    storage_bytes: list[int]
+
+
+def _region(nodes: list[fx.Node]) -> _Region:
+    index = {n: i for i, n in enumerate(nodes)}
+    edges = [(index[a], index[n]) for n in nodes for a in n.all_input_nodes if a in index]
+    storage, storage_bytes, storage_of = [], [], {}
+    for node in nodes:
+        root = alias_root(node)
+        if root.target is operator.getitem and root.args[0] in index:
+            root = root.args[0]  # an item of a multi-output node: held with the node, whose bytes are its items'
+        if root not in index or not isinstance(root.meta.get("val"), (torch.Tensor, tuple, list)):
+            storage.append(-1)
+            continue
+        if root not in storage_of:
+            storage_of[root] = len(storage_bytes)
+            storage_bytes.append(value_nbytes(root.meta["val"]))
+        storage.append(storage_of[root])
+    return _Region(nodes, len(nodes), edges, storage, storage_bytes)
+
+
+def _estimate(region: _Region, waists: Waists, chosen: Sequence[int]) -> int:
+    """Bytes held while backward runs its largest segment: every checkpoint's storages plus that segment's."""
+    storages = {region.storage[v] for j in chosen for v in waists.open_sets[j] if region.storage[v] >= 0}
+    held = sum(region.storage_bytes[k] for k in storages)
+    bounds = [0, *(waists.cumulative_bytes[j] for j in chosen), waists.cumulative_bytes[-1]]
+    return held + max(b - a for a, b in zip(bounds, bounds[1:]))
+
+
+def checkpoint_grid(recipe: SplitRecipe) -> list[tuple[int, tuple[tuple[fx.Node, ...], ...]]]:
+    """(estimated backward bytes, checkpoint sets) for each segment count of ``checkpoints.SEGMENT_COUNTS`` with a
+    distinct set; a checkpoint set is an open set of the recomputed region, and the sets are in forward order.  The
+    estimate is every checkpoint's storages plus the largest segment's bytes.  Empty where backward recomputes
+    nothing worth cutting, or something that may not be copied (a random op)."""
+    nodes = recomputed_region(recipe)
+    if not nodes or any(op_class(n) in NEVER_RECOMPUTE for n in nodes):
+        return []
+    region = _region(nodes)
+    waists = forward_waists(region, [True] * len(nodes))
+    total = waists.cumulative_bytes[-1]
+    grid, seen = [], set()
+    for count in SEGMENT_COUNTS if total else ():
+        chosen = tuple(j for j in segment_checkpoints(waists, max(1, total // count)) if waists.open_sets[j])
+        if chosen and chosen not in seen:
+            seen.add(chosen)
+            sets = tuple(tuple(nodes[v] for v in waists.open_sets[j]) for j in chosen)
+            grid.append((_estimate(region, waists, chosen), sets))
+    return grid
+
+
+def backward_checkpoints(recipe: SplitRecipe) -> tuple[tuple[fx.Node, ...], ...]:
+    """The checkpoint sets of ``checkpoint_grid`` with the lowest estimate (none if none is below the whole
+    recomputed region's bytes)."""
+    grid = checkpoint_grid(recipe)
+    return min(grid, key=lambda entry: entry[0])[1] if grid else ()
+
+
+def _live_main(recipe: SplitRecipe, checkpoints: frozenset[fx.Node]) -> set[fx.Node]:
+    """Backward's own copies still read once checkpoints are read from the first pass."""
+    order = set(recipe.bw_order)
+    impure = impurity_test()
+    live: set[fx.Node] = set()
+    stack = [o for o in recipe.bw_outputs if isinstance(o, fx.Node)] + [n for n in recipe.bw_order if impure(n)]
+    while stack:
+        node = stack.pop()
+        if node in live or node in checkpoints or node not in order:
+            continue
+        live.add(node)
+        stack += node.all_input_nodes
+    return live
+
+
+def _first_pass(region: list[fx.Node], checkpoints: frozenset[fx.Node]) -> list[fx.Node]:
+    """The recomputed nodes the first pass copies: the checkpoints and their ancestors in the region."""
+    inside = set(region)
+    needed: set[fx.Node] = set()
+    stack = list(checkpoints)
+    while stack:
+        node = stack.pop()
+        if node not in needed and node in inside:
+            needed.add(node)
+            stack += node.all_input_nodes
+    return [n for n in region if n in needed]
+
+
+def _lazy_order(recipe: SplitRecipe, main: list[fx.Node], first: list[fx.Node], checkpoints: frozenset) -> list:
+    """``split._reorder_like_autograd`` on the segmented backward: from the first reader of a tangent on, each
+    node (in joint order) is placed right after whatever it still needs, first-pass copies included."""
+    first_set = set(first)
+    index = {n: i for i, n in enumerate(recipe.joint.graph.nodes)}
+
+    def inputs_of(item) -> list:
+        if type(item) is FirstPass:
+            return [FirstPass(a) if a in first_set else a for a in item.node.all_input_nodes]
+        return [FirstPass(a) if a in checkpoints else a for a in item.all_input_nodes]
+
+    def key(item) -> tuple[int, int]:
+        return (index[item.node], 0) if type(item) is FirstPass else (index[item], 1)
+
+    tangents = {n for n in recipe.bw_inputs if tp.is_tangent(n)}
+    main = sorted(main, key=index.__getitem__)
+    readers = [i for i, n in enumerate(main) if not tangents.isdisjoint(n.all_input_nodes)]
+    placed: set = set(recipe.bw_inputs)
+    result: list = []
+
+    def place(item) -> None:
+        stack, pending = [item], set()
+        while stack:
+            n = stack.pop()
+            if n not in pending and n not in placed:
+                pending.add(n)
+                stack += inputs_of(n)
+        for n in sorted(pending, key=key):
+            placed.add(n)
+            result.append(n)
+
+    for node in main[readers[0] if readers else 0 :]:
+        place(node)
+    for node in main:  # what the output reads, and impure nodes read by none
+        place(node)
+    return _raise_getitems(result, checkpoints)
+
+
+def _raise_getitems(order: list, checkpoints: frozenset) -> list:
+    """Each getitem right after its producer (``split._raise_getitems``' rule, here for first-pass entries too)."""
+    children: dict = {}
+    for item in order:
+        node = item.node if type(item) is FirstPass else item
+        if node.target is operator.getitem:
+            parent = node.args[0]
+            first = type(item) is FirstPass or parent in checkpoints
+            children.setdefault(FirstPass(parent) if first else parent, []).append(item)
+    result: list = []
+
+    def emit(item) -> None:
+        result.append(item)
+        for child in children.get(item, ()):
+            emit(child)
+
+    getitems = {c for cs in children.values() for c in cs}
+    for item in order:
+        if item not in getitems:
+            emit(item)
+    return result
+
+
+def segment_backward(recipe: SplitRecipe, checkpoint_sets: Sequence[Sequence[fx.Node]] | None = None) -> SplitRecipe:
+    """The recipe whose backward recomputes the forward segment by segment from ``checkpoint_sets`` (default:
+    ``backward_checkpoints``; module docstring); the recipe itself where there is nothing to cut (no recomputation,
+    or a mutation in backward)."""
+    if recipe.bw_checkpoints:
+        return recipe  # segmented already
+    if checkpoint_sets is None:
+        checkpoint_sets = backward_checkpoints(recipe)
+    if not checkpoint_sets or any(tp.is_mutation_op(n) for n in recipe.bw_order):
+        return recipe
+    checkpoints = frozenset(n for s in checkpoint_sets for n in s)
+    region = recomputed_region(recipe)
+    live = _live_main(recipe, checkpoints)
+    main = [n for n in recipe.bw_order if n in live]
+    first = _first_pass(region, checkpoints)
+    order = _lazy_order(recipe, main, first, checkpoints)
+    log.debug(
+        "segments: %d checkpoint sets (%d nodes), %d first-pass copies, %d backward nodes",
+        len(checkpoint_sets),
+        len(checkpoints),
+        len(first),
+        len(order),
+    )
+    return replace(recipe, bw_order=order, bw_checkpoints=checkpoints)
+
+
+def segment_recompute_flops(original: SplitRecipe, segmented: SplitRecipe, profile: DeviceProfile) -> int:
+    """FLOPs the segmented backward computes beyond the original's: its first pass, less what it no longer
+    recomputes the original way (the checkpoints, and nodes only they read)."""
+    return _extra(original, segmented, lambda n: node_cost(n, profile).flops)
+
+
+def segment_recompute_seconds(original: SplitRecipe, segmented: SplitRecipe, profile: DeviceProfile) -> float:
+    """``segment_recompute_flops`` in estimated seconds (``NodeCost.recompute_seconds``), for a plan's time."""
+    return _extra(original, segmented, lambda n: node_cost(n, profile).recompute_seconds)
+
+
+def _extra(original: SplitRecipe, segmented: SplitRecipe, cost):
+    before = sum(cost(n) for n in recomputed_region(original))
+    after = sum(cost(n) for n in recomputed_region(segmented))
+    return sum(cost(i.node) for i in segmented.bw_order if type(i) is FirstPass) + after - before
+
+
+# A segmentation whose simulated activation peak is within this factor of the lowest is as good; among those, the
+# fewest extra FLOPs wins (issue #15's llama_stack: 10 checkpoint sets and 3 reach about the same peak).
+PEAK_TOLERANCE = 1.02
+
+
+def lowest_peak_segments(
+    recipe: SplitRecipe, num_fwd_outputs: int, profile: DeviceProfile, limit: int | None = None
+) -> tuple[SplitRecipe, PeakEstimate]:
+    """The recipe itself or one of its segmentations (one per ``checkpoint_grid`` entry; ``limit``: only that many,
+    lowest estimates first), whichever has the lowest simulated activation peak (``liveness.simulate_step`` on lazily
+    built graphs); within ``PEAK_TOLERANCE`` of it, the one with the fewest extra FLOPs.  Returns the recipe and its
+    simulation.  Each candidate costs a simulation (about 2 s at 48 blocks, ``Stack(48, 32)``)."""
+    grid = sorted(checkpoint_grid(recipe), key=lambda entry: entry[0])[:limit]
+    candidates = [recipe, *(segment_backward(recipe, sets) for _, sets in grid)]
+    simulated = [simulate_step(*c.build(lazy=True), num_fwd_outputs) for c in candidates]
+    lowest = min(p.activation_peak_bytes for p in simulated)
+    good = [i for i, p in enumerate(simulated) if p.activation_peak_bytes <= PEAK_TOLERANCE * lowest]
+    best = min(good, key=lambda i: (segment_recompute_flops(recipe, candidates[i], profile), i))
+    log.debug("segments: %d candidates, chose %d (%d bytes)", len(candidates), best, simulated[best].peak_bytes)
+    return candidates[best], simulated[best]

@@ -1,0 +1,149 @@
+"""Backward checkpoints (passes/segments.py): the segmented backward computes the same gradients, has a first pass
+that recomputes the checkpoints, never copies a random op, and holds less at once than the lazy recomputation of
+the whole forward."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from conftest import assert_grads_close, capture_joint, eager_grads, run_fxremat_aot
+
+from fxremat.examples import MLP, Block, Stack, example
+from fxremat.options import Options
+from fxremat.partition import PartitionRequest, partition
+from fxremat_passes.liveness import simulate_step
+from fxremat_passes.ops import NEVER_RECOMPUTE, OpClass, op_class
+from fxremat_passes.segments import segment_backward
+from fxremat_passes.split import FIRST_PASS_SUFFIX
+
+
+def _mlp_stack():
+    return torch.nn.Sequential(*[MLP(16, 64) for _ in range(4)]), (torch.randn(32, 16),)
+
+
+MODELS = {
+    "stack6": lambda: (Stack(6, dim=32, heads=2), (torch.randn(2, 16, 32),)),
+    "llama_stack": lambda: example("llama_stack", batch=2, seq=16, dim=32),
+    "mlp_stack4": _mlp_stack,
+}
+
+
+def _partition(model, inputs, **options):
+    """(forward, backward, report) of fxremat's partition of the model's joint graph (no Inductor)."""
+    joint, kwargs = capture_joint(model, inputs)
+    request = PartitionRequest(copy.deepcopy(joint), None, kwargs["num_fwd_outputs"], None, "test")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fw, bw, report = partition(request, Options.create(compare_default=False, strict=True, **options))
+    return fw, bw, report, kwargs["num_fwd_outputs"]
+
+
+def _recipe(model, inputs, **options):
+    """The recipe of fxremat's split (before segmenting) for these options."""
+    import fxremat.partition as partition_module
+
+    recipes = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(partition_module, "lowest_peak_segments", lambda r, n, p: (recipes.append(r), (r, None))[1])
+        patch.setattr(partition_module, "segment_recompute_flops", lambda *a: 0)
+        _partition(model, inputs, backward_segments=True, **options)
+    (recipe,) = recipes
+    return recipe
+
+
+def _first_pass(bw) -> list:
+    return [n for n in bw.graph.nodes if n.op == "call_function" and n.name.endswith(FIRST_PASS_SUFFIX)]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_segmented_gradients_equal_eager(name):
+    model, inputs = MODELS[name]()
+    _, expected = eager_grads(model, inputs)
+    _, grads, saved, reports = run_fxremat_aot(
+        model, inputs, strict=True, compare_default=False, memory_budget=0.0, backward_segments=True
+    )
+    assert_grads_close(grads, expected)
+    assert reports[0].extra["segment_recompute_flops"] > 0
+    assert saved.nbytes == 0  # the transform changes backward only: forward still saves nothing
+
+
+def test_backward_has_a_first_pass_with_unique_names_and_meta():
+    model, inputs = MODELS["stack6"]()
+    _, bw, _, _ = _partition(model, inputs, memory_budget=0.0, backward_segments=True)
+    first = _first_pass(bw)
+    assert len(first) > 10
+    names = [n.name for n in bw.graph.nodes]
+    assert len(names) == len(set(names))
+    assert all("val" in n.meta for n in first)
+    # the whole first pass runs before the other recomputation (the forward's addmms): all of it needs a checkpoint
+    calls = [n for n in bw.graph.nodes if n.op == "call_function"]
+    matmuls = [i for i, n in enumerate(calls) if n.target is torch.ops.aten.addmm.default]
+    first_set = set(first)
+    assert max(calls.index(n) for n in first) < min(i for i in matmuls if calls[i] not in first_set)
+
+
+def test_segments_lower_the_simulated_peak_of_a_6_block_stack():
+    model, inputs = MODELS["stack6"]()
+    plain = simulate_step(*_partition(model, inputs, memory_budget=0.0)[:2], 1).activation_peak_bytes
+    fw, bw, report, num_fwd_outputs = _partition(model, inputs, memory_budget=0.0, backward_segments=True)
+    segmented = simulate_step(fw, bw, num_fwd_outputs).activation_peak_bytes
+    assert segmented < 0.5 * plain, (segmented, plain)
+    assert report.simulated_activation_peak_bytes == segmented  # the report simulates the same (rebuilt) split
+
+
+def test_random_ops_are_never_copied():
+    torch.manual_seed(0)
+    model, inputs = torch.nn.Sequential(*[Block(32, 2, dropout=0.1) for _ in range(4)]), (torch.randn(2, 16, 32),)
+    recipe = _recipe(model, inputs, memory_budget=0.0)
+    _, plain_bw = recipe.build()
+    _, bw = segment_backward(recipe).build()
+    assert _first_pass(bw), "the dropout stack still has segments to cut"
+    assert not [n for n in _first_pass(bw) if op_class(n) in NEVER_RECOMPUTE]
+
+    def random_nodes(gm):
+        return sorted(n.name for n in gm.graph.nodes if n.op == "call_function" and op_class(n) is OpClass.RANDOM)
+
+    assert random_nodes(bw) == random_nodes(plain_bw)
+
+
+@pytest.mark.inductor
+def test_inductor_segmented_step_peak_is_lower(tmp_path, monkeypatch):
+    """Real Inductor: gradients equal eager, and the measured step peak is lower with segments."""
+    import fxremat
+    from fxremat.measure import step_peak_bytes
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    peaks = []
+    for segments in (False, True):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model, inputs = Stack(4, dim=32, heads=2), (torch.randn(4, 128, 32),)  # activations above gradients
+        _, expected = eager_grads(model, inputs)
+        backend = fxremat.backend(memory_budget=0.0, backward_segments=segments, compare_default=False, strict=True)
+        compiled = torch.compile(model, backend=backend)
+
+        def step(compiled=compiled):
+            compiled(*inputs).sum().backward()
+
+        step()
+        model.zero_grad(set_to_none=True)
+        peaks.append(step_peak_bytes(step, "cpu")[0])
+        assert_grads_close({n: p.grad for n, p in model.named_parameters()}, expected)
+    assert peaks[1] < 0.8 * peaks[0], peaks
+
+
+def test_lowest_peak_segments_is_no_higher_than_any_grid_entry():
+    from fxremat_passes.costs import PROFILES
+    from fxremat_passes.segments import checkpoint_grid, lowest_peak_segments, segment_recompute_seconds
+
+    recipe = _recipe(*MODELS["stack6"](), memory_budget=0.0)
+    chosen, peak = lowest_peak_segments(recipe, 1, PROFILES["cpu"])
+    assert chosen.bw_checkpoints
+    assert segment_recompute_seconds(recipe, chosen, PROFILES["cpu"]) > 0
+    for _, sets in checkpoint_grid(recipe):
+        other = simulate_step(*segment_backward(recipe, sets).build(lazy=True), 1).activation_peak_bytes
+        assert peak.activation_peak_bytes <= 1.02 * other
+    assert peak.activation_peak_bytes < simulate_step(*recipe.build(lazy=True), 1).activation_peak_bytes
