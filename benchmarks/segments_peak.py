@@ -77,7 +77,7 @@ def measure(name: str, setting: str) -> dict:
         simulated_activation_peak_bytes=report.simulated_activation_peak_bytes,
         saved_bytes=report.saved_bytes,
         recompute_flops=report.recompute_flops,
-        segment_recompute_flops=report.extra.get("segment_recompute_flops", 0),
+        segment_recompute_flops=report.segment_recompute_flops,
         max_grad_error=error,
     )
 

@@ -78,18 +78,36 @@ def main(argv: list[str] | None = None) -> int:
     ours, theirs = runs["fxremat"], runs["PyTorch default"]
     t_ours, t_theirs = statistics.median(ours["times"]), statistics.median(theirs["times"])
     rows = [
-        ["saved activation bytes (measured)", format_bytes(ours["saved"].nbytes), format_bytes(theirs["saved"].nbytes),
-         f"{ours['saved'].nbytes / max(theirs['saved'].nbytes, 1):.2f}x"],
+        [
+            "saved activation bytes (measured)",
+            format_bytes(ours["saved"].nbytes),
+            format_bytes(theirs["saved"].nbytes),
+            f"{ours['saved'].nbytes / max(theirs['saved'].nbytes, 1):.2f}x",
+        ],
         ["recompute FLOPs", f"{report.recompute_flops:,}", f"{report.baseline_recompute_flops:,}", ""],
-        ["est. recompute time", f"{report.est_recompute_seconds * 1e6:.0f} us",
-         f"{report.baseline_est_recompute_seconds * 1e6:.0f} us", ""],
-        [f"step time (median of {args.repeats})", f"{t_ours * 1e3:.2f} ms", f"{t_theirs * 1e3:.2f} ms",
-         f"{t_ours / t_theirs:.2f}x"],
-        ["max gradient error vs eager", f"{max(ours['errors'].values()):.1e}", f"{max(theirs['errors'].values()):.1e}",
-         ""],
+        [
+            "est. recompute time",
+            f"{report.est_recompute_seconds * 1e6:.0f} us",
+            f"{report.baseline_est_recompute_seconds * 1e6:.0f} us",
+            "",
+        ],
+        [
+            f"step time (median of {args.repeats})",
+            f"{t_ours * 1e3:.2f} ms",
+            f"{t_theirs * 1e3:.2f} ms",
+            f"{t_ours / t_theirs:.2f}x",
+        ],
+        [
+            "max gradient error vs eager",
+            f"{max(ours['errors'].values()):.1e}",
+            f"{max(theirs['errors'].values()):.1e}",
+            "",
+        ],
     ]
-    print(f"\n{args.depth}-block pre-LN transformer, batch {args.batch}, seq {args.seq}, dim {args.dim}, fp32, "
-          f"CPU, 1 thread\n")
+    print(
+        f"\n{args.depth}-block pre-LN transformer, batch {args.batch}, seq {args.seq}, dim {args.dim}, fp32, "
+        f"CPU, 1 thread\n"
+    )
     print(tabulate(rows, headers=["", "fxremat", "PyTorch default", "ratio"]))
     print()
     print(fxremat.format_text(report, max_rows=12))

@@ -162,8 +162,9 @@ class Options:
     report_dir       also write every report as JSON here (default: $FXREMAT_REPORT_DIR).
     verify           on each compiled graph's first call, also run it eagerly and raise FxrematVerifyError where
                      its outputs or gradients differ (fxremat/verify.py; default: $FXREMAT_VERIFY, else off).
-    backward_segments  (experimental, issue #15) backward recomputes the forward segment by segment from
-                     checkpoints it recomputes first (passes/segments.py), whatever plan is chosen.
+    backward_segments  None (default): backward recomputes the forward segment by segment, from checkpoints it
+                     recomputes first (passes/segments.py), where a memory_budget leaves no plan as low as a
+                     looser budget's (budget 0.0: the whole forward recomputed); True: for every plan; False: never.
     """
 
     memory_budget: float | int | None = None
@@ -176,7 +177,7 @@ class Options:
     strict: bool = False
     report_dir: str | None = None
     verify: bool = False
-    backward_segments: bool = False
+    backward_segments: bool | None = None
 
     @classmethod
     def create(cls, **kwargs: Any) -> Options:
@@ -202,9 +203,11 @@ class Options:
             raise ValueError(f"solver={values['solver']!r} is not known; use one of {list(SOLVERS)}")
         if "verify" not in values:
             values["verify"] = verify_from_environment()
-        for flag in ("compare_default", "compare_budgets", "strict", "verify", "backward_segments"):
+        for flag in ("compare_default", "compare_budgets", "strict", "verify"):
             if flag in values and not isinstance(values[flag], bool):
                 raise TypeError(f"{flag} must be True or False, got {values[flag]!r}")
+        if values.get("backward_segments") not in (None, True, False):
+            raise TypeError(f"backward_segments must be None, True or False, got {values['backward_segments']!r}")
         if "report_dir" not in values:
             values["report_dir"] = os.environ.get(ENV_REPORT_DIR) or None
         elif values["report_dir"] is not None and not isinstance(values["report_dir"], (str, os.PathLike)):

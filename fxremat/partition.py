@@ -31,11 +31,10 @@ from fxremat_passes.flow_problem import VALUE_ROLES, build_flow_problem
 from fxremat_passes.layout import CONVOLUTION, pin_as_strided_inputs
 from fxremat_passes.liveness import PeakEstimate, simulate_step
 from fxremat_passes.roles import Policy, Role, classify, recompute_tag
-from fxremat_passes.segments import lowest_peak_segments, segment_recompute_flops
 from fxremat_passes.split import SplitRecipe, split_with_recipe
 
 from .options import Options
-from .peak_choice import choose_plan_for_budget, choose_plan_for_peak
+from .peak_choice import choose_plan_for_budget, choose_plan_for_peak, segmented_split
 from .plan import choose_plan
 from .report import CutReport, Deferred, describe_fields, never_recomputed_counts
 
@@ -311,14 +310,9 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
     )
     _enter("split")
     fw, bw, recipe = split_done if split_done is not None else split(plan)
-    if options.backward_segments and recipe is not None:  # experimental (issue #15): passes/segments.py
-        segmented, peak = lowest_peak_segments(recipe, request.num_fwd_outputs, profile)
-        # in ``extra`` until the report has its field (README's schema)
-        fields["extra"] = dict(
-            segment_recompute_flops=segment_recompute_flops(recipe, segmented, profile),
-            backward_checkpoints=tuple(sorted(n.name for n in segmented.bw_checkpoints)),
-        )
-        (fw, bw), recipe = segmented.build(), segmented
+    if options.backward_segments and recipe is not None and not recipe.bw_checkpoints:  # asked for every plan
+        (fw, bw, recipe), peak, segment_fields = segmented_split(recipe, request.num_fwd_outputs, profile)
+        fields.update(segment_fields)
     return _Split(fw, bw, fields, recipe, peak)
 
 

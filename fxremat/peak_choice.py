@@ -20,6 +20,7 @@ from fxremat_passes.budget import Plan, SolveCache
 from fxremat_passes.liveness import PeakEstimate, simulate_step
 from fxremat_passes.plan_memory import build_joint_memory, estimate_peak
 from fxremat_passes.roles import Role
+from fxremat_passes.segments import lowest_peak_segments, segment_recompute_flops
 
 from .plan import (
     FxrematBudgetWarning,
@@ -39,6 +40,9 @@ log = logging.getLogger(__name__)
 
 # Candidate plans whose real split may be simulated (each costs a split and a simulation).
 PEAK_SIMULATED_CANDIDATES = 10
+# Backward checkpoint sets (passes/segments.py) simulated for a plan that recomputes in segments, lowest estimated
+# peak first: each costs a simulation (about 2 s at 48 blocks, docs/DESIGN.md §5.4).
+SEGMENTATIONS_SIMULATED = 4
 
 
 @dataclass
@@ -144,7 +148,25 @@ def choose_plan_for_budget(flow, roles, joint, options, profile, request, split)
             fields["peak_raised_by_budget"],
         )
     (fw_bw_recipe, simulation) = simulated.handed_on(choice.plan)
+    if choice.raised and options.backward_segments is None and fw_bw_recipe[2] is not None:
+        # the budget forces a higher peak: recomputing the forward segment by segment in backward lowers it
+        segmented, peak, segment_fields = segmented_split(fw_bw_recipe[2], request.num_fwd_outputs, profile)
+        if peak.peak_bytes < choice.peak:
+            fw_bw_recipe, simulation = segmented, peak
+            fields.update(segment_fields, peak_raised_by_budget=max(0, peak.peak_bytes - choice.lowest_looser_peak))
     return choice.plan, fields, fw_bw_recipe, simulation
+
+
+def segmented_split(recipe, num_fwd_outputs: int, profile):
+    """The lowest-peak segmentation of a split's backward (``segments.lowest_peak_segments``): ((fw, bw, recipe),
+    its simulation, report fields)."""
+    segmented, peak = lowest_peak_segments(recipe, num_fwd_outputs, profile, limit=SEGMENTATIONS_SIMULATED)
+    fields = dict(
+        segment_recompute_flops=segment_recompute_flops(recipe, segmented, profile),
+        backward_checkpoints=tuple(sorted(n.name for n in segmented.bw_checkpoints)),
+    )
+    with tp.lazy_graph_modules():
+        return (*segmented.build(), segmented), peak, fields
 
 
 def choose_plan_for_peak(flow, roles, joint, options, profile, request, split):

@@ -112,6 +112,10 @@ class CutReport:
     budget_candidates: int | None = None
     budget_simulated: int | None = None
     peak_raised_by_budget: int | None = None
+    # backward recomputing the forward segment by segment (passes/segments.py): the checkpoints its first pass
+    # recomputes, and the FLOPs that costs beyond the plan's own recomputation
+    backward_checkpoints: tuple[str, ...] = ()
+    segment_recompute_flops: int = 0
     frontier: tuple[tuple[int, float, float], ...] = ()  # (saved bytes, est. recompute s, memory_price) per vertex
     peak_budget: float | int | None = None  # as asked (activation peak bytes, or a fraction)
     peak_budget_bytes: int | None = None  # the activation peak the plan had to fit
