@@ -279,7 +279,15 @@ def main(argv: list[str] | None = None) -> int:
         runner = in_process_runner(args.size, args.repeats)
     else:
         runner = subprocess_runner(args.size, args.repeats, args.timeout)
-    rows = run_all(plan(args.models, args.configs), runner, args.size, on_row=log_row)
+    done: list[dict] = []
+
+    def on_row(row: dict) -> None:  # the JSON so far after every row: a long run stopped midway keeps its rows
+        log_row(row)
+        done.append(row)
+        if args.json:
+            br.write_json(args.json, build_result(args, done))
+
+    rows = run_all(plan(args.models, args.configs), runner, args.size, on_row=on_row)
     write_outputs(args, build_result(args, rows))
     return 0
 
