@@ -273,6 +273,11 @@ def _held_until_last_read(graph: ScheduleGraph, computed: list[set[int]]) -> tup
     return tuple(frozenset(h) for h in held)
 
 
+def saved_bytes(graph: ScheduleGraph, schedule: Schedule) -> int:
+    """Bytes held from forward into backward."""
+    return sum(graph.nbytes[i] for i in schedule.held[1]) if graph.num_stages else 0
+
+
 def evaluate_plan(graph: ScheduleGraph, saved: Iterable[int]) -> ScheduleCost:
     return evaluate_schedule(graph, plan_schedule(graph, saved))
 
@@ -422,9 +427,14 @@ def _least_peak(graph: ScheduleGraph) -> int:
 
 
 def solve_min_peak(
-    graph: ScheduleGraph, max_compute_seconds: float | None = None, time_limit: float = DEFAULT_TIME_LIMIT_S
+    graph: ScheduleGraph,
+    max_compute_seconds: float | None = None,
+    time_limit: float = DEFAULT_TIME_LIMIT_S,
+    max_saved_bytes: int | None = None,
 ) -> PeakSolution:
-    """The schedule of least peak whose compute is at most ``max_compute_seconds`` (None: unbounded)."""
+    """The schedule of least peak whose compute is at most ``max_compute_seconds`` (None: unbounded) and, with
+    ``max_saved_bytes``, that holds at most that many bytes from forward into backward (a ``memory_budget``'s cap:
+    ``saved_bytes`` of a plan's schedule)."""
     start = time.perf_counter()
     unit = float(max([1, *graph.nbytes, *(graph.transient(i) for i in range(len(graph)))]))
     program = _Program()
@@ -436,6 +446,9 @@ def solve_min_peak(
         scale = max(max_compute_seconds, 1e-30)
         terms = [(program.col("R", t, i), graph.compute_seconds[i] / scale) for t, o in enumerate(orders) for i in o]
         program.row(terms, -np.inf, 1.0 + COMPUTE_SLACK)
+    if max_saved_bytes is not None and graph.num_stages:
+        held = [(program.col("S", 1, i), graph.nbytes[i] / unit) for i in _holdable(graph, 1)]
+        program.row(held, -np.inf, max_saved_bytes / unit + COMPUTE_SLACK)
     result = program.solve(time_limit)
     bound = getattr(result, "mip_dual_bound", None)
     lower = int(np.ceil(bound * unit - 1e-6 * unit)) if bound is not None and np.isfinite(bound) else 0

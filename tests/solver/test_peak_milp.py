@@ -22,6 +22,7 @@ from fxremat_passes.peak_milp import (
     evaluate_plan,
     evaluate_schedule,
     plan_schedule,
+    saved_bytes,
     solve_min_peak,
 )
 
@@ -116,6 +117,25 @@ OPTIMA = [
 def test_known_optima(graph, compute, peak):
     solution = solve_min_peak(graph, compute, time_limit=20)
     assert solution.optimal and solution.peak_bytes == peak
+
+
+@pytest.mark.parametrize(
+    "cap, peak",
+    [
+        # 17 s is forward (9) plus one recompute of each of f1..f8: saving nothing, every f is recomputed once and
+        # held from g9's stage to its reader, as the save-nothing plan does (9 bytes)
+        (0, 9),
+        (1, 5),
+        (2, 4),
+        (None, 4),
+    ],
+)
+def test_a_saved_bytes_cap_holds_and_costs_peak(cap, peak):
+    graph = training_chain(9)
+    solution = solve_min_peak(graph, 17.0, time_limit=20, max_saved_bytes=cap)
+    assert solution.optimal and solution.peak_bytes == peak
+    assert cap is None or saved_bytes(graph, solution.schedule) <= cap
+    assert evaluate_plan(graph, ()).peak_bytes == 9 and saved_bytes(graph, plan_schedule(graph, (3, 6))) == 2
 
 
 def test_invalid_schedules_are_refused():
