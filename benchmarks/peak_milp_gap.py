@@ -111,8 +111,8 @@ def schedule_of(gm, kwargs, saved: dict[str, tuple[str, ...]]):
     return build_schedule_graph(joint, roles, kwargs["num_fwd_outputs"], flow, keep_distinct=keep)
 
 
-def rows_for(name: str, time_limit: float) -> list[dict]:
-    from fxremat_passes.peak_milp import evaluate_plan, solve_min_peak
+def rows_for(name: str, time_limit: float, saved_cap: bool = False) -> list[dict]:
+    from fxremat_passes.peak_milp import evaluate_schedule, plan_schedule, saved_bytes, solve_min_peak
 
     gm, kwargs, saved = capture_plans(*build_model(name))
     schedule = schedule_of(gm, kwargs, saved)
@@ -120,7 +120,8 @@ def rows_for(name: str, time_limit: float) -> list[dict]:
     solved: dict[float, object] = {}  # settings that chose the same compute share one solve
     rows = []
     for setting, names in saved.items():
-        ours = evaluate_plan(graph, schedule.nodes_of(names))
+        plan = plan_schedule(graph, schedule.nodes_of(names))
+        ours = evaluate_schedule(graph, plan)
         key = round(ours.compute_seconds, 15)
         if key not in solved:
             solved[key] = solve_min_peak(graph, ours.compute_seconds, time_limit)
@@ -139,14 +140,28 @@ def rows_for(name: str, time_limit: float) -> list[dict]:
                 gap=gap,
                 optimal=best.optimal,
                 solve_s=best.solve_seconds,
+                saved_ours=saved_bytes(graph, plan),
             )
         )
+        if saved_cap and setting.startswith("memory_budget"):
+            rows[-1].update(_capped(graph, ours, saved_bytes(graph, plan), time_limit))
     return rows
 
 
-def summary(rows: list[dict]) -> str:
-    gaps = [r["gap"] for r in rows if r["optimal"] and r["gap"] is not None]
-    graphs = sorted({r["graph"] for r in rows if r["optimal"]})
+def _capped(graph, ours, cap: int, time_limit: float) -> dict:
+    """The MILP held to the plan's own saved bytes too (a memory_budget plan's constraint)."""
+    from fxremat_passes.peak_milp import solve_min_peak
+
+    best = solve_min_peak(graph, ours.compute_seconds, time_limit, max_saved_bytes=cap)
+    gap = ours.peak_bytes / best.peak_bytes - 1 if best.schedule is not None and best.peak_bytes else None
+    return dict(
+        peak_milp_capped=best.peak_bytes if best.schedule else None, gap_capped=gap, optimal_capped=best.optimal
+    )
+
+
+def summary(rows: list[dict], gap: str = "gap", optimal: str = "optimal") -> str:
+    gaps = [r[gap] for r in rows if r[optimal] and r[gap] is not None]
+    graphs = sorted({r["graph"] for r in rows if r[optimal]})
     if not gaps:
         return "no row proven optimal"
     return (
@@ -155,53 +170,51 @@ def summary(rows: list[dict]) -> str:
     )
 
 
+def _percent(gap: float | None) -> str:
+    return "-" if gap is None else f"{gap:.1%}"
+
+
+def format_table(rows: list[dict], saved_cap: bool) -> str:
+    from tabulate import tabulate
+
+    headers = ["graph", "setting", "nodes", "stages", "P_ours B", "C_ours us", "saved B", "P* B", "bound B", "gap"]
+    headers += ["optimal?", "solve s"] + (["P*cap B", "gap cap", "optimal cap?"] if saved_cap else [])
+    table = []
+    for r in rows:
+        cells = [r["graph"], r["setting"], r["nodes"], r["stages"], r["peak_ours"], f"{r['compute_ours_us']:.2f}"]
+        cells += [r["saved_ours"], r["peak_milp"], r["lower_bound"], _percent(r["gap"])]
+        cells += ["yes" if r["optimal"] else "no", f"{r['solve_s']:.1f}"]
+        if saved_cap and "gap_capped" in r:
+            cells += [r["peak_milp_capped"], _percent(r["gap_capped"]), "yes" if r["optimal_capped"] else "no"]
+        table.append(cells)
+    return tabulate(table, headers=headers, tablefmt="github")
+
+
 def main(argv=None) -> int:
     import torch
-    from tabulate import tabulate
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--graphs", nargs="+", default=[*GENERATED, *EXAMPLES])
     parser.add_argument("--time-limit", type=float, default=120.0, help="seconds per MILP solve (HiGHS)")
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument(
+        "--saved-cap",
+        action="store_true",
+        help="memory_budget rows: also solve with the plan's saved bytes as a cap (columns P*cap, gap cap)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     rows = []
     for name in args.graphs:
         start = time.perf_counter()
-        rows += rows_for(name, args.time_limit)
+        rows += rows_for(name, args.time_limit, args.saved_cap)
         print(f"{name}: {time.perf_counter() - start:.1f}s", file=sys.stderr, flush=True)
-    headers = [
-        "graph",
-        "setting",
-        "nodes",
-        "stages",
-        "P_ours B",
-        "C_ours us",
-        "P* B",
-        "bound B",
-        "gap",
-        "optimal?",
-        "solve s",
-    ]
-    table = [
-        [
-            r["graph"],
-            r["setting"],
-            r["nodes"],
-            r["stages"],
-            r["peak_ours"],
-            f"{r['compute_ours_us']:.2f}",
-            r["peak_milp"],
-            r["lower_bound"],
-            "-" if r["gap"] is None else f"{r['gap']:.1%}",
-            "yes" if r["optimal"] else "no",
-            f"{r['solve_s']:.1f}",
-        ]
-        for r in rows
-    ]
-    print(tabulate(table, headers=headers, tablefmt="github"))
+    print(format_table(rows, args.saved_cap))
     print()
     print(summary(rows))
+    if args.saved_cap:
+        capped = [r for r in rows if "gap_capped" in r]
+        print("saved-bytes cap, memory_budget rows: " + summary(capped, "gap_capped", "optimal_capped"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
