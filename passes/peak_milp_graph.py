@@ -23,6 +23,17 @@ gradient fields) and the flow problem's recompute seconds, in three steps:
 Compute seconds: a forward node's recompute seconds from the flow problem (``flow.parametric.recompute_seconds``,
 the cut's own estimate); a node that may not be recomputed (random ops) gets 0 and ``recomputable=False``;
 backward nodes get 0 (they run once in every schedule).
+
+How the MILP's model differs from ``liveness.simulate_step`` (the simulation of a real split), on purpose: it has to
+be linear and the same for every schedule.  No Inductor fusion (every value that owns storage allocates it, unless
+merged away in step 2), no in-place reuse of a dying input, no buffer pool, no realization rules, no layout copies
+or convolution workspace.  Tangents and graph inputs cost nothing (``simulate_step`` allocates tangents when
+backward starts); a forward output is freed after its last reader in forward unless held (``simulate_step`` keeps
+it to forward's end); a gradient counts until its last reader in backward and is then handed over (the activation
+peak; ``simulate_step`` keeps gradients to the end and subtracts them for its activation peak).  Backward nodes run
+in graph order, one stage each, and a stage's recomputation runs at its start: where stages group several backward
+nodes, that is earlier than ``reordering_to_mimic_autograd_engine`` would put it.  The frees are the same rule:
+after the last reader, a view's reads counting as its base's.
 """
 
 from __future__ import annotations
