@@ -66,6 +66,9 @@ class ScheduleGraph:
     free: tuple[bool, ...]  # graph inputs, parameters, tangents: always live, no bytes counted
     recomputable: tuple[bool, ...] = ()  # () = all; a forward node that may run only in forward (random ops)
     transient_bytes: tuple[int, ...] = ()  # () = none; held while the node runs, gone after it
+    # () = all; False: a multi-output op (its items are the nodes that own bytes): never held across stages, so an
+    # item is computed only where its op runs
+    holdable: tuple[bool, ...] = ()
     stage: tuple[int, ...] = ()  # () = one stage per backward node; else 0 for forward, 1.. for backward
 
     def __post_init__(self) -> None:
@@ -73,7 +76,7 @@ class ScheduleGraph:
         for name in ("compute_seconds", "inputs", "backward", "free"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"ScheduleGraph.{name} needs one entry per node ({n})")
-        for name in ("recomputable", "transient_bytes", "stage"):
+        for name in ("recomputable", "transient_bytes", "holdable", "stage"):
             if getattr(self, name) and len(getattr(self, name)) != n:
                 raise ValueError(f"ScheduleGraph.{name} needs one entry per node ({n}), or none")
         seen_backward = False
@@ -104,6 +107,9 @@ class ScheduleGraph:
 
     def may_recompute(self, i: int) -> bool:
         return not self.recomputable or self.recomputable[i]
+
+    def may_hold(self, i: int) -> bool:
+        return not self.holdable or self.holdable[i]
 
     def transient(self, i: int) -> int:
         return self.transient_bytes[i] if self.transient_bytes else 0
@@ -189,6 +195,9 @@ def evaluate_schedule(graph: ScheduleGraph, schedule: Schedule) -> ScheduleCost:
         held_next = schedule.held[t + 1] if t + 1 < stages else frozenset()
         if held_next - schedule.held[t] - schedule.computed[t]:
             raise InvalidSchedule(f"stage {t + 1} holds {sorted(held_next - schedule.held[t] - schedule.computed[t])}")
+        if any(not graph.may_hold(i) for i in schedule.held[t]):
+            unholdable = sorted(i for i in schedule.held[t] if not graph.may_hold(i))
+            raise InvalidSchedule(f"stage {t} holds a node that cannot be held: {unholdable}")
         if schedule.held[t] & schedule.computed[t]:
             raise InvalidSchedule(
                 f"stage {t} computes values it holds: {sorted(schedule.held[t] & schedule.computed[t])}"
@@ -244,6 +253,7 @@ def plan_schedule(graph: ScheduleGraph, saved: Iterable[int]) -> Schedule:
             computed[0].add(i)
             stack.extend(graph.reads[i])
     recomputed_in: dict[int, int] = {}
+    needed = _recompute_closure(graph, saved)
     for t in range(1, graph.num_stages + 1):
         computed[t].update(graph.members[t])
         stack = [a for b in graph.members[t] for a in graph.reads[b]]
@@ -256,7 +266,21 @@ def plan_schedule(graph: ScheduleGraph, saved: Iterable[int]) -> Schedule:
             recomputed_in[i] = t
             computed[t].add(i)
             stack.extend(graph.reads[i])
+            if not graph.may_hold(i):  # a multi-output op makes all its outputs at once: those backward needs
+                stack.extend(r for r in graph.readers[i] if r in needed)
     return Schedule(tuple(frozenset(c) for c in computed), _held_until_last_read(graph, computed))
+
+
+def _recompute_closure(graph: ScheduleGraph, saved: set[int]) -> set[int]:
+    """The forward nodes backward reads, directly or through other unsaved forward nodes."""
+    seen: set[int] = set()
+    stack = [a for b in graph.backward_nodes for a in graph.reads[b]]
+    while stack:
+        i = stack.pop()
+        if i not in seen and not graph.backward[i] and i not in saved:
+            seen.add(i)
+            stack.extend(graph.reads[i])
+    return seen
 
 
 def _held_until_last_read(graph: ScheduleGraph, computed: list[set[int]]) -> tuple[frozenset[int], ...]:
@@ -345,7 +369,7 @@ def _computable(graph: ScheduleGraph, t: int) -> list[int]:
 
 def _holdable(graph: ScheduleGraph, t: int) -> list[int]:
     """Nodes stage t may start with: forward ones something from t on needs, backward ones read from t on."""
-    forward = [i for i in graph.forward_nodes if graph.last_needed_stage[i] >= t]
+    forward = [i for i in graph.forward_nodes if graph.last_needed_stage[i] >= t and graph.may_hold(i)]
     backward = [
         b
         for b in graph.backward_nodes

@@ -4,11 +4,13 @@ From ``plan_memory.build_joint_memory`` (read only: its inputs, root, nbytes, ho
 gradient fields) and the flow problem's recompute seconds, in three steps:
 
 1. **Exact reductions.**  Placeholders (primals, tangents) are free nodes.  A view or any alias allocates nothing:
-   it becomes its storage's owner (``root``), so reading a view reads its base.  A multi-output op and the items
-   that own its outputs (SDPA's output and logsumexp, var_mean's two halves) are one node whose bytes are the
-   items' (saving one item keeps the others: the one approximation here).  A node that allocates nothing of its
-   own (SymInt arithmetic, in-place writes into a graph input) passes its readers on to its own inputs.  Nodes
-   neither an output nor a gradient depends on are dropped.
+   it becomes its storage's owner (``root``), so reading a view reads its base.  A multi-output op (SDPA,
+   native_layer_norm) is a node of no bytes of its own that holds all its items' bytes while it runs
+   (``transient_bytes``) and cannot be held across stages (``holdable``); each item that owns its output is a node
+   of its own, read from the op, so it is made only where the op runs and can be saved alone.  In backward (run
+   once, never saved) the op and its items are one node of all their bytes.  A node that
+   allocates nothing of its own (SymInt arithmetic, in-place writes into a graph input) passes its readers on to
+   its own inputs.  Nodes neither an output nor a gradient depends on are dropped.
 2. **Merging, for graphs above ``max_nodes``.**  A node read by exactly one other node of the same phase (a
    pointwise chain, a matmul feeding one bias add) is merged into its reader, smallest first, until the graph has
    at most ``max_nodes`` nodes or nothing more can merge.  The merged node keeps its reader's output bytes, adds
@@ -64,6 +66,7 @@ class _Group:
     seconds: float = 0.0
     recomputable: bool = True
     transient: int = 0
+    holdable: bool = True
     reads: set[int] = field(default_factory=set)  # owners of the groups read
 
 
@@ -122,10 +125,16 @@ def _exact_groups(memory: JointMemory, nodes: list[fx.Node], roles: GraphRoles):
             owner_of[i] = owner_of.get(memory.root[i])
             passes_on[i] = passes_on.get(memory.root[i], set())
         elif memory.view_like[i] and len(memory.inputs[i]) == 1 and owner_of.get(memory.inputs[i][0]) is not None:
-            parent = groups[owner_of[memory.inputs[i][0]]]  # an item of a multi-output op: part of the op
-            parent.nbytes += memory.nbytes[i]
-            parent.members.append(i)
-            owner_of[i] = parent.owner
+            parent = groups[owner_of[memory.inputs[i][0]]]  # an item of a multi-output op: made when the op runs
+            if parent.backward:  # runs once, in its stage: its items are simply its bytes
+                parent.nbytes += memory.nbytes[i]
+                parent.members.append(i)
+                owner_of[i] = parent.owner
+            else:
+                parent.transient += memory.nbytes[i]
+                parent.holdable = False
+                groups[i] = _Group(i, [i], memory.nbytes[i], backward=backward, reads={parent.owner})
+                owner_of[i] = i
         elif memory.nbytes[i] > 0 and memory.hold[i] != NEVER or _has_items(memory, i):
             groups[i] = _Group(i, [i], memory.nbytes[i], backward=backward, reads=reads)
             owner_of[i] = i
@@ -211,6 +220,7 @@ def _freeze(groups, owner_of, nodes, required, max_stages: int) -> JointSchedule
         free=tuple(g.free for g in order),
         recomputable=tuple(g.recomputable for g in order),
         transient_bytes=tuple(g.transient for g in order),
+        holdable=tuple(g.holdable for g in order),
         stage=tuple(stage_of.get(g.owner, 0) for g in order),
     )
     member_of = {i: position[g.owner] for g in order for i in g.members}

@@ -238,3 +238,34 @@ def test_milp_matches_brute_force_and_beats_every_plan(seed, forward, backward, 
 def test_solver_module_does_not_import_torch():
     code = "import sys, fxremat_passes.peak_milp; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def multi_output() -> ScheduleGraph:
+    """x -> op (SDPA-like: no bytes of its own, its two items while it runs) -> items a (1 byte), b (2 bytes) ->
+    y (the output, reads both); backward: gy reads a, gx reads gy and b."""
+    #            x     op    a     b     y       t     gy      gx
+    inputs = ((), (0,), (1,), (1,), (2, 3), (), (5, 2), (6, 3))
+    return ScheduleGraph(
+        nbytes=(0, 0, 1, 2, 1, 0, 1, 1),
+        compute_seconds=(0.0, 4.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0),
+        inputs=inputs,
+        backward=(False,) * 5 + (True,) * 3,
+        required=(4, 7),
+        free=(True, False, False, False, False, True, False, False),
+        transient_bytes=(0, 3, 0, 0, 0, 0, 0, 0),
+        holdable=(True, False, True, True, True, True, True, True),
+    )
+
+
+def test_a_multi_output_op_makes_every_item_backward_needs_where_it_runs():
+    graph = multi_output()
+    # save a only: gx needs b, so the op runs again in gx's stage, with b; gy's stage needs only a
+    schedule = plan_schedule(graph, (2,))
+    assert schedule.computed[1] == {6} and schedule.computed[2] == {1, 3, 7} and schedule.held[2] == {6}
+    # gx's stage: gy held (1), the op (its items while it runs: 3 more), b (2), gx (1): 4 at the op and at gx;
+    # forward: the op (3), a, b, y (a, b, y: 4)
+    assert evaluate_schedule(graph, schedule).peak_bytes == 4
+    with pytest.raises(InvalidSchedule, match="cannot be held"):
+        evaluate_schedule(graph, Schedule(schedule.computed, (frozenset(), frozenset({1, 2}), frozenset({1, 6}))))
+    solution = solve_min_peak(graph, None, time_limit=20)
+    assert solution.optimal and all(1 not in held for held in solution.schedule.held)
