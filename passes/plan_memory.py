@@ -36,6 +36,7 @@ from .liveness import (
     inductor_class,
     storage_kind,
 )
+from .lowering import concat_kernel
 from .ops import OpClass
 from .roles import GraphRoles, Role
 
@@ -83,7 +84,7 @@ def build_joint_memory(joint: fx.GraphModule, roles: GraphRoles, num_fwd_outputs
         hold=tuple(storage_kind(n, classes) for n in nodes),
         fuses_into=tuple(classes[n] in FUSES_INTO for n in nodes),
         view_like=tuple(classes[n] in (OpClass.VIEW, OpClass.GETITEM) for n in nodes),
-        inplace=tuple(classes[n] in INPLACE_CLASSES for n in nodes),
+        inplace=tuple(classes[n] in INPLACE_CLASSES and not concat_kernel(n) for n in nodes),  # as liveness
         placeholder=tuple(n.op == "placeholder" for n in nodes),
         tangent=tuple(roles.role[n] is Role.TANGENT for n in nodes),
         is_copy=tuple(n.op == "call_function" and n.target is torch.ops.aten.copy_.default for n in nodes),
