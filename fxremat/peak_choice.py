@@ -28,6 +28,7 @@ from .plan import (
     budget_target_bytes,
     choose_plan,
     fastest_first,
+    frontier_field,
     monotone_choice,
     peak_candidates,
     peak_shortlist,
@@ -138,6 +139,8 @@ def choose_plan_for_budget(flow, roles, joint, options, profile, request, split)
         budget_simulated=len(simulated.simulations),
         peak_raised_by_budget=int(choice.peak - choice.lowest_looser_peak) if choice.raised else 0,
     )
+    if options.compare_default:  # a report-oriented run: also show the frontier
+        fields["frontier"] = frontier_field(problem, options, profile, cache)
     if choice.raised:
         log.info(
             "%s: memory_budget=%r leaves no plan whose simulated peak is as low as a looser budget's (%d bytes); "

@@ -117,12 +117,16 @@ def choose_plan(
     fields["default_plan_saved_bytes"] = default.saved_bytes
     fields["plan_method"] = plan.method
     if options.compare_default:  # a report-oriented run: also show the frontier
-        points = frontier(problem, price, max_price, cache=cache)
-        # (saved bytes, estimated recompute seconds, memory_price): the same axes as the report's own figures
-        fields["frontier"] = tuple(
-            (p.saved_bytes, p.recompute_seconds, p.price * profile.mem_bandwidth) for p in points
-        )
+        fields["frontier"] = frontier_field(problem, options, profile, cache)
     return plan, fields
+
+
+def frontier_field(problem: ParametricProblem, options: Options, profile: DeviceProfile, cache: SolveCache) -> tuple:
+    """The report's ``frontier``: (saved bytes, estimated recompute seconds, memory_price) per vertex, the same axes
+    as the report's own figures."""
+    price, max_price = prices(options, profile)
+    points = frontier(problem, price, max_price, cache=cache)
+    return tuple((p.saved_bytes, p.recompute_seconds, p.price * profile.mem_bandwidth) for p in points)
 
 
 def _refine(problem: ParametricProblem, plan: Plan, price: float, target: int) -> Plan:

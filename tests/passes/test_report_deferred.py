@@ -14,6 +14,7 @@ from conftest import run_aot
 
 import fxremat
 from fxremat import partition as partition_module
+from fxremat import peak_choice
 from fxremat.examples import example
 from fxremat.options import Options
 from fxremat.report import DEFERRED_FIELDS
@@ -25,7 +26,9 @@ def _partition(name: str, monkeypatch, **options):
     returned graphs made as they came back, those graphs)."""
     calls = []
     real_simulate = partition_module.simulate_step
-    monkeypatch.setattr(partition_module, "simulate_step", lambda *a, **k: calls.append(1) or real_simulate(*a, **k))
+    counted = lambda *a, **k: calls.append(1) or real_simulate(*a, **k)  # noqa: E731
+    monkeypatch.setattr(partition_module, "simulate_step", counted)
+    monkeypatch.setattr(peak_choice, "simulate_step", counted)  # where plans are chosen by their simulation
     reports, returned = [], {}
     inner = fxremat.make_partition_fn(Options.create(strict=True, **options), reports)
 
