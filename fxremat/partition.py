@@ -34,8 +34,7 @@ from fxremat_passes.roles import Policy, Role, classify, recompute_tag
 from fxremat_passes.split import SplitRecipe, split_with_recipe
 
 from .options import Options
-from .peak_choice import choose_plan_for_budget, choose_plan_for_peak, segmented_split
-from .plan import choose_plan
+from .peak_choice import choose, segmented_split
 from .report import CutReport, Deferred, describe_fields, never_recomputed_counts
 
 log = logging.getLogger(__name__)
@@ -290,15 +289,7 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
             static_lifetime_input_nodes=roles.static_inputs,
         )
 
-    if options.peak_budget is not None:
-        plan, plan_fields, split_done, peak = choose_plan_for_peak(flow, roles, joint, options, profile, request, split)
-    elif options.memory_budget not in (None, 1.0) and options.solver == "mincut":
-        plan, plan_fields, split_done, peak = choose_plan_for_budget(
-            flow, roles, joint, options, profile, request, split
-        )
-    else:
-        plan, plan_fields = choose_plan(flow.parametric, options, profile, request.graph_id)
-        split_done, peak = None, None
+    plan, plan_fields, split_done, peak = choose(flow, roles, joint, options, profile, request, split)
     fields.update(plan_fields)
     fields["solve_seconds"] = time.perf_counter() - solve_start
     recomputed_nodes = [flow.nodes[i] for i in plan.recomputed]

@@ -96,6 +96,17 @@ def _ranked_candidates(flow, roles, joint, options, profile, request, budget_byt
     return candidates, estimate
 
 
+def choose(flow, roles, joint, options, profile, request, split):
+    """The plan for these options: (plan, report fields, (fw, bw, recipe) where choosing split it, or None, its
+    simulation or None).  ``split(plan)`` makes a plan's split."""
+    if options.peak_budget is not None:
+        return choose_plan_for_peak(flow, roles, joint, options, profile, request, split)
+    if options.memory_budget not in (None, 1.0) and options.solver == "mincut":
+        return choose_plan_for_budget(flow, roles, joint, options, profile, request, split)
+    plan, fields = choose_plan(flow.parametric, options, profile, request.graph_id)
+    return plan, fields, None, None
+
+
 def choose_plan_for_budget(flow, roles, joint, options, profile, request, split):
     """``memory_budget``'s plan, peak-safe: ``monotone_choice`` over the budget-independent shortlist, judged by
     the simulated step peak.  (plan, report fields, (fw, bw, recipe) or None, its simulation or None)."""
@@ -120,13 +131,7 @@ def choose_plan_for_budget(flow, roles, joint, options, profile, request, split)
     try:
         choice = monotone_choice(shortlist, default, target, peak_of)
     except Exception as error:  # the default plan could not be simulated: the bytes-only choice, said once
-        warnings.warn(
-            f"fxremat: {request.graph_id}: the step's memory could not be simulated ({type(error).__name__}: "
-            f"{error}); memory_budget={options.memory_budget!r} is met by saved bytes alone, without its peak "
-            "check. Please report this.",
-            FxrematBudgetWarning,
-            stacklevel=4,
-        )
+        _warn_unsimulated(request.graph_id, options.memory_budget, error)
         plan, fields = choose_plan(problem, options, profile, request.graph_id)
         return plan, fields, None, None
     fields = dict(
@@ -141,15 +146,6 @@ def choose_plan_for_budget(flow, roles, joint, options, profile, request, split)
     )
     if options.compare_default:  # a report-oriented run: also show the frontier
         fields["frontier"] = frontier_field(problem, options, profile, cache)
-    if choice.raised:
-        log.info(
-            "%s: memory_budget=%r leaves no plan whose simulated peak is as low as a looser budget's (%d bytes); "
-            "the lowest within it peaks %d bytes higher",
-            request.graph_id,
-            options.memory_budget,
-            choice.lowest_looser_peak,
-            fields["peak_raised_by_budget"],
-        )
     (fw_bw_recipe, simulation) = simulated.handed_on(choice.plan)
     if choice.raised and options.backward_segments is None and fw_bw_recipe[2] is not None:
         # the budget forces a higher peak: recomputing the forward segment by segment in backward lowers it
@@ -157,7 +153,24 @@ def choose_plan_for_budget(flow, roles, joint, options, profile, request, split)
         if peak.peak_bytes < choice.peak:
             fw_bw_recipe, simulation = segmented, peak
             fields.update(segment_fields, peak_raised_by_budget=max(0, peak.peak_bytes - choice.lowest_looser_peak))
+    if fields["peak_raised_by_budget"]:
+        log.info(
+            "%s: memory_budget=%r leaves no plan as low as a looser budget's (%d bytes): %d bytes higher",
+            request.graph_id,
+            options.memory_budget,
+            choice.lowest_looser_peak,
+            fields["peak_raised_by_budget"],
+        )
     return choice.plan, fields, fw_bw_recipe, simulation
+
+
+def _warn_unsimulated(graph_id: str, budget, error: Exception) -> None:
+    warnings.warn(
+        f"fxremat: {graph_id}: the step's memory could not be simulated ({type(error).__name__}: {error}); "
+        f"memory_budget={budget!r} is met by saved bytes alone, without its peak check. Please report this.",
+        FxrematBudgetWarning,
+        stacklevel=5,
+    )
 
 
 def segmented_split(recipe, num_fwd_outputs: int, profile):
