@@ -130,6 +130,8 @@ def choose_plan_for_budget(flow, roles, joint, options, profile, request, split)
 
     try:
         choice = monotone_choice(shortlist, default, target, peak_of)
+        if choice.peak == float("inf"):
+            raise RuntimeError("no candidate plan within the budget could be simulated")
     except Exception as error:  # the default plan could not be simulated: the bytes-only choice, said once
         _warn_unsimulated(request.graph_id, options.memory_budget, error)
         plan, fields = choose_plan(problem, options, profile, request.graph_id)

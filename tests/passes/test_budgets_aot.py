@@ -149,3 +149,24 @@ def test_budget_without_a_simulation_is_met_by_bytes_with_one_warning(monkeypatc
     assert len([w for w in caught if issubclass(w.category, FxrematBudgetWarning)]) == 1
     assert reports[0].fallback_reason is None and reports[0].budget_met and saved.nbytes <= reports[0].budget_bytes
     assert_grads_close(grads, expected)
+
+
+def test_budget_whose_candidates_cannot_be_simulated_is_met_by_bytes(monkeypatch):
+    """Only the default plan simulates: every plan within the budget fails, so no peak check is possible there."""
+    import fxremat.peak_choice as peak_choice
+
+    real, calls = peak_choice.simulate_step, []
+
+    def first_only(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("simulator bug")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(peak_choice, "simulate_step", first_only)
+    model, inputs = example("stack")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, _, saved, reports = run_fxremat_aot(model, inputs, memory_budget=0.0, strict=True)
+    assert len([w for w in caught if issubclass(w.category, FxrematBudgetWarning)]) == 1
+    assert reports[0].fallback_reason is None and saved.nbytes <= reports[0].budget_bytes
