@@ -77,14 +77,14 @@ class SimulatedPlans:
         return self.splits[plan_key(plan)], self.simulations[plan_key(plan)]
 
 
-def _ranked_candidates(flow, roles, joint, options, profile, request, budget_bytes):
+def _ranked_candidates(flow, roles, joint, options, profile, request, budget_bytes, cache=None):
     """(candidates fastest first, the plan-level estimate of a plan's step peak and activation peak)."""
     problem = flow.parametric
     memory = build_joint_memory(joint, roles, request.num_fwd_outputs)
     index = {n: i for i, n in enumerate(joint.graph.nodes)}
     value_node = [index[n] for n in flow.nodes]
     forward = [roles.role[n] is Role.FORWARD for n in flow.nodes]
-    candidates = peak_candidates(problem, forward, options, profile, budget_bytes)
+    candidates = peak_candidates(problem, forward, options, profile, budget_bytes, cache)
     estimates: dict = {}
 
     def estimate(plan: Plan):
@@ -118,7 +118,7 @@ def choose_plan_for_budget(flow, roles, joint, options, profile, request, split)
     met = fewest.saved_bytes <= target
     if not met:
         warn_unreachable(request.graph_id, target, options.memory_budget, fewest.saved_bytes)
-    candidates, estimate = _ranked_candidates(flow, roles, joint, options, profile, request, None)
+    candidates, estimate = _ranked_candidates(flow, roles, joint, options, profile, request, None, cache)
     shortlist = budget_shortlist(
         [*candidates, default, fewest], lambda p: estimate(p).peak_bytes, default, fewest, PEAK_SIMULATED_CANDIDATES
     )

@@ -146,10 +146,13 @@ def _refine(problem: ParametricProblem, plan: Plan, price: float, target: int) -
 PEAK_CANDIDATE_FRACTIONS = (0.75, 0.5, 0.25, 0.1)
 
 
-def candidate_plans(problem: ParametricProblem, options: Options, profile: DeviceProfile) -> list[Plan]:
-    """Distinct plans spanning default to fewest bytes, fastest (estimated) first."""
+def candidate_plans(
+    problem: ParametricProblem, options: Options, profile: DeviceProfile, cache: SolveCache | None = None
+) -> list[Plan]:
+    """Distinct plans spanning default to fewest bytes, fastest (estimated) first (``cache``: the caller's
+    max-flows, shared)."""
     price, max_price = prices(options, profile)
-    cache = SolveCache(problem)
+    cache = cache or SolveCache(problem)
     plans = frontier(problem, price, max_price, cache=cache)
     default, fewest = plans[0], plans[-1]
     for fraction in PEAK_CANDIDATE_FRACTIONS:
@@ -168,12 +171,13 @@ def peak_candidates(
     options: Options,
     profile: DeviceProfile,
     budget_bytes: int | None = None,
+    cache: SolveCache | None = None,
 ) -> list[Plan]:
     """Candidates for a peak budget: the price search's plans (``candidate_plans``) and, for a range of checkpoint
     spacings (``checkpoints.py``), the plans that keep those checkpoints and recompute the segments between them
     lazily (the bytes-only frontier has no plan whose recompute is spread over backward).  With a saved-bytes
     budget too, each checkpoint set also gets its cheapest plan within that budget."""
-    plans = candidate_plans(problem, options, profile)
+    plans = candidate_plans(problem, options, profile, cache)
     price, max_price = prices(options, profile)
     for constrained in checkpoint_grid(problem, forward):
         cache = SolveCache(constrained)

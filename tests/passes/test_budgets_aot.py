@@ -122,7 +122,7 @@ def test_simulated_peak_is_monotone_over_a_20_budget_sweep():
         assert report.saved_bytes <= max(report.budget_bytes, report.fewest_saved_bytes), budget
         if report.peak_raised_by_budget:
             # above the lowest peak of the looser budgets, this sweep's or those between its points
-            assert peak > peak - report.peak_raised_by_budget <= previous, (budget, peak, previous)
+            assert peak - report.peak_raised_by_budget <= previous, (budget, peak, previous)
         else:
             assert peak <= previous and peak <= default_peak, (budget, peak, previous, default_peak)
         previous = min(previous, peak)
