@@ -142,9 +142,10 @@ class Options:
     (``report_dir``, ``verify``).
 
     memory_budget    None = the default plan; float in [0, 1]; int bytes; "512MiB".
-    peak_budget      None; the activation peak of one step in bytes (int or "6GiB"); or a float in [0, 1] (0 = the
-                     lowest-peak candidate, 1 = the default plan's peak): the plan is the fastest candidate whose
-                     simulated peak fits (fxremat/partition.py).  With memory_budget too, both must hold.
+    peak_budget      None; the step's peak above what it starts with (gradients included) in bytes (int or
+                     "6GiB"); or a float in [0, 1] (0 = the lowest-peak candidate, 1 = the default plan's peak): the
+                     plan is the fastest candidate whose simulated step peak fits (fxremat/peak_choice.py).  With
+                     memory_budget too, both must hold.
     memory_price     byte-transfer times charged per byte kept for backward (>= 0; higher saves less).
     device           cost profile: "auto" (the graph's device: CUDA by name, else fixed CPU constants), a profile
                      name, "calibrated" (this machine, measured once and cached), or a DeviceProfile.

@@ -188,9 +188,10 @@ def segmented_split(recipe, num_fwd_outputs: int, profile):
 
 
 def choose_plan_for_peak(flow, roles, joint, options, profile, request, split):
-    """``peak_budget``'s plan: the fastest shortlisted plan whose simulated activation peak fits it (and whose saved
-    bytes fit ``memory_budget``, when both are given).  A float budget is a fraction of the way from the lowest
-    simulated activation peak (0.0) to the default plan's (1.0).  Returns as ``choose_plan_for_budget``."""
+    """``peak_budget``'s plan: the fastest shortlisted plan whose simulated step peak (above what the step starts
+    with, gradients included: what a user measures) fits it, and whose saved bytes fit ``memory_budget`` when both
+    are given.  A float budget is a fraction of the way from the lowest simulated step peak (0.0) to the default
+    plan's (1.0).  Returns as ``choose_plan_for_budget``."""
     default_plan, fields = choose_plan(flow.parametric, options, profile, request.graph_id)  # memory_budget's plan
     candidates, estimate = _ranked_candidates(flow, roles, joint, options, profile, request, fields.get("budget_bytes"))
     if "budget_bytes" in fields:
@@ -199,14 +200,14 @@ def choose_plan_for_peak(flow, roles, joint, options, profile, request, split):
     # the shortlist does not depend on the budget: a tighter budget only removes plans, so the peak found is
     # monotone in the budget
     shortlist = peak_shortlist(
-        candidates, lambda p: estimate(p).activation_peak_bytes, default_plan, PEAK_SIMULATED_CANDIDATES
+        candidates, lambda p: estimate(p).peak_bytes, default_plan, PEAK_SIMULATED_CANDIDATES
     )
     simulated = SimulatedPlans(split, request.num_fwd_outputs, required={plan_key(default_plan)})
     real = {}
     for plan in shortlist:
         simulation = simulated.simulation(plan)
         if simulation is not None:
-            real[plan_key(plan)] = simulation.activation_peak_bytes
+            real[plan_key(plan)] = simulation.peak_bytes
     shortlist = [p for p in shortlist if plan_key(p) in real]
     lowest = min(shortlist, key=lambda p: (real[plan_key(p)], p.seconds))
     budget = options.peak_budget
@@ -220,7 +221,7 @@ def choose_plan_for_peak(flow, roles, joint, options, profile, request, split):
     chosen = next((p for p in shortlist if real[plan_key(p)] <= target), None)
     if chosen is None:
         warnings.warn(
-            f"fxremat: {request.graph_id} cannot keep its simulated activation peak within {target} bytes "
+            f"fxremat: {request.graph_id} cannot keep its simulated step peak within {target} bytes "
             f"(peak_budget={budget!r}); the lowest any candidate plan reaches is {real[plan_key(lowest)]} bytes. "
             "Using that plan.",
             FxrematBudgetWarning,

@@ -117,8 +117,8 @@ class CutReport:
     backward_checkpoints: tuple[str, ...] = ()
     segment_recompute_flops: int = 0
     frontier: tuple[tuple[int, float, float], ...] = ()  # (saved bytes, est. recompute s, memory_price) per vertex
-    peak_budget: float | int | None = None  # as asked (activation peak bytes, or a fraction)
-    peak_budget_bytes: int | None = None  # the activation peak the plan had to fit
+    peak_budget: float | int | None = None  # as asked (step peak bytes, or a fraction)
+    peak_budget_bytes: int | None = None  # the simulated step peak the plan had to fit
     peak_budget_met: bool | None = None
     peak_candidates: int | None = None  # candidate plans whose peak was estimated
     peak_simulated: int | None = None  # ... and of those, the shortlist split and simulated
@@ -437,13 +437,13 @@ def budget_lines(report: CutReport) -> list[str]:
     if isinstance(report.peak_budget, float):  # relative to the candidates' estimated peaks
         lines.append(
             f"peak_budget {report.peak_budget!r}: the fastest of {report.peak_simulated} simulated plans (of "
-            f"{report.peak_candidates} candidates) whose activation peak is at most "
-            f"{format_bytes(report.peak_budget_bytes)} -> {format_bytes(report.simulated_activation_peak_bytes)}"
+            f"{report.peak_candidates} candidates) whose step peak is at most "
+            f"{format_bytes(report.peak_budget_bytes)} -> {format_bytes(report.simulated_peak_bytes)}"
         )
     elif report.peak_budget is not None:
         lines.append(
-            f"peak_budget {report.peak_budget!r}: activation peak at most {format_bytes(report.peak_budget_bytes)} "
-            f"-> {format_bytes(report.simulated_activation_peak_bytes)} simulated "
+            f"peak_budget {report.peak_budget!r}: step peak at most {format_bytes(report.peak_budget_bytes)} "
+            f"-> {format_bytes(report.simulated_peak_bytes)} simulated "
             f"({'met' if report.peak_budget_met else 'NOT met: lowest-peak plan'}; "
             f"{report.peak_candidates} candidate plans)"
         )

@@ -65,15 +65,21 @@ def _lowest_peak(blocks: int) -> tuple:
 
 def test_tightest_peak_budget_grows_like_sqrt_n():
     """The classic result: checkpoints every ~sqrt(N) blocks.  Four times the blocks must cost at most about twice
-    the activation peak (sqrt(4) = 2; linear growth would be 4x), while the fewest-bytes plan (memory_budget=0)
-    with a plain backward recomputes the whole forward at the start of backward and grows linearly; segmented
-    (memory_budget=0's default, passes/segments.py), it stays near the lowest peak."""
-    activation = [[r.simulated_activation_peak_bytes for r in _lowest_peak(n)] for n in (3, 12)]
-    (lowest_3, fewest_3, _, default_3), (lowest_12, fewest_12, _, default_12) = activation
-    # measured: lowest 73,728 -> 123,648 B (1.68x), fewest-bytes 3.77x, lowest / fewest 0.15 and / default 0.26 at 12
-    assert lowest_12 <= 2.0 * lowest_3, (lowest_3, lowest_12)
+    the activation peak (sqrt(4) = 2; linear growth would be 4x) on the lowest-peak plans (peak_budget=0.0, and
+    memory_budget=0's segmented backward, passes/segments.py), while the fewest-bytes plan with a plain backward
+    recomputes the whole forward at the start of backward and grows linearly.  And peak_budget=0.0 is what its name
+    says: no setting reaches a lower simulated step peak (gradients included)."""
+    reports = {n: _lowest_peak(n) for n in (3, 12)}
+    activation = {n: [r.simulated_activation_peak_bytes for r in reports[n]] for n in reports}
+    (lowest_3, fewest_3, segmented_3, _), (lowest_12, fewest_12, segmented_12, default_12) = activation.values()
+    best_3, best_12 = min(lowest_3, segmented_3), min(lowest_12, segmented_12)
+    # measured: best 103,424 -> 181,504 B (1.75x), fewest-bytes 3.77x; at 12, best / fewest 0.22, / default 0.38
+    assert best_12 <= 2.0 * best_3, (best_3, best_12)
     assert fewest_12 >= 3.4 * fewest_3, (fewest_3, fewest_12)  # the failure mode, for contrast: ~linear
-    assert lowest_12 < 0.25 * fewest_12 and lowest_12 < 0.35 * default_12, (lowest_12, fewest_12, default_12)
+    assert best_12 < 0.25 * fewest_12 and best_12 < 0.4 * default_12, (best_12, fewest_12, default_12)
+    for n, runs in reports.items():
+        step = [r.simulated_peak_bytes for r in runs]
+        assert step[0] == min(step), (n, step)
 
 
 def test_budget_zero_stays_near_the_lowest_step_peak():
@@ -91,6 +97,6 @@ def test_report_text_says_what_was_asked_and_achieved():
     text = fxremat.format_text(report)
     assert report.peak_budget_met and report.budget_met
     assert report.peak_budget_bytes == 2**30 and report.saved_bytes <= report.budget_bytes
-    assert "peak_budget 1073741824: activation peak at most 1.00 GiB" in text and "(met;" in text
+    assert "peak_budget 1073741824: step peak at most 1.00 GiB" in text and "(met;" in text
     assert f"memory_budget 0.5: at most {fxremat.report.format_bytes(report.budget_bytes)} saved" in text
     assert text.count("simulated step peak") == 1 and report.simulated_peak_at in text
