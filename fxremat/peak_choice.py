@@ -199,9 +199,7 @@ def choose_plan_for_peak(flow, roles, joint, options, profile, request, split):
     candidates = fastest_first([default_plan, *candidates])
     # the shortlist does not depend on the budget: a tighter budget only removes plans, so the peak found is
     # monotone in the budget
-    shortlist = peak_shortlist(
-        candidates, lambda p: estimate(p).peak_bytes, default_plan, PEAK_SIMULATED_CANDIDATES
-    )
+    shortlist = peak_shortlist(candidates, lambda p: estimate(p).peak_bytes, default_plan, PEAK_SIMULATED_CANDIDATES)
     simulated = SimulatedPlans(split, request.num_fwd_outputs, required={plan_key(default_plan)})
     real = {}
     for plan in shortlist:
