@@ -67,6 +67,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", default=None, metavar="PATH")
     parser.add_argument("--markdown", default=None, metavar="PATH")
     parser.add_argument("--plot", default=None, metavar="PATH", help="PNG (needs matplotlib; skipped without)")
+    parser.add_argument(
+        "--shared-cache",
+        default=None,
+        metavar="DIR",
+        help="one Inductor cache for every row (faster when only peaks, saved bytes and gradients are wanted; compile "
+        "seconds are then not comparable and each row says so)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--budget-bytes", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -135,9 +142,9 @@ def worker_command(model: str, config: str, size: str, repeats: int, budget: int
     return command + ([] if budget is None else ["--budget-bytes", str(budget)])
 
 
-def subprocess_runner(size: str, repeats: int, timeout: float) -> Runner:
+def subprocess_runner(size: str, repeats: int, timeout: float, shared_cache: str | None = None) -> Runner:
     def run(model: str, config: str, budget: int | None) -> dict:
-        cache = tempfile.mkdtemp(prefix="fxremat-bench-inductor-")
+        cache = shared_cache or tempfile.mkdtemp(prefix="fxremat-bench-inductor-")
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TRITON_CACHE_DIR": os.path.join(cache, "triton")}
         start = time.perf_counter()
         try:
@@ -151,13 +158,16 @@ def subprocess_runner(size: str, repeats: int, timeout: float) -> Runner:
         except subprocess.TimeoutExpired:
             return bm.error_row(model, size, config, device(), f"worker timed out after {timeout:.0f} s")
         finally:
-            shutil.rmtree(cache, ignore_errors=True)
+            if shared_cache is None:
+                shutil.rmtree(cache, ignore_errors=True)
         row = parse_worker_output(proc.stdout)
         if row is None:
             return bm.error_row(
                 model, size, config, device(), f"worker exited with {proc.returncode} and no result", proc.stderr
             )
         row["worker_s"] = time.perf_counter() - start
+        if shared_cache is not None:
+            row["compile_cache_shared"] = True  # compile_s is not a cold compile's
         return row
 
     return run
@@ -278,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         runner = in_process_runner(args.size, args.repeats)
     else:
-        runner = subprocess_runner(args.size, args.repeats, args.timeout)
+        runner = subprocess_runner(args.size, args.repeats, args.timeout, args.shared_cache)
     done: list[dict] = []
 
     def on_row(row: dict) -> None:  # the JSON so far after every row: a long run stopped midway keeps its rows
