@@ -14,19 +14,27 @@ import torch.fx as fx
 from . import _torch_private as tp
 from .costs import hinted_numel, hinted_shape
 from .ops import OpClass, op_class
+from .phase_graph import PhaseGraph
 
 aten = torch.ops.aten
 
 
-def _readers_through_views(node: fx.Node, classes: dict[fx.Node, OpClass] | None = None) -> set[fx.Node]:
+def _users(node: fx.Node, graph: PhaseGraph | None):
+    """``node``'s readers in ``graph`` (a built graph's own users where None)."""
+    return node.users if graph is None else graph.users(node)
+
+
+def _readers_through_views(
+    node: fx.Node, classes: dict[fx.Node, OpClass] | None = None, graph: PhaseGraph | None = None
+) -> set[fx.Node]:
     """The nodes that read ``node``'s data, looking through views of it (a view fuses nothing by itself)."""
     class_of = classes.get if classes is not None else op_class
     readers: set[fx.Node] = set()
-    stack = list(node.users)
+    stack = list(_users(node, graph))
     while stack:
         user = stack.pop()
         if class_of(user) in (OpClass.VIEW, OpClass.GETITEM):
-            stack.extend(user.users)
+            stack.extend(_users(user, graph))
         else:
             readers.add(user)
     return readers
@@ -88,7 +96,7 @@ def column_reduction(node: fx.Node) -> tuple[int, int] | None:
     return kept, int(np.prod([shape[d] for d in reduced]))
 
 
-def inductor_class(node: fx.Node, cls: OpClass) -> OpClass:
+def inductor_class(node: fx.Node, cls: OpClass, graph: PhaseGraph | None = None) -> OpClass:
     """The op class as Inductor's code generation sees it, where that differs from ours: gathers are loads fused
     into their readers, scatters are kernels their values' producers fuse into, and on CPU a ``bmm`` with one row or
     one column per batch (``kernel/bmm.py``: M == 1 or N == 1, e.g. MoE experts applied one token at a time) is
@@ -100,7 +108,7 @@ def inductor_class(node: fx.Node, cls: OpClass) -> OpClass:
         # a load fuses into its reader; a scatter is a kernel that reads its values through a loader, so the
         # pointwise producer of those values (an outer product of MoE weight gradients) never exists whole
         return OpClass.POINTWISE if packet in FUSED_LOADS or packet in POINTWISE_SCATTERS else OpClass.REDUCTION
-    if cls is OpClass.POINTWISE and addmm_matmul(node) is not None:
+    if cls is OpClass.POINTWISE and addmm_matmul(node, graph) is not None:
         return OpClass.MATMUL
     if cls is OpClass.MATMUL and packet is aten.bmm and len(node.args) >= 2:
         a, b = (arg.meta.get("val") if isinstance(arg, fx.Node) else None for arg in node.args[:2])
@@ -119,7 +127,7 @@ def _hinted_layout(val: torch.Tensor) -> list[int]:
     return [*hinted_shape(val), *(tp.size_hint(s) for s in val.stride())]
 
 
-def _noop_view_source(node: fx.Node) -> fx.Node:
+def _noop_view_source(node: fx.Node, graph: PhaseGraph | None = None) -> fx.Node:
     """What a chain of views that changes nothing (the same shape and strides at both ends: a permute and its
     inverse), each read only by the next, reads from: Inductor drops such views (``pointless_permute_pair``) before
     it matches patterns.  ``node`` itself when it is no such chain."""
@@ -130,7 +138,8 @@ def _noop_view_source(node: fx.Node) -> fx.Node:
         and getattr(src.target, "is_view", False)
         and src.args
         and isinstance(src.args[0], fx.Node)
-        and len(src.args[0].users) == 1
+        and len(_users(src.args[0], graph)) == 1
+        and (graph is None or src not in graph.inputs)
     ):
         src = src.args[0]
     found = src.meta.get("val")
@@ -138,7 +147,7 @@ def _noop_view_source(node: fx.Node) -> fx.Node:
     return src if same and _hinted_layout(val) == _hinted_layout(found) else node
 
 
-def addmm_matmul(node: fx.Node) -> fx.Node | None:
+def addmm_matmul(node: fx.Node, graph: PhaseGraph | None = None) -> fx.Node | None:
     """The ``mm`` Inductor folds into this ``add``, or None.  Its post-grad pass rewrites ``add(mm(a, b), c)`` (either
     order, the mm read by nothing else, ``c`` a tensor of their dtype that broadcasts to the product) into one
     ``addmm(c, a, b)``: an extern kernel whose output is the sum, so the product never exists alone and the sum
@@ -149,8 +158,10 @@ def addmm_matmul(node: fx.Node) -> fx.Node | None:
     for mm_arg, other in (node.args, node.args[::-1]):
         if not isinstance(mm_arg, fx.Node) or not isinstance(other, fx.Node):
             return None
-        mm = _noop_view_source(mm_arg)
-        if mm.target is not aten.mm.default or len(mm_arg.users) != 1 or len(mm.users) != 1:
+        mm = _noop_view_source(mm_arg, graph)
+        if graph is not None and mm in graph.inputs:
+            continue  # a graph input is no product this graph computes
+        if mm.target is not aten.mm.default or len(_users(mm_arg, graph)) != 1 or len(_users(mm, graph)) != 1:
             continue
         a, b = (x.meta.get("val") if isinstance(x, fx.Node) else None for x in mm.args[:2])
         c = other.meta.get("val")
@@ -160,22 +171,22 @@ def addmm_matmul(node: fx.Node) -> fx.Node | None:
         shape = hinted_shape(c)
         if len(shape) > 2 or any(s not in (1, p) for s, p in zip(reversed(shape), reversed(product))):
             continue
-        if a.device.type != "cpu" and _only_pointwise_readers(node):
+        if a.device.type != "cpu" and _only_pointwise_readers(node, graph):
             continue  # Inductor keeps mm + a pointwise add on a GPU (``should_prefer_unfused_addmm``)
         return mm
     return None
 
 
-def _only_pointwise_readers(node: fx.Node) -> bool:
+def _only_pointwise_readers(node: fx.Node, graph: PhaseGraph | None = None) -> bool:
     """``torch._inductor.utils.is_pointwise_use`` for every reader: pointwise, looking through views."""
-    return all(op_class(u) is OpClass.POINTWISE for u in _readers_through_views(node))
+    return all(op_class(u) is OpClass.POINTWISE for u in _readers_through_views(node, graph=graph))
 
 
-def _folded_into_addmm(node: fx.Node, classes: dict[fx.Node, OpClass]) -> bool:
+def _folded_into_addmm(node: fx.Node, classes: dict[fx.Node, OpClass], graph: PhaseGraph | None = None) -> bool:
     if node.target is not aten.mm.default:
         return False
-    readers = _readers_through_views(node, classes)
-    return len(readers) == 1 and addmm_matmul(next(iter(readers))) is node
+    readers = _readers_through_views(node, classes, graph)
+    return len(readers) == 1 and addmm_matmul(next(iter(readers)), graph) is node
 
 
 def scatter_values(node: fx.Node) -> fx.Node | None:

@@ -367,25 +367,35 @@ class SplitRecipe:
         return make(self.joint, fw_graph), make(self.joint, bw_graph)
 
 
+def joint_facts(joint: fx.GraphModule, num_fwd_outputs: int) -> _Joint:
+    """What every split of ``joint`` reads off it; raises ``UnsupportedSplit`` for a graph this module does not
+    split."""
+    reason = unsupported_reason(joint)
+    if reason is not None:
+        raise UnsupportedSplit(reason)
+    return _Joint(joint, num_fwd_outputs)
+
+
 def split_recipe(
     joint: fx.GraphModule,
     saved_values: list[fx.Node],
     saved_sym_nodes: list[fx.Node],
     *,
     num_fwd_outputs: int,
+    facts: _Joint | None = None,
 ) -> SplitRecipe:
     """Where every node of the forward and backward graphs comes from, for this saved set (see the module
-    docstring); raises ``UnsupportedSplit`` for what it does not reproduce."""
-    reason = unsupported_reason(joint)
-    if reason is not None:
-        raise UnsupportedSplit(reason)
+    docstring); raises ``UnsupportedSplit`` for what it does not reproduce.  ``facts``: ``joint_facts(joint,
+    num_fwd_outputs)``, for a caller that splits one joint graph many times (``plan_memory.py``)."""
+    if facts is None:
+        facts = joint_facts(joint, num_fwd_outputs)
     saved_values, saved_sym_nodes = list(saved_values), list(saved_sym_nodes)
     if len(set(saved_values + saved_sym_nodes)) != len(saved_values) + len(saved_sym_nodes):
         raise UnsupportedSplit("a value is saved twice")
     for node in saved_values:
         if tp.is_script_object(node):
             raise UnsupportedSplit(f"opaque saved object {node.name}")
-    j = _Joint(joint, num_fwd_outputs)
+    j = facts
 
     _drop_unread(j, saved_values, saved_sym_nodes)
     _bind_symbols(j, saved_values, saved_sym_nodes)

@@ -67,14 +67,14 @@ def _views_of_inputs_free_to_save(node, root, root_cls, storage, nbytes):
     return storage * (2 if root_cls in costs.FUSIBLE else 1)
 
 
-def _budget_step(budget):
+def _budget_step(budget, **options):
     torch._dynamo.reset()
     graphs.clear()
     model = groupnorm_net()
     x, target = torch.randn(2, 3, 32, 32), torch.randn(2, 3, 32, 32)
     eager = copy.deepcopy(model)
     F.mse_loss(eager(x), target).backward()
-    partition_fn = fxremat.make_partition_fn(Options.create(memory_budget=budget, compare_default=False), [])
+    partition_fn = fxremat.make_partition_fn(Options.create(memory_budget=budget, compare_default=False, **options), [])
     grads = _step(model, x, target, tp.aot_autograd_as_inductor(partition_fn, _channels_last_outputs))
     return {n: max_relative_error(grads[n], p.grad) for n, p in eager.named_parameters()}
 
@@ -92,7 +92,9 @@ def _saved_views_of_inputs(forward) -> list[str]:
 def test_channels_last_saved_tensors_give_right_gradients(budget, monkeypatch):
     """The plans that went wrong (views of parameters saved), pinned: right."""
     monkeypatch.setattr(costs, "save_traffic_bytes", _views_of_inputs_free_to_save)
-    errors = _budget_step(budget)
+    # at 0.5 the plan that saves the views: the bytes-only choice (the peak-ranked one, exact since the plan estimate
+    # runs the simulation, prefers another plan)
+    errors = _budget_step(budget, **(dict(solver="milp") if budget == 0.5 else {}))
     assert max(errors.values()) < 1e-4, errors
     reads = [n for n in graphs[-1].graph.nodes if n.target in STRIDE_SENSITIVE]
     if budget == 0.5:
@@ -104,7 +106,7 @@ def test_without_the_pin_the_same_plan_is_wrong(monkeypatch):
     """The workaround is what makes the test above pass: with it removed, gradients go wrong."""
     monkeypatch.setattr(costs, "save_traffic_bytes", _views_of_inputs_free_to_save)
     monkeypatch.setattr("fxremat.partition.pin_as_strided_inputs", lambda bw: 0)
-    errors = _budget_step(0.5)
+    errors = _budget_step(0.5, solver="milp")  # the plan of the test above
     assert max(errors.values()) > 1e-2, errors
 
 

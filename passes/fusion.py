@@ -1,0 +1,168 @@
+"""Inductor's kernel fusion over a phase's units (``phase.py``), and the order the fused kernels run in.
+
+Units of Inductor's own kernels fuse when they share a read or one reads the other, their loops match and fusing
+makes no cycle: largest shared bytes first, then the closest pair (``Scheduler.score_fusion``); never horizontally
+across more than ``FUSION_DISTANCE`` scheduler nodes.  A fused kernel runs at its earliest member's place,
+dependencies first (``Scheduler.fuse_nodes`` then ``topological_sort_schedule``).
+"""
+
+from __future__ import annotations
+
+import torch.fx as fx
+
+from .lowering import KERNEL_CLASSES
+
+# Scheduler nodes apart beyond which Inductor does not fuse horizontally (torch/_inductor/scheduler.py).
+FUSION_DISTANCE = 64
+
+
+class Fusion:
+    """Union-find over ``units`` (in graph order), with the unit DAG kept up to date as groups merge."""
+
+    def __init__(self, units: list[fx.Node], unit_reads: dict, unit: dict, index: dict) -> None:
+        self.units, self.unit_reads, self.unit, self.index = units, unit_reads, unit, index
+        self.group = {u: u for u in units}
+        self.succ: dict[fx.Node, set[fx.Node]] = {u: set() for u in units}
+        self.pred: dict[fx.Node, set[fx.Node]] = {u: set() for u in units}
+        for u in units:
+            for r in unit_reads[u]:
+                p = unit.get(r)
+                if p is not None and p is not u:
+                    self.succ[p].add(u)
+                    self.pred[u].add(p)
+        self.lo = {u: index[u] for u in units}
+        self.hi = dict(self.lo)
+        self.order = {u: k for k, u in enumerate(units)}
+        self.first = dict(self.order)
+        self.last = dict(self.order)
+
+    def find(self, u):
+        group = self.group
+        while group[u] is not u:
+            group[u] = group[group[u]]
+            u = group[u]
+        return u
+
+    def candidates(self, fusible: list[fx.Node], loop: dict, nbytes) -> dict[tuple[fx.Node, fx.Node], int]:
+        """Pairs that may fuse (``loop``: a unit's loop key; ``nbytes(storage)``) -> the bytes they share."""
+        candidates: dict[tuple[fx.Node, fx.Node], int] = {}
+        readers: dict[fx.Node, list[fx.Node]] = {}
+        for u in fusible:
+            for r in self.unit_reads[u]:
+                readers.setdefault(r, []).append(u)
+        unit_order = self.order
+        for r, us in readers.items():
+            size = nbytes(r)
+            p = self.unit.get(r)
+            if p is not None and p in loop:
+                for b in us:  # producer into consumer
+                    if b is not p and loop[b] == loop[p]:
+                        key = (p, b) if self.index[p] < self.index[b] else (b, p)
+                        candidates[key] = candidates.get(key, 0) + size
+            # two readers (horizontal): only within FUSION_DISTANCE of each other (checked again on merging), which
+            # keeps a storage read by every block (a mask, a rotary table) from making this quadratic; only readers
+            # with loops of one size can fuse, so they are paired within those groups alone (in graph order, so
+            # each pair is already its key).  A residual stream read through fused-away adds gives 150k pairs here
+            # at 48 blocks: this loop is kept tight.
+            same_size: dict[object, list[fx.Node]] = {}
+            for u in sorted(us, key=unit_order.__getitem__):
+                same_size.setdefault(loop[u], []).append(u)
+            for group_ in same_size.values():
+                orders = [unit_order[u] for u in group_]
+                for i, a in enumerate(group_):
+                    reach = orders[i] + FUSION_DISTANCE
+                    for j in range(i + 1, len(group_)):
+                        if orders[j] > reach:
+                            break
+                        key = (a, group_[j])
+                        candidates[key] = candidates.get(key, 0) + size
+        return candidates
+
+    def creates_cycle(self, a, b) -> bool:
+        """A path a -> x -> ... -> b through another group (or b -> ... -> a); all paths run forward in graph
+        order."""
+        succ, lo, hi = self.succ, self.lo, self.hi
+        for start, end in ((a, b), (b, a)):
+            stack = [s for s in succ[start] if s is not end]
+            seen = set(stack)
+            while stack:
+                g = stack.pop()
+                if g is end:
+                    return True
+                for s in succ[g]:
+                    if s not in seen and lo[s] <= hi[end]:
+                        seen.add(s)
+                        stack.append(s)
+        return False
+
+    def too_far(self, ga, gb) -> bool:
+        """Inductor refuses a horizontal fusion (two kernels sharing a read, neither reading the other) of kernels
+        more than 64 scheduler nodes apart (``Scheduler.are_long_distant_nodes``: it would lengthen live ranges,
+        e.g. fuse recomputations of different checkpointed segments).  Units stand for scheduler nodes."""
+        first, last = self.first, self.last
+        vertical = gb in self.succ[ga] or ga in self.succ[gb]
+        return not vertical and max(abs(first[ga] - last[gb]), abs(first[gb] - last[ga])) > FUSION_DISTANCE
+
+    def merge(self, ga, gb) -> None:
+        succ, pred = self.succ, self.pred
+        self.first[ga], self.last[ga] = min(self.first[ga], self.first[gb]), max(self.last[ga], self.last[gb])
+        self.group[gb] = ga
+        self.lo[ga], self.hi[ga] = min(self.lo[ga], self.lo[gb]), max(self.hi[ga], self.hi[gb])
+        for s in succ.pop(gb):
+            pred[s].discard(gb)
+            if s is not ga:
+                pred[s].add(ga)
+                succ[ga].add(s)
+        for p in pred.pop(gb):
+            succ[p].discard(gb)
+            if p is not ga:
+                succ[p].add(ga)
+                pred[ga].add(p)
+        succ[ga].discard(ga)
+        pred[ga].discard(ga)
+
+    def fuse(self, classes: dict, loop_of, nbytes) -> dict[fx.Node, list[fx.Node]]:
+        """Merge in Inductor's order; the kernels: group head -> its units, in graph order.
+
+        Largest shared bytes first; of equal ones, the two closest in order (Inductor's ``score_fusion``: memory
+        score, then proximity): the recomputed norm of a block's input fuses with the norm backward beside it, not
+        with a recomputed norm of the same input twenty kernels earlier (which would pull the whole recomputed block
+        to there)."""
+        fusible = [u for u in self.units if classes[u] in KERNEL_CLASSES]
+        loop = {u: loop_of(u) for u in fusible}
+        order, index = self.order, self.index
+
+        def priority(kv):
+            (a, b), shared = kv
+            return (-shared, abs(order[b] - order[a]), index[a], index[b])
+
+        for (a, b), _ in sorted(self.candidates(fusible, loop, nbytes).items(), key=priority):
+            ga, gb = self.find(a), self.find(b)
+            if ga is gb or self.too_far(ga, gb) or self.creates_cycle(ga, gb):
+                continue
+            self.merge(ga, gb)
+        kernels: dict[fx.Node, list[fx.Node]] = {}
+        for u in self.units:
+            kernels.setdefault(self.find(u), []).append(u)
+        return kernels
+
+
+def fusion_order(kernels: dict, pred: dict, lo: dict) -> list[fx.Node]:
+    """Inductor's order after fusion: each kernel at its earliest member, then dependencies first."""
+    order: list[fx.Node] = []
+    seen: set[fx.Node] = set()
+    for head in sorted(kernels, key=lambda g: lo[g]):
+        stack = [(head, iter(sorted(pred[head], key=lambda g: lo[g])))]
+        if head in seen:
+            continue
+        seen.add(head)
+        while stack:
+            g, deps = stack[-1]
+            nxt = next((d for d in deps if d not in seen), None)
+            if nxt is None:
+                order.append(g)
+                stack.pop()
+            else:
+                seen.add(nxt)
+                stack.append((nxt, iter(sorted(pred[nxt], key=lambda d: lo[d]))))
+    return order

@@ -1,0 +1,285 @@
+"""One graph of the step (forward or backward) run as Inductor schedules it: which values it stores (units), how they
+fuse into kernels (``fusion.py``), and the live storages walked over the kernels' order, Inductor's buffer pool
+included (``buffer_pool.py``).  The rules are ``liveness.py``'s docstring; this runs them over a ``PhaseGraph``, a
+built graph's or a plan's that was never built (``plan_memory.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from .costs import alias_root, hinted_numel
+from .fusion import Fusion, fusion_order
+from .layout import workspace_bytes
+from .lowering import (
+    FUSED_LOADS,
+    HEAVY_OPS,
+    KERNEL_CLASSES,
+    MAX_READS,
+    MAX_READS_CPU,
+    REALIZE_READS_THRESHOLD,
+    _folded_into_addmm,
+    _readers_through_views,
+    column_reduction,
+    concat_kernel,
+    inductor_class,
+    scatter_values,
+)
+from .ops import FUSIBLE, OpClass, op_class
+from .phase_graph import PhaseGraph, _tensor_storage_bytes, graph_view
+from .walk import Walk
+
+# Readers a fusible producer folds into (Inductor's pointwise fusion, reduction prologues); views are looked through.
+FUSES_INTO = (FUSIBLE - {OpClass.VIEW, OpClass.GETITEM}) | {OpClass.REDUCTION, OpClass.NORM}
+
+# How a node's output is held: never (views, tuples, placeholders, in-place mutations), always, or only when some
+# reader does not fuse it away (``materialises``).
+NEVER, ALWAYS, FUSIBLE_VALUE = 0, 1, 2
+
+
+def storage_kind(node: fx.Node, classes: dict[fx.Node, OpClass], graph: PhaseGraph | None = None) -> int:
+    cls = classes[node]
+    if cls is OpClass.GETITEM:
+        # an item of a multi-output op (SDPA, var_mean) owns its storage; an item of a view tuple (split) does not
+        parent = node.args[0]
+        owns = classes.get(parent) is not OpClass.VIEW and isinstance(node.meta.get("val"), torch.Tensor)
+        return ALWAYS if owns else NEVER
+    if isinstance(node.meta.get("val"), (tuple, list)):
+        return NEVER  # the tuple itself holds nothing: its items are allocated (above)
+    if cls in (OpClass.VIEW, OpClass.SYMBOLIC, OpClass.PLACEHOLDER, OpClass.OUTPUT):
+        return NEVER
+    if cls is OpClass.MUTATION:
+        return NEVER  # writes into an existing storage (e.g. BatchNorm's running stats)
+    if cls is OpClass.MATMUL and _folded_into_addmm(node, classes, graph):
+        return NEVER  # the addmm that reads it writes the product and the sum at once (``addmm_matmul``)
+    return FUSIBLE_VALUE if cls in FUSIBLE else ALWAYS
+
+
+def materialises(
+    node: fx.Node, classes: dict[fx.Node, OpClass], outputs: set[fx.Node], graph: PhaseGraph | None = None
+) -> bool:
+    kind = storage_kind(node, classes, graph)
+    if kind != FUSIBLE_VALUE:
+        return kind == ALWAYS
+    if node in outputs:
+        return True
+    # A returned reader fuses it like any other: Inductor computes a value inside each kernel that reads it, whether
+    # or not that kernel's result is returned (the zeros a gradient's index_put starts from never exist alone).
+    readers = _readers_through_views(node, classes, graph)
+    return not (readers and all(classes[u] in FUSES_INTO for u in readers))
+
+
+def _numel(node: fx.Node) -> int:
+    return hinted_numel(node.meta.get("val"))
+
+
+def phase_classes(view: PhaseGraph) -> dict[fx.Node, OpClass]:
+    """Every node's class as Inductor's code generation sees it, in this graph (its inputs are placeholders)."""
+    classes = {n: OpClass.PLACEHOLDER for n in view.inputs}
+    for n in view.nodes:
+        if n not in classes:
+            classes[n] = inductor_class(n, op_class(n), view)
+    return classes
+
+
+def phase_root(node: fx.Node, view: PhaseGraph) -> fx.Node:
+    """``alias_root`` within ``view``: a view of a graph input stops at that input."""
+    return alias_root(node, view.input_classes)
+
+
+class _Phase:
+    """One graph run as Inductor schedules it: its materialised buffers grouped into kernels (fusion), the kernels
+    in an execution order, and the live storages (root node name -> bytes) walked over that order.  ``graph``: an
+    FX graph or a ``PhaseGraph``."""
+
+    def __init__(
+        self,
+        graph: fx.Graph | PhaseGraph,
+        keep: set[str],
+        carried: dict[str, int],
+        gradients: frozenset = frozenset(),
+        channels_last: bool = False,
+        estimated_inputs: dict[str, int] | None = None,
+        donated: frozenset | None = None,
+    ):
+        self.view = view = graph if isinstance(graph, PhaseGraph) else graph_view(graph)
+        self.nodes = view.nodes
+        self.index = {n: i for i, n in enumerate(self.nodes)}
+        self.classes = phase_classes(view)
+        self.output = view.output
+        self.roots = {n: alias_root(n, self.classes) for n in self.nodes}
+        # a returned view keeps its base: the base must be materialised even if it would otherwise fuse away
+        self.returned = set(view.returned) | {self.roots[a] for a in view.returned}
+        self.keep = keep  # root names that outlive this graph
+        self.gradients = gradients  # root names that are gradients (not activations)
+        self.carried = dict(carried)
+        # the graph inputs Inductor's own memory estimate counts (``_pool_held``), by default what is carried in
+        self.estimated_inputs = self.carried if estimated_inputs is None else estimated_inputs
+        # carried storages a kernel may write over (Inductor's in-place update takes a graph input only when it is
+        # donated: backward's saved tensors, never its tangents), by default all of them
+        self.donated = frozenset(self.carried) if donated is None else donated
+        self.activation_peak = 0
+        self._sizes: dict[fx.Node, int] = {}  # node -> elements (``_numel``), computed once per node
+        self._find_units()
+        self.workspace = {u: workspace_bytes(u, channels_last) for u in self.units}
+        fusion = Fusion(self.units, self.unit_reads, self.unit, self.index)
+        self.kernels = fusion.fuse(self.classes, self._loop, _tensor_storage_bytes)  # head -> units, graph order
+        self.kernel_succ, self.kernel_pred, self.kernel_lo = fusion.succ, fusion.pred, fusion.lo
+
+    # --- what runs: units (one per materialised buffer or multi-output op), and what each reads ---------------
+
+    def _unit_of(self, node: fx.Node) -> fx.Node | None:
+        """The node whose kernel produces ``node``'s storage, or None (placeholders, views, values fused away)."""
+        cls = self.classes[node]
+        if cls in (OpClass.PLACEHOLDER, OpClass.OUTPUT, OpClass.VIEW, OpClass.SYMBOLIC):
+            return None
+        if cls is OpClass.GETITEM:
+            parent = node.args[0]
+            return self._unit_of(parent) if self.classes.get(parent) is not OpClass.VIEW else None
+        if isinstance(node.meta.get("val"), (tuple, list)) or cls is OpClass.MUTATION:
+            return node
+        return node if materialises(node, self.classes, self.returned, self.view) else None
+
+    def _find_units(self) -> None:
+        self.unit = {}
+        inputs, inputs_of = self.view.inputs, self.view.inputs_of
+        # storages each node's computation reads: through views to their root, through fused-away values to theirs
+        reads: dict[fx.Node, frozenset[fx.Node]] = {}
+        # what sizes its loop: the same, less the tables a fused load picks rows from (an embedding's weight), plus
+        # the fused-away values computed inside it (the rows picked)
+        loop: dict[fx.Node, frozenset[fx.Node]] = {}
+        heavy: dict[fx.Node, bool] = {}  # its computation, fused-away producers included, has a costly op
+        for node in self.nodes:
+            found: set[fx.Node] = set()
+            sized: set[fx.Node] = set()
+            costly = getattr(node.target, "overloadpacket", None) in HEAVY_OPS
+            table = node.args[0] if getattr(node.target, "overloadpacket", None) in FUSED_LOADS else None
+            for arg in inputs_of[node]:
+                if not isinstance(arg.meta.get("val"), torch.Tensor):
+                    continue  # an item of a multi-output op: its kernel is the op's
+                root = self.roots[arg]
+                if root in inputs or self.unit[root] is not None:
+                    found.add(root)
+                    if arg is not table:
+                        sized.add(root)
+                else:
+                    found |= reads[root]
+                    sized |= loop[root] | {root}
+                    costly = costly or heavy[root]
+            reads[node] = frozenset(found)
+            loop[node] = frozenset(sized)
+            heavy[node] = costly
+            unit = self._unit_of(node)
+            if unit is None and self._realized_on_reuse(node, found, costly):
+                unit = node
+            self.unit[node] = unit
+        self.units = [n for n in self.nodes if self.unit[n] is n]
+        members: dict[fx.Node, list[fx.Node]] = {u: [] for u in self.units}
+        for node in self.nodes:
+            if self.unit[node] is not None:
+                members[self.unit[node]].append(node)
+        self.members = members
+        self.unit_reads = {u: frozenset().union(*(reads[m] for m in members[u])) for u in self.units}
+        self.loop_reads = {u: frozenset().union(*(loop[m] for m in members[u])) for u in self.units}
+        # every storage a unit owns (a multi-output op owns its items')
+        self.owned = {u: [m for m in members[u] if self._allocates(m)] for u in self.units}
+
+    def _realized_on_reuse(self, node: fx.Node, reads: set[fx.Node], costly: bool) -> bool:
+        """Inductor stores a value read by more than one node instead of computing it inside each reader when that
+        computation is costly: on CPU one with exp, log, sigmoid or tanh, or one reading more than 4 buffers
+        (``StorageBox.should_realize_on_reuse``, ``config.realize_reads_threshold``).  E.g. a SiLU backward read
+        by both the expert weight's gradient and the input's: one tokens x hidden buffer."""
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or storage_kind(node, self.classes, self.view) != FUSIBLE_VALUE:
+            return False
+        cpu = val.device.type == "cpu"
+        if len(reads) > (MAX_READS_CPU if cpu else MAX_READS):
+            return True  # ``has_exceeded_max_reads``: any value, read once or more (a recomputed residual stream)
+        if len(self.view.users(node)) < 2:
+            return False
+        return (costly and cpu) or len(reads) > REALIZE_READS_THRESHOLD
+
+    def _allocates(self, node: fx.Node) -> bool:
+        return (
+            self.roots[node] is node
+            and isinstance(node.meta.get("val"), torch.Tensor)
+            and self.classes[node] is not OpClass.MUTATION
+        )
+
+    def _numel(self, unit: fx.Node) -> int:
+        """The iteration space of a unit's loop: the largest tensor it writes or reads (a reduction's input); a
+        scatter's loop runs over the values it scatters (``scatter_values``), whatever the size of its output."""
+        values = scatter_values(unit) if op_class(unit) is OpClass.GATHER else None
+        if values is not None:
+            return _numel(values)
+        sizes = self._sizes  # one storage is read by many units: its size is computed once
+        for n in (*self.owned[unit], *self.loop_reads[unit]):
+            if n not in sizes:
+                sizes[n] = _numel(n)
+        return max((sizes[n] for n in (*self.owned[unit], *self.loop_reads[unit])), default=0)
+
+    def _loop(self, unit: fx.Node) -> tuple:
+        """What must match for two units to share a kernel: the loop's size (``_numel``); for a column reduction
+        (``column_reduction``) its kept and reduced sizes, which only another such reduction matches."""
+        column = column_reduction(unit)
+        return ("column", *column) if column is not None else ("flat", self._numel(unit))
+
+    def fusion_order(self) -> list[fx.Node]:
+        """Inductor's order after fusion: each kernel at its earliest member, then dependencies first."""
+        return fusion_order(self.kernels, self.kernel_pred, self.kernel_lo)
+
+    def _inplace_candidate(
+        self, unit: fx.Node, nbytes: int, live: dict[str, int], remaining: dict[str, int], kernel: list[fx.Node]
+    ):
+        """A live input storage of the same size that no other unit will read (Inductor's in-place update, which
+        also takes backward's saved inputs, freed as they die), or None.
+
+        Inductor counts a buffer's readers per scheduler node (unit) and marks them done only after their whole
+        fused kernel (``decide_inplace_update``: one remaining use, ancestors excepted): a storage that two units of
+        one kernel read, neither feeding the other, is written over by neither.  E.g. a recomputed SwiGLU backward
+        reads gate, up and the incoming gradient in three units of one kernel, so its three outputs are new buffers.
+        ``remaining`` still counts this kernel's readers."""
+        ancestors: set[fx.Node] | None = None
+        for r in sorted(self.unit_reads[unit], key=lambda r: self.index[r]):
+            if live.get(r.name) != nbytes or r.name in self.keep:
+                continue
+            if r.name in self.carried and r.name not in self.donated:
+                continue
+            if remaining[r.name] > 1 and ancestors is None:
+                ancestors = self._ancestors_within(unit, kernel)
+            done = sum(1 for v in ancestors or () if r in self.unit_reads[v])
+            if remaining[r.name] == 1 + done:
+                return r.name
+        return None
+
+    def _ancestors_within(self, unit: fx.Node, kernel: list[fx.Node]) -> set[fx.Node]:
+        """The units of ``kernel`` that ``unit`` depends on (a path between two members never leaves the kernel:
+        fusion makes no cycle)."""
+        inside = set(kernel)
+        found: set[fx.Node] = set()
+        stack = [unit]
+        while stack:
+            for r in self.unit_reads[stack.pop()]:
+                p = self.unit.get(r)
+                if p in inside and p is not unit and p not in found:
+                    found.add(p)
+                    stack.append(p)
+        return found
+
+    def run(self, phase: str, timeline: list, order: list[fx.Node] | None = None) -> int:
+        """Walk the kernels (``order``: by default Inductor's, ``fusion_order``); append (phase, unit, bytes held
+        while it runs) to ``timeline``; return the phase's peak (``self.live``, ``self.activation_peak`` after)."""
+        return Walk(self, self.fusion_order() if order is None else order).run(phase, timeline)
+
+    def _reuse_key(self, unit: fx.Node, node: fx.Node):
+        """The key under which Inductor's wrapper pools ``node``'s buffer for reuse (size and dtype:
+        ``buffer_reuse_key``), or None: only buffers it allocates itself (its kernels' outputs, and the ``out=``
+        of a matmul) are pooled; a fallback op's outputs (attention, multi-output ops) are marked unaligned and never
+        match an allocation."""
+        if self.classes[unit] in KERNEL_CLASSES or (self.classes[unit] is OpClass.MATMUL and unit is node):
+            return (_tensor_storage_bytes(node), node.meta["val"].dtype)
+        return None
+
+    def inplace_allowed(self, unit: fx.Node) -> bool:
+        return self.classes[unit] in KERNEL_CLASSES and not concat_kernel(unit)

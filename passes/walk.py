@@ -1,0 +1,120 @@
+"""The walk over a phase's kernels (``phase._Phase``): what each kernel allocates (or writes in place over a dying
+input), what dies after it, and Inductor's own estimate of the graph's memory, which decides its buffer reuse
+(``buffer_pool._pool_held``).  Storages are keyed by their root node's name (the same in a built split and in the
+joint graph it was copied from)."""
+
+from __future__ import annotations
+
+import torch.fx as fx
+
+from .buffer_pool import _pool_held
+from .phase_graph import _tensor_storage_bytes
+
+
+class Walk:
+    def __init__(self, phase, order: list[fx.Node]) -> None:
+        self.phase, self.order = phase, order
+        self.last_use: dict[str, int] = {}
+        for head_pos, head in enumerate(order):
+            for u in phase.kernels[head]:
+                for r in phase.unit_reads[u]:
+                    self.last_use[r.name] = max(self.last_use.get(r.name, -1), head_pos)
+        self.remaining: dict[str, int] = {}  # storage name -> units still to read it
+        for u in phase.units:
+            for r in phase.unit_reads[u]:
+                self.remaining[r.name] = self.remaining.get(r.name, 0) + 1
+        self.live = dict(phase.carried)
+        # running sums instead of summing every live storage at every unit (linear in the graph)
+        self.total = sum(self.live.values())
+        self.gradients = sum(b for name, b in self.live.items() if name in phase.gradients)
+        self.dies: dict[int, list[str]] = {}
+        for name, k in self.last_use.items():
+            self.dies.setdefault(k, []).append(name)
+        # For Inductor's buffer reuse (``_pool_held``): its own estimate of the memory each kernel runs with, and the
+        # buffers each kernel allocates and frees.
+        self.estimated: list[int] = []
+        self.counted: dict[str, int] = {}  # storages Inductor's estimate holds
+        self.allocated: list[list[tuple[int, object]]] = []  # per kernel: (bytes, reuse key) of fresh buffers
+        self.freed: list[list[object]] = []  # per kernel: reuse keys of the buffers it frees into the pool
+        self.poolable: dict[str, object] = {}  # storage name -> reuse key, for buffers whose free enters the pool
+        self.points: list[tuple[int, str, int, int]] = []  # (kernel, unit, bytes live while it runs, of them grads)
+
+    def free(self, name: str) -> None:
+        nbytes = self.live.pop(name)
+        self.total -= nbytes
+        if name in self.phase.gradients:
+            self.gradients -= nbytes
+
+    def run(self, phase_name: str, timeline: list) -> int:
+        phase, last_use = self.phase, self.last_use
+        peak = self.total
+        for name in [n for n in self.live if last_use.get(n, -1) < 0 and n not in phase.keep]:
+            self.free(name)  # carried in, never read here
+        self.counted.update(
+            (n, b) for n, b in phase.estimated_inputs.items() if last_use.get(n, -1) >= 0 or n in phase.keep
+        )
+        self.estimate = sum(self.counted.values())
+        for k, head in enumerate(self.order):
+            self.allocate(k, phase.kernels[head])
+            self.estimated.append(self.estimate)
+            self.retire(k, phase.kernels[head])
+        held = _pool_held(self.estimated, self.allocated, self.freed)
+        activation_peak = 0
+        for k, name, moment, grads in self.points:
+            moment += held[k]
+            peak = max(peak, moment)
+            activation_peak = max(activation_peak, moment - grads)
+            timeline.append((phase_name, name, moment))
+        phase.live = self.live
+        phase.activation_peak = activation_peak
+        return peak
+
+    def allocate(self, k: int, kernel: list[fx.Node]) -> None:
+        """The kernel's units allocate their storages (or write over a dying input of the same size)."""
+        phase, live = self.phase, self.live
+        self.allocated.append([])
+        self.freed.append([])
+        for u in kernel:
+            for node in phase.owned[u]:
+                nbytes = _tensor_storage_bytes(node)
+                self.counted[node.name] = nbytes  # the estimate has no in-place updates, counts kernel-local buffers
+                self.estimate += nbytes
+                if node.name not in phase.keep and self.last_use.get(node.name, -1) == k and node not in phase.returned:
+                    continue  # read only inside its own kernel: never leaves it
+                reused = None
+                if phase.inplace_allowed(u):
+                    reused = phase._inplace_candidate(u, nbytes, live, self.remaining, kernel)
+                    if reused is not None:
+                        self.free(reused)  # Inductor writes the result over an input only this kernel still reads
+                key = phase._reuse_key(u, node)
+                if key is not None:
+                    self.poolable[node.name] = key
+                    if reused is None:
+                        self.allocated[k].append((nbytes, key))
+                live[node.name] = live.get(node.name, 0) + nbytes
+                self.total += nbytes
+                if node.name in phase.gradients:
+                    self.gradients += nbytes
+            self.points.append((k, u.name, self.total + phase.workspace[u], self.gradients))  # workspace: freed
+            # before it returns
+
+    def retire(self, k: int, kernel: list[fx.Node]) -> None:
+        """What dies after kernel ``k``: storages past their last reader, and its own outputs nobody reads later."""
+        phase = self.phase
+        gone: list[str] = []
+        for u in kernel:
+            for r in phase.unit_reads[u]:
+                self.remaining[r.name] -= 1  # a kernel's reads are done when the whole kernel is
+            for node in phase.owned[u]:  # written here and never read later: gone after this kernel
+                if self.last_use.get(node.name, -1) < k and node.name not in phase.keep:
+                    gone.append(node.name)
+        gone += self.dies.get(k, ())
+        for name in gone:
+            if name in phase.keep:
+                continue
+            if name in self.counted:
+                self.estimate -= self.counted.pop(name)
+            if name in self.live:
+                self.free(name)
+                if name in self.poolable:
+                    self.freed[k].append(self.poolable[name])
