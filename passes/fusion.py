@@ -1,7 +1,8 @@
 """Inductor's kernel fusion over a phase's units (``phase.py``), and the order the fused kernels run in.
 
 Units of Inductor's own kernels fuse when they share a read or one reads the other, their loops match and fusing
-makes no cycle: largest shared bytes first, then the closest pair (``Scheduler.score_fusion``); never horizontally
+makes no cycle: most bytes read at one index first, then the closest pair (``Scheduler.score_fusion``,
+``access.py``); never horizontally
 across more than ``FUSION_DISTANCE`` scheduler nodes.  A fused kernel runs at its earliest member's place,
 dependencies first (``Scheduler.fuse_nodes`` then ``topological_sort_schedule``).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import torch.fx as fx
 
+from .access import add_horizontal, priority
 from .lowering import KERNEL_CLASSES
 
 # Scheduler nodes apart beyond which Inductor does not fuse horizontally (torch/_inductor/scheduler.py).
@@ -19,8 +21,9 @@ FUSION_DISTANCE = 64
 class Fusion:
     """Union-find over ``units`` (in graph order), with the unit DAG kept up to date as groups merge."""
 
-    def __init__(self, units: list[fx.Node], unit_reads: dict, unit: dict, index: dict) -> None:
+    def __init__(self, units: list[fx.Node], unit_reads: dict, unit: dict, index: dict, access: dict) -> None:
         self.units, self.unit_reads, self.unit, self.index = units, unit_reads, unit, index
+        self.access = access  # unit -> storage read -> its access paths (``access.py``)
         self.group = {u: u for u in units}
         self.succ: dict[fx.Node, set[fx.Node]] = {u: set() for u in units}
         self.pred: dict[fx.Node, set[fx.Node]] = {u: set() for u in units}
@@ -43,9 +46,10 @@ class Fusion:
             u = group[u]
         return u
 
-    def candidates(self, fusible: list[fx.Node], loop: dict, nbytes) -> dict[tuple[fx.Node, fx.Node], int]:
-        """Pairs that may fuse (``loop``: a unit's loop key; ``nbytes(storage)``) -> the bytes they share."""
-        candidates: dict[tuple[fx.Node, fx.Node], int] = {}
+    def candidates(self, fusible: list[fx.Node], loop: dict, nbytes) -> dict[tuple[fx.Node, fx.Node], list[int]]:
+        """Pairs that may fuse (``loop``: a unit's loop key; ``nbytes(storage)``) -> [bytes they share at one index,
+        bytes they share at another] (``access.add_horizontal``)."""
+        candidates: dict[tuple[fx.Node, fx.Node], list[int]] = {}
         readers: dict[fx.Node, list[fx.Node]] = {}
         for u in fusible:
             for r in self.unit_reads[u]:
@@ -58,7 +62,7 @@ class Fusion:
                 for b in us:  # producer into consumer
                     if b is not p and loop[b] == loop[p]:
                         key = (p, b) if self.index[p] < self.index[b] else (b, p)
-                        candidates[key] = candidates.get(key, 0) + size
+                        candidates.setdefault(key, [0, 0])[0] += size
             # two readers (horizontal): only within FUSION_DISTANCE of each other (checked again on merging), which
             # keeps a storage read by every block (a mask, a rotary table) from making this quadratic; only readers
             # with loops of one size can fuse, so they are paired within those groups alone (in graph order, so
@@ -69,13 +73,7 @@ class Fusion:
                 same_size.setdefault(loop[u], []).append(u)
             for group_ in same_size.values():
                 orders = [unit_order[u] for u in group_]
-                for i, a in enumerate(group_):
-                    reach = orders[i] + FUSION_DISTANCE
-                    for j in range(i + 1, len(group_)):
-                        if orders[j] > reach:
-                            break
-                        key = (a, group_[j])
-                        candidates[key] = candidates.get(key, 0) + size
+                add_horizontal(candidates, r, size, group_, orders, self.access, FUSION_DISTANCE)
         return candidates
 
     def creates_cycle(self, a, b) -> bool:
@@ -124,19 +122,19 @@ class Fusion:
     def fuse(self, classes: dict, loop_of, nbytes) -> dict[fx.Node, list[fx.Node]]:
         """Merge in Inductor's order; the kernels: group head -> its units, in graph order.
 
-        Largest shared bytes first; of equal ones, the two closest in order (Inductor's ``score_fusion``: memory
-        score, then proximity): the recomputed norm of a block's input fuses with the norm backward beside it, not
-        with a recomputed norm of the same input twenty kernels earlier (which would pull the whole recomputed block
-        to there)."""
+        Most bytes shared at one index first (``access.priority``); of equal ones, the two closest in order
+        (Inductor's ``score_fusion``: memory score, then proximity): the recomputed norm of a block's input fuses
+        with the norm backward beside it, not with a recomputed norm of the same input twenty kernels earlier (which
+        would pull the whole recomputed block to there)."""
         fusible = [u for u in self.units if classes[u] in KERNEL_CLASSES]
         loop = {u: loop_of(u) for u in fusible}
         order, index = self.order, self.index
 
-        def priority(kv):
-            (a, b), shared = kv
-            return (-shared, abs(order[b] - order[a]), index[a], index[b])
+        def ranked(kv):
+            (a, b), score = kv
+            return (*priority(score), abs(order[b] - order[a]), index[a], index[b])
 
-        for (a, b), _ in sorted(self.candidates(fusible, loop, nbytes).items(), key=priority):
+        for (a, b), _ in sorted(self.candidates(fusible, loop, nbytes).items(), key=ranked):
             ga, gb = self.find(a), self.find(b)
             if ga is gb or self.too_far(ga, gb) or self.creates_cycle(ga, gb):
                 continue

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from .access import add_paths, step, through
 from .costs import alias_root, hinted_numel
 from .fusion import Fusion, fusion_order
 from .layout import workspace_bytes
@@ -123,7 +124,7 @@ class _Phase:
         self._sizes: dict[fx.Node, int] = {}  # node -> elements (``_numel``), computed once per node
         self._find_units()
         self.workspace = {u: workspace_bytes(u, channels_last) for u in self.units}
-        fusion = Fusion(self.units, self.unit_reads, self.unit, self.index)
+        fusion = Fusion(self.units, self.unit_reads, self.unit, self.index, self.access)
         self.kernels = fusion.fuse(self.classes, self._loop, _tensor_storage_bytes)  # head -> units, graph order
         self.kernel_succ, self.kernel_pred, self.kernel_lo = fusion.succ, fusion.pred, fusion.lo
 
@@ -150,23 +151,30 @@ class _Phase:
         # the fused-away values computed inside it (the rows picked)
         loop: dict[fx.Node, frozenset[fx.Node]] = {}
         heavy: dict[fx.Node, bool] = {}  # its computation, fused-away producers included, has a costly op
+        access: dict[fx.Node, dict[fx.Node, set]] = {}  # storage read -> its access paths (``access.py``)
         for node in self.nodes:
             found: set[fx.Node] = set()
             sized: set[fx.Node] = set()
             costly = getattr(node.target, "overloadpacket", None) in HEAVY_OPS
             table = node.args[0] if getattr(node.target, "overloadpacket", None) in FUSED_LOADS else None
+            paths = access[node] = {}
             for arg in inputs_of[node]:
                 if not isinstance(arg.meta.get("val"), torch.Tensor):
                     continue  # an item of a multi-output op: its kernel is the op's
                 root = self.roots[arg]
+                chain = step(arg, root)
                 if root in inputs or self.unit[root] is not None:
                     found.add(root)
+                    add_paths(paths, root, (chain,))
                     if arg is not table:
                         sized.add(root)
                 else:
                     found |= reads[root]
                     sized |= loop[root] | {root}
                     costly = costly or heavy[root]
+                    prefix = chain + through(root, self.classes)
+                    for r, known in access[root].items():
+                        add_paths(paths, r, (prefix + k for k in known))
             reads[node] = frozenset(found)
             loop[node] = frozenset(sized)
             heavy[node] = costly
@@ -182,6 +190,10 @@ class _Phase:
         self.members = members
         self.unit_reads = {u: frozenset().union(*(reads[m] for m in members[u])) for u in self.units}
         self.loop_reads = {u: frozenset().union(*(loop[m] for m in members[u])) for u in self.units}
+        union = frozenset().union
+        self.access = {
+            u: {r: union(*(access[m].get(r, ()) for m in members[u])) for r in self.unit_reads[u]} for u in members
+        }
         # every storage a unit owns (a multi-output op owns its items')
         self.owned = {u: [m for m in members[u] if self._allocates(m)] for u in self.units}
 

@@ -488,6 +488,34 @@ def test_column_reductions_fuse_with_each_other_not_with_row_loops():
     assert kernels == [["mul_1", "sum_1"], ["sum_2", "sum_3"]], kernels
 
 
+def test_fusion_prefers_reads_at_the_same_index():
+    """RoPE over two layers, reduced: two forwards read the cos and sin tables at their own index, a backward
+    between them reads cos there too but sin through a transpose (RoPE's backward reads sin at c3 + 32 and c3 - 32),
+    and the second forward reads the backward through a matmul, so either pair may fuse but not all three.  Inductor
+    scores a fusion by the bytes two nodes read at one index (``score_fusion_memory``), and those outrank proximity:
+    the two forwards share one kernel, run after the matmul (the real output code of this very function:
+    ``cpp_fused_add_mul_transpose_0`` computes the backward, then the mm, then ``cpp_fused_add_mul_view_1`` both
+    forwards).  Scored by shared storage bytes alone, the three pairs tie and the first forward fused with the
+    nearer backward: on LlamaStack at memory_budget=0.2 that kept layer 0's recomputed norm, projections and RoPE
+    out of layer 1's backward, 1.05 MB below the real peak."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fxremat_passes.liveness import _Phase
+
+    def f(x0, g, w, cos, sin):
+        fwd0 = x0 * cos + x0 * sin
+        bwd = g * cos + (g * sin).transpose(-1, -2)
+        x1 = torch.mm(bwd.reshape(128, 8), w).reshape(16, 8, 8)
+        return fwd0, bwd, x1 * cos + x1 * sin
+
+    args = (torch.randn(16, 8, 8), torch.randn(16, 8, 8), torch.randn(8, 8), torch.randn(8, 8), torch.randn(8, 8))
+    gm = make_fx(f, tracing_mode="fake")(*args)
+    phase = _Phase(gm.graph, keep=set(), carried={})
+    kernels = sorted(sorted(u.name for u in units) for units in phase.kernels.values())
+    assert kernels == [["add", "add_2"], ["add_1"], ["mm"]], kernels
+    assert [u.name for head in phase.fusion_order() for u in phase.kernels[head]] == ["add_1", "mm", "add", "add_2"]
+
+
 def test_buffer_reuse_pool_holds_a_freed_buffer_within_inductors_estimate():
     """Inductor's wrapper pools a freed buffer and hands it to the next allocation of the same size and dtype when
     the estimated memory in between plus the buffer stays within the graph's estimated peak (should_reuse_buffer),

@@ -1,0 +1,106 @@
+"""Where a kernel reads a storage (its access paths): the layout of each read between its loop and the storage, and
+the ops other than elementwise ones (a slice_backward, a cat) that the value passes through inside the kernel.
+
+Inductor scores a fusion by the bytes two nodes read or write *at the same index* (``Scheduler.score_fusion_memory``
+in torch/_inductor/scheduler.py: ``common_memory_deps``, equal ``MemoryDep`` s, name and index); only a pair with no
+such read falls back to the bytes of the buffers they share at other indices
+(``_score_fusion_memory_by_buffer_overlap``), and every pair with a same-index read outranks every pair without
+(``InductorChoices.score_fusion`` in torch/_inductor/choices.py: ``memory_score`` before ``buffer_overlap_score``).
+E.g. RoPE: every layer's forward reads the cos and sin tables at the loop's own index, its backward reads sin at
+``c3 + 32`` and ``c3 - 32`` (the transposed ``rotate_half``): the forward of one layer fuses with the forward of
+another (64 KiB shared at one index), not with the nearer backward (32 KiB, cos only). Two reads of one storage
+through equal paths are taken to be at the same index; a read of a value as laid out (or a reshape of it) adds
+nothing to a path, so a norm and its backward reading the same input through a reshape still match.
+"""
+
+from __future__ import annotations
+
+import torch.fx as fx
+
+from .ops import OpClass
+
+MAX_PATHS = 4  # per read storage; a computation reading one storage in more ways is rare (and scored as any other)
+MAX_DEPTH = 12  # descriptors kept per path
+
+
+def _plain(arg):
+    if isinstance(arg, fx.Node):
+        return "*"
+    if isinstance(arg, (list, tuple)):
+        return tuple(_plain(a) for a in arg)
+    return repr(arg)
+
+
+def _descriptor(node: fx.Node) -> tuple:
+    args = tuple(_plain(a) for a in node.args[1:])
+    kwargs = tuple(sorted((k, _plain(v)) for k, v in node.kwargs.items()))
+    return (str(node.target), args, kwargs)
+
+
+def layout(node: fx.Node) -> tuple:
+    """Where a read of ``node``'s value lands in its storage: its sizes and strides with size-1 dims dropped and
+    contiguous dims merged, and its offset (Inductor simplifies a read's index the same way, ``simplify_loops``: a
+    reshape of a contiguous tensor reads at the index of the tensor itself, a slice or a transpose elsewhere)."""
+    val = node.meta.get("val")
+    try:
+        sizes, strides = [int(s) for s in val.shape], [int(s) for s in val.stride()]
+        offset = int(val.storage_offset())
+    except (AttributeError, TypeError, RuntimeError):  # symbolic sizes, or not a tensor
+        return (_plain(tuple(getattr(val, "shape", ()))),)
+    dims: list[list[int]] = []
+    for size, stride in zip(sizes, strides):
+        if size == 1:
+            continue
+        if dims and dims[-1][1] == stride * size:
+            dims[-1] = [dims[-1][0] * size, stride]
+        else:
+            dims.append([size, stride])
+    return (tuple(map(tuple, dims)), offset)
+
+
+def step(arg: fx.Node, root: fx.Node) -> tuple:
+    """The part of a path one read adds: nothing when it reads ``root``'s value as laid out (the value itself, or a
+    reshape of it), the read's layout otherwise (a slice, a transpose, a broadcast)."""
+    here = layout(arg)
+    return () if arg is root or here == layout(root) else (here,)
+
+
+def through(node: fx.Node, classes: dict[fx.Node, OpClass]) -> tuple:
+    """What a value computed inside the kernel adds to the paths of its own reads: nothing for an elementwise op (it
+    reads each input at its own index; a broadcast shows in the input's shape, first on its path), itself
+    otherwise (a slice_backward, a cat)."""
+    if classes.get(node) is OpClass.POINTWISE:
+        return ()
+    return (_descriptor(node), layout(node))
+
+
+def add_paths(into: dict, root: fx.Node, paths) -> None:
+    known = into.setdefault(root, set())
+    for p in paths:
+        if len(known) >= MAX_PATHS:
+            return
+        known.add(p[:MAX_DEPTH])
+
+
+def add_horizontal(
+    candidates: dict, storage: fx.Node, nbytes: int, units: list, orders: list, access: dict, reach: int
+) -> None:
+    """Score each pair of ``units`` (loops of one size, in order) that read ``storage`` at most ``reach`` apart:
+    ``candidates[(a, b)]`` is [bytes read at the same index, bytes read at another]."""
+    for i, a in enumerate(units):
+        for j in range(i + 1, len(units)):
+            if orders[j] > orders[i] + reach:
+                break
+            b = units[j]
+            score = candidates.setdefault((a, b), [0, 0])
+            same = access[a].get(storage, _NONE) & access[b].get(storage, _NONE)
+            score[0 if same else 1] += nbytes
+
+
+def priority(score: list) -> tuple:
+    """Inductor's order of fusions by memory: same-index bytes first; of pairs with none, the shared buffers' bytes."""
+    exact, other = score
+    return (-exact, -other if exact == 0 else 0)
+
+
+_NONE: frozenset = frozenset()
