@@ -151,10 +151,7 @@ def choose_plan_for_budget(flow, roles, joint, options, profile, request, split)
     (fw_bw_recipe, simulation) = simulated.handed_on(choice.plan)
     if choice.raised and options.backward_segments is None and fw_bw_recipe[2] is not None:
         # the budget forces a higher peak: recomputing the forward segment by segment in backward lowers it
-        segmented, peak, segment_fields = segmented_split(fw_bw_recipe[2], request.num_fwd_outputs, profile)
-        if peak.peak_bytes < choice.peak:
-            fw_bw_recipe, simulation = segmented, peak
-            fields.update(segment_fields, peak_raised_by_budget=max(0, peak.peak_bytes - choice.lowest_looser_peak))
+        fw_bw_recipe, simulation = _segmented_if_lower(choice, fw_bw_recipe, simulation, fields, request, profile)
     if fields["peak_raised_by_budget"]:
         log.info(
             "%s: memory_budget=%r leaves no plan as low as a looser budget's (%d bytes): %d bytes higher",
@@ -164,6 +161,23 @@ def choose_plan_for_budget(flow, roles, joint, options, profile, request, split)
             fields["peak_raised_by_budget"],
         )
     return choice.plan, fields, fw_bw_recipe, simulation
+
+
+def _segmented_if_lower(choice, fw_bw_recipe, simulation, fields: dict, request, profile):
+    """The chosen split, or its lowest-peak segmentation where that lowers the step's peak (then its fields go into
+    ``fields``): ((fw, bw, recipe), simulation).  The split's own simulation is one of the candidates, and graphs are
+    built only for a segmentation kept."""
+    recipe = fw_bw_recipe[2]
+    segmented, peak = lowest_peak_segments(
+        recipe, request.num_fwd_outputs, profile, limit=SEGMENTATIONS_SIMULATED, simulation=simulation
+    )
+    if peak.peak_bytes >= choice.peak:
+        return fw_bw_recipe, simulation
+    fields.update(
+        _segment_fields(recipe, segmented, profile),
+        peak_raised_by_budget=max(0, peak.peak_bytes - choice.lowest_looser_peak),
+    )
+    return _built(segmented), peak
 
 
 def _warn_unsimulated(graph_id: str, budget, error: Exception) -> None:
@@ -179,12 +193,19 @@ def segmented_split(recipe, num_fwd_outputs: int, profile):
     """The lowest-peak segmentation of a split's backward (``segments.lowest_peak_segments``): ((fw, bw, recipe),
     its simulation, report fields)."""
     segmented, peak = lowest_peak_segments(recipe, num_fwd_outputs, profile, limit=SEGMENTATIONS_SIMULATED)
-    fields = dict(
+    return _built(segmented), peak, _segment_fields(recipe, segmented, profile)
+
+
+def _segment_fields(recipe, segmented, profile) -> dict:
+    return dict(
         segment_recompute_flops=segment_recompute_flops(recipe, segmented, profile),
         backward_checkpoints=tuple(sorted(n.name for n in segmented.bw_checkpoints)),
     )
+
+
+def _built(recipe) -> tuple:
     with tp.lazy_graph_modules():
-        return (*segmented.build(), segmented), peak, fields
+        return (*recipe.build(), recipe)
 
 
 def choose_plan_for_peak(flow, roles, joint, options, profile, request, split):

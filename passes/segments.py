@@ -256,15 +256,23 @@ PEAK_TOLERANCE = 1.02
 
 
 def lowest_peak_segments(
-    recipe: SplitRecipe, num_fwd_outputs: int, profile: DeviceProfile, limit: int | None = None
+    recipe: SplitRecipe,
+    num_fwd_outputs: int,
+    profile: DeviceProfile,
+    limit: int | None = None,
+    simulation: PeakEstimate | None = None,
 ) -> tuple[SplitRecipe, PeakEstimate]:
     """The recipe itself or one of its segmentations (one per ``checkpoint_grid`` entry; ``limit``: only that many,
     lowest estimates first), whichever has the lowest simulated activation peak (``liveness.simulate_step`` on lazily
     built graphs); within ``PEAK_TOLERANCE`` of it, the one with the fewest extra FLOPs.  Returns the recipe and its
-    simulation.  Each candidate costs a simulation (about 2 s at 48 blocks, ``Stack(48, 32)``)."""
+    simulation.  Each candidate costs a simulation (about 2 s at 48 blocks, ``Stack(48, 32)``); ``simulation``: the
+    recipe's own, where the caller has it already (the same graphs, so the same result: one simulation fewer)."""
     grid = sorted(checkpoint_grid(recipe), key=lambda entry: entry[0])[:limit]
     candidates = [recipe, *(segment_backward(recipe, sets) for _, sets in grid)]
-    simulated = [simulate_step(*c.build(lazy=True), num_fwd_outputs) for c in candidates]
+    simulated = [
+        simulation if i == 0 and simulation is not None else simulate_step(*c.build(lazy=True), num_fwd_outputs)
+        for i, c in enumerate(candidates)
+    ]
     lowest = min(p.activation_peak_bytes for p in simulated)
     good = [i for i, p in enumerate(simulated) if p.activation_peak_bytes <= PEAK_TOLERANCE * lowest]
     best = min(good, key=lambda i: (segment_recompute_flops(recipe, candidates[i], profile), i))
