@@ -42,19 +42,21 @@ def _forward_nodes(joint: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:
 def _annotations(joint: fx.GraphModule, num_fwd_outputs: int) -> tuple[list[float], list[fx.Node]]:
     """(distinct budgets in graph order, forward ops without one), subgraph bodies included."""
     budgets: list[float] = []
-    uncovered: list[fx.Node] = []
-    forward = _forward_nodes(joint, num_fwd_outputs)
-    graphs = [(joint.graph, forward)]
-    graphs += [(m.graph, None) for m in joint.modules() if isinstance(m, fx.GraphModule) and m is not joint]
-    for graph, required in graphs:  # required None: a subgraph body, every op of which must be covered
+    unannotated: list[tuple[fx.Node, bool]] = []  # (op, in a subgraph body: every op there must be covered)
+    graphs = [(joint.graph, False)]
+    graphs += [(m.graph, True) for m in joint.modules() if isinstance(m, fx.GraphModule) and m is not joint]
+    for graph, in_body in graphs:
         for node in graph.nodes:
             budget = tp.memory_budget_annotation(node)
             if budget is not None:
                 if budget not in budgets:
                     budgets.append(budget)
-            elif node.op == "call_function" and (required is None or node in required):
-                uncovered.append(node)
-    return budgets, uncovered
+            elif node.op == "call_function":
+                unannotated.append((node, in_body))
+    if not budgets:
+        return budgets, []
+    forward = _forward_nodes(joint, num_fwd_outputs)  # only where some node is annotated
+    return budgets, [n for n, in_body in unannotated if in_body or n in forward]
 
 
 def region_budget(joint: fx.GraphModule, num_fwd_outputs: int) -> tuple[float | None, str | None]:

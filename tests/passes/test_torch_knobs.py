@@ -184,3 +184,21 @@ def test_must_recompute_holds_for_views_and_backward_formulas():
     assert counts == {"fw": 2, "bw": 6}
     assert report.saved_bytes == 0 and not report.tag_conflicts
     assert {row.storage for row in report.saved} <= {"primals_1"}
+
+
+def test_region_budget_reads_annotations_and_the_legacy_marker():
+    import torch.fx.traceback as fx_traceback
+
+    from fxremat_passes.region_budget import LEGACY_SOURCE, region_budget
+
+    gm = torch.fx.symbolic_trace(lambda x: (torch.cos(torch.sin(x)),))
+    ops = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert region_budget(gm, 1) == (None, None)
+    ops[1].meta["memory_budget"] = 0.25
+    assert region_budget(gm, 1) == (0.25, LEGACY_SOURCE)
+    for node, budget in zip(ops, (0.5, 0.5)):
+        node.meta["custom"] = {fx_traceback.MEMORY_BUDGET_ANNOTATION_KEY: budget}
+    assert region_budget(gm, 1) == (0.5, REGION_SOURCE)  # the annotation wins over the legacy marker
+    ops[1].meta["custom"] = {fx_traceback.MEMORY_BUDGET_ANNOTATION_KEY: 0.0}
+    with pytest.raises(RegionBudgetError, match=r"conflicting budgets .*\[0.0, 0.5\]"):
+        region_budget(gm, 1)
