@@ -8,6 +8,7 @@ over real per-node costs (bytes kept alive, FLOPs and memory traffic to recomput
 from fxremat_passes.costs import PROFILES, DeviceProfile
 
 from .backend import FxrematBackend, backend, make_partition_fn, string_backend_reports
+from .knobs import FxrematKnobWarning
 from .options import Options
 from .partition import FxrematFallbackWarning
 from .report import CutReport, format_text
@@ -19,6 +20,7 @@ __all__ = [
     "DeviceProfile",
     "FxrematBackend",
     "FxrematFallbackWarning",
+    "FxrematKnobWarning",
     "FxrematVerifyError",
     "FxrematVerifyWarning",
     "Options",

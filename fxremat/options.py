@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from fxremat_passes import _torch_private as tp
 from fxremat_passes.costs import PROFILES, DeviceProfile
 
 ENV_REPORT_DIR = "FXREMAT_REPORT_DIR"
@@ -234,6 +235,8 @@ class Options:
                 continue
             value = getattr(self, f.name)
             parts.append(f"{f.name}={value!r}")
+        if self.memory_budget is None:  # then PyTorch's global knob, read at compile time, sets it (fxremat/knobs.py)
+            parts.append(f"torch.activation_memory_budget={tp.functorch_knob('activation_memory_budget')!r}")
         return ";".join(parts)
 
     def profile_for(self, device_type: str | None, device_name: str | None = None) -> DeviceProfile:

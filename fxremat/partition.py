@@ -33,6 +33,7 @@ from fxremat_passes.liveness import PeakEstimate, simulate_step
 from fxremat_passes.roles import Policy, Role, classify, recompute_tag
 from fxremat_passes.split import SplitRecipe, split_with_recipe
 
+from .knobs import TORCH_CONFIG_SOURCE, effective_options
 from .options import Options
 from .peak_choice import choose, segmented_split
 from .report import CutReport, Deferred, describe_fields, never_recomputed_counts
@@ -329,8 +330,10 @@ def partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModu
         return _partition(request, options)
 
 
-def _fallback(request: PartitionRequest, profile: DeviceProfile, reason: str):
-    """PyTorch's default partition of the joint graph, with one warning: (fw, bw, described, peak fields)."""
+def _fallback(request: PartitionRequest, profile: DeviceProfile, reason: str, torch_budget: float = 1.0):
+    """PyTorch's default partition of the joint graph, with one warning: (fw, bw, described, peak fields).  Its
+    budget is the user's ``activation_memory_budget`` where fxremat took its budget from there (a region
+    annotation PyTorch reads itself), else PyTorch's default."""
     warnings.warn(
         f"fxremat: partitioning {request.graph_id} failed ({reason}); using PyTorch's default "
         "partitioner for this graph. Pass strict=True to fxremat.backend to raise instead.",
@@ -342,6 +345,7 @@ def _fallback(request: PartitionRequest, profile: DeviceProfile, reason: str):
         request.joint_inputs,
         num_fwd_outputs=request.num_fwd_outputs,
         static_lifetime_input_indices=request.static_lifetime_input_indices,
+        activation_memory_budget=torch_budget,
     )
     described = describe_split(fw, bw, request.num_fwd_outputs, profile)
     return fw, bw, described, _peak_fields(_simulate(fw, bw, request.num_fwd_outputs))
@@ -349,6 +353,8 @@ def _fallback(request: PartitionRequest, profile: DeviceProfile, reason: str):
 
 def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModule, fx.GraphModule, CutReport]:
     start = time.perf_counter()
+    # a user's setting, not a fault of ours: bad region annotations raise here, outside the fallback
+    options, budget_source = effective_options(options, request.joint, request.num_fwd_outputs)
     device_type, device_name = graph_device(request.joint)
     profile = options.profile_for(device_type, device_name)
     common = dict(
@@ -357,6 +363,7 @@ def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphMod
         device_profile=profile.name,
         memory_price=options.memory_price,
         memory_budget=options.memory_budget,
+        memory_budget_source=budget_source,
         torch_version=torch.__version__,
     )
     baseline = _baseline(request, profile, options.compare_budgets) if options.compare_default else {}
@@ -379,7 +386,8 @@ def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphMod
         fallback_reason = f"{type(error).__name__}: {error}"
         fields = {}
     if fallback_reason is not None:
-        fw, bw, described, peak_fields = _fallback(request, profile, fallback_reason)
+        torch_budget = options.memory_budget if budget_source == TORCH_CONFIG_SOURCE else 1.0
+        fw, bw, described, peak_fields = _fallback(request, profile, fallback_reason, torch_budget)
     pin_as_strided_inputs(bw)  # ours or PyTorch's: as_strided reads independent of saved layouts (issue #20)
     report = CutReport(
         **common,

@@ -101,7 +101,8 @@ class CutReport:
     partition_seconds: float = 0.0
     device_profile: str = "cpu"
     memory_price: float = 0.0
-    memory_budget: float | int | None = None  # as asked
+    memory_budget: float | int | None = None  # as asked (by fxremat's option, PyTorch's knob or an annotation)
+    memory_budget_source: str | None = None  # which: fxremat/knobs.py's sources; None without a budget
     budget_bytes: int | None = None  # the budget resolved to saved bytes for this graph
     budget_met: bool | None = None  # None when no budget was asked
     fewest_saved_bytes: int | None = None  # the fewest-bytes plan's saved bytes (budget runs)
@@ -424,7 +425,8 @@ def budget_lines(report: CutReport) -> list[str]:
     lines = []
     if report.budget_bytes is not None:
         lines.append(
-            f"memory_budget {report.memory_budget!r}: at most {format_bytes(report.budget_bytes)} saved -> "
+            f"memory_budget {report.memory_budget!r} (from {report.memory_budget_source}): "
+            f"at most {format_bytes(report.budget_bytes)} saved -> "
             f"{format_bytes(report.saved_bytes)} ({'met' if report.budget_met else 'NOT met: fewest-bytes plan'})"
         )
     if report.budget_simulated is not None:

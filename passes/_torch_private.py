@@ -82,58 +82,25 @@ from torch.fx.experimental.symbolic_shapes import (  # noqa: E402
     is_symbol_binding_fx_node,
     optimization_hint,
 )
+from torch.fx.traceback import _get_memory_budget_annotation  # noqa: E402
 from torch.utils.checkpoint import CheckpointPolicy  # noqa: E402
 
+# fmt: off
 __all__ = [
-    "CheckpointPolicy",
-    "CustomPartitionerFn",
-    "RANDOM_OP_PACKETS",
-    "SUPPORTED_TORCH",
-    "activation_quantization_enabled",
-    "aot_autograd",
-    "aot_autograd_as_inductor",
-    "aten_target",
-    "copy_graph_module",
-    "copy_node",
-    "cse_enabled",
-    "dce_impure_random",
-    "default_partition",
-    "extract_fwd_bwd_outputs",
-    "extract_fwd_bwd_outputs_and_descs",
-    "find_symbol_bindings",
-    "fx_graph_cse",
-    "get_hash_for_files",
-    "has_free_unbacked_symbols",
-    "inductor_layout_optimisation",
-    "inductor_keeps_mutation_order",
-    "is_backward_state",
-    "is_bwd_seed_offset",
-    "is_fwd_seed_offset",
-    "is_mutation_op",
-    "is_primal",
-    "is_script_object",
-    "is_sym_node",
-    "is_tangent",
-    "lazy_graph_module",
-    "lazy_graph_modules",
-    "make_graph_module",
-    "mark_must_save",
-    "must_be_in_backward",
-    "must_be_in_forward",
-    "mutated_inputs",
-    "prepare_joint_graph",
-    "pytorch_dead_code_and_cse",
-    "pytorch_default_partition",
-    "saved_output_descs",
-    "size_hint",
-    "split_with_saved_values",
-    "storage_identity",
-    "symbol_bound_by",
-    "torch_version_tuple",
-    "unsupported_torch_reason",
-    "value_free_symbols",
-    "wait_tensor_target",
+    "CheckpointPolicy", "CustomPartitionerFn", "RANDOM_OP_PACKETS", "SUPPORTED_TORCH",
+    "activation_quantization_enabled", "aot_autograd", "aot_autograd_as_inductor", "aten_target",
+    "copy_graph_module", "copy_node", "cse_enabled", "dce_impure_random", "default_partition",
+    "extract_fwd_bwd_outputs", "extract_fwd_bwd_outputs_and_descs", "find_symbol_bindings", "functorch_knob",
+    "functorch_knob_default", "fx_graph_cse", "get_hash_for_files", "has_free_unbacked_symbols",
+    "inductor_keeps_mutation_order", "inductor_layout_optimisation", "is_backward_state", "is_bwd_seed_offset",
+    "is_fwd_seed_offset", "is_mutation_op", "is_primal", "is_script_object", "is_sym_node", "is_tangent",
+    "lazy_graph_module", "lazy_graph_modules", "make_graph_module", "mark_must_save", "memory_budget_annotation",
+    "must_be_in_backward", "must_be_in_forward", "mutated_inputs", "prepare_joint_graph",
+    "pytorch_dead_code_and_cse", "pytorch_default_partition", "saved_output_descs", "size_hint",
+    "split_with_saved_values", "storage_identity", "symbol_bound_by", "torch_version_tuple",
+    "unsupported_torch_reason", "value_free_symbols", "wait_tensor_target",
 ]
+# fmt: on
 
 
 # Size used for an unbacked (data-dependent) SymInt that has no hint: the same order as PyTorch's partitioner.
@@ -494,3 +461,21 @@ def aot_autograd_as_inductor(partition_fn, compiler):
         decompositions=select_decomp_table(),
         keep_inference_input_mutations=True,
     )
+
+
+def functorch_knob(name: str):
+    """The current value of ``torch._functorch.config.<name>`` (read at compile time: callers put what changes a
+    partition into the compile-cache key)."""
+    return getattr(functorch_config, name)
+
+
+def functorch_knob_default(name: str):
+    """``torch._functorch.config.<name>``'s default (its environment override included), to tell a value the
+    user set from the default."""
+    return functorch_config._config[name].default
+
+
+def memory_budget_annotation(node: torch.fx.Node) -> float | None:
+    """The budget of ``torch.autograd.graph.region_activation_memory_budget`` around the op that made ``node``, if
+    any (read off ``node.meta["custom"]``, as PyTorch's partitioner reads it)."""
+    return _get_memory_budget_annotation(node)

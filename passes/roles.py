@@ -13,6 +13,7 @@ import torch
 import torch.fx as fx
 
 from . import _torch_private as tp
+from .costs import alias_root
 from .ops import NEVER_RECOMPUTE_REASONS, OpClass, op_class
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,44 @@ def _value_cannot_be_saved(node: fx.Node) -> str | None:
     return None
 
 
+def must_recompute_values(
+    nodes: list[fx.Node], role: dict[fx.Node, Role], classes: dict[fx.Node, OpClass], inputs_of: dict
+) -> dict[fx.Node, str]:
+    """The values a MUST_RECOMPUTE tag forbids saving, in graph order, each with the reason (docs/DESIGN.md §2).
+
+    The tag holds per storage: the tagged value, every value sharing its storage (a view of it *is* it; graph
+    inputs' storages excepted, they stay alive anyway), and the items of a tagged multi-output node.  It also
+    covers the backward-only values computed from those (``cos(mm)`` for ``sin(mm)``'s gradient): they are parts
+    of autograd's backward formulas, which eager runs in backward, so computing one early in forward and saving it
+    would keep the tagged value's data under another name.  A forward value computed from a tagged one follows
+    its own tag, as in PyTorch."""
+    tagged = [
+        n for n in nodes if role[n] in (Role.FORWARD, Role.BACKWARD_ONLY) and recompute_tag(n) == Policy.MUST_RECOMPUTE
+    ]
+    roots = {}
+    for node in tagged:
+        root = alias_root(node, classes)
+        if root.op != "placeholder":
+            roots.setdefault(root, node)
+    out: dict[fx.Node, str] = {}
+    for node in nodes:
+        r = role[node]
+        if r not in (Role.FORWARD, Role.BACKWARD_ONLY):
+            continue
+        root = alias_root(node, classes)
+        if recompute_tag(node) == Policy.MUST_RECOMPUTE:
+            out[node] = "tagged MUST_RECOMPUTE"
+        elif root in roots:
+            out[node] = f"shares the storage of {roots[root].name}, tagged MUST_RECOMPUTE"
+        elif classes[node] is OpClass.GETITEM and node.args[0] in out:
+            out[node] = f"an item of {node.args[0].name}, tagged MUST_RECOMPUTE"
+        elif r is Role.BACKWARD_ONLY:
+            source = next((a for a in inputs_of[node] if a in out), None)
+            if source is not None:
+                out[node] = f"backward-only, computed from {source.name} (MUST_RECOMPUTE)"
+    return out
+
+
 def classify(
     joint: fx.GraphModule, *, num_fwd_outputs: int, static_lifetime_input_indices: list[int] | None
 ) -> GraphRoles:
@@ -166,17 +205,18 @@ def classify(
             reason = "reads a graph input that forward mutates in place"
         if r is Role.BACKWARD_ONLY and reason is not None and not tp.must_be_in_forward(node):
             reason = None  # it runs once either way; computing it in backward is not a recompute
-        tag = recompute_tag(node)
-        if tag == Policy.MUST_RECOMPUTE and r is not Role.INPUT:
-            if reason is not None:
-                conflicts[node] = f"tagged MUST_RECOMPUTE, but never recomputed: {reason}"
-            else:
-                no_save[node] = "tagged MUST_RECOMPUTE"
         if reason is not None:
             no_recompute[node] = reason
         cannot_save = _value_cannot_be_saved(node)
         if cannot_save is not None:
             no_save[node] = cannot_save
+
+    unsaveable = must_recompute_values(nodes, role, classes, inputs_of)
+    for node, why in unsaveable.items():
+        if node in no_recompute:
+            conflicts[node] = f"{why}, but never recomputed: {no_recompute[node]}"
+        elif node not in no_save:
+            no_save[node] = why
 
     # A MUST_RECOMPUTE value that cannot be recomputed after all (it reads, perhaps through other tagged values, a
     # value that may be neither saved nor recomputed: the items of a never-recomputed random op) keeps its data by
@@ -190,9 +230,10 @@ def classify(
             and role[node] is not Role.INPUT
             and all(a not in no_save or recomputable.get(a, False) for a in inputs_of[node])
         )
-        if no_save.get(node) == "tagged MUST_RECOMPUTE" and not recomputable[node]:
+        why = unsaveable.get(node)
+        if why is not None and no_save.get(node) == why and not recomputable[node]:
             del no_save[node]
-            conflicts[node] = "tagged MUST_RECOMPUTE, but it reads a value that is never recomputed nor saved: saved"
+            conflicts[node] = f"{why}, but it reads a value that is never recomputed nor saved: saved"
 
     result = GraphRoles(
         role=role,

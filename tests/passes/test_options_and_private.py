@@ -264,3 +264,20 @@ def test_unsupported_torch_warns_once_and_uses_default(monkeypatch):
     assert [str(w.message) for w in caught if "not tested" in str(w.message)] == ["torch 9.9 is not tested"]
     assert calls == [None, None]  # no custom partitioner patched in
     assert b.reports == []
+
+
+def test_functorch_knobs_and_region_annotation_are_readable():
+    """Every torch._functorch.config knob fxremat reads or warns about exists in this torch, with a default; the
+    region budget annotation is read back off a node as PyTorch's partitioner reads it."""
+    import torch.fx
+    import torch.fx.traceback as fx_traceback
+
+    from fxremat import knobs
+
+    for name in (knobs.TORCH_BUDGET, *knobs.IGNORED_KNOBS):
+        assert tp.functorch_knob(name) == tp.functorch_knob_default(name), name
+    graph = torch.fx.Graph()
+    node = graph.placeholder("x")
+    assert tp.memory_budget_annotation(node) is None
+    node.meta["custom"] = {fx_traceback.MEMORY_BUDGET_ANNOTATION_KEY: 0.25}
+    assert tp.memory_budget_annotation(node) == 0.25

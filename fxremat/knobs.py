@@ -1,0 +1,107 @@
+"""PyTorch's own memory knobs (``torch._functorch.config``, region annotations): honoured, mapped, or ignored with
+one warning each, never dropped without a word (issue #23; README "PyTorch's knobs").
+
+``effective_options`` runs at the start of every partition (compile time): it resolves the memory budget from, in
+order of precedence, the graph's own annotation (``passes/region_budget.py``), fxremat's ``memory_budget``, and
+``torch._functorch.config.activation_memory_budget`` below 1.0, and says which one it used.  What it reads from
+torch's config is in ``Options.cache_key()`` too, so a changed knob never reuses a stale cached partition.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import torch.fx as fx
+
+from fxremat_passes import _torch_private as tp
+from fxremat_passes.region_budget import region_budget
+
+from .options import Options, normalise_budget
+
+FXREMAT_SOURCE = "fxremat"
+TORCH_CONFIG_SOURCE = "torch._functorch.config"
+TORCH_BUDGET = "activation_memory_budget"
+
+# torch._functorch.config knobs that PyTorch's partitioner reads and fxremat does not: why, and what to use.
+IGNORED_KNOBS = {
+    "activation_memory_budget_solver": "fxremat's budget is a min-cut price search refined by an exact MILP; "
+    "choose with fxremat.backend(solver=...)",
+    "activation_memory_budget_runtime_estimator": "fxremat prices recomputation with its roofline cost model; "
+    "choose the profile with fxremat.backend(device=...)",
+    "ban_recompute_used_far_apart": "fxremat has no ban heuristics: it prices recompute time; to recompute more, "
+    "raise memory_price or set memory_budget",
+    "ban_recompute_long_fusible_chains": "fxremat has no ban heuristics (see ban_recompute_used_far_apart)",
+    "ban_recompute_materialized_backward": "fxremat has no ban heuristics (see ban_recompute_used_far_apart)",
+    "ban_recompute_not_in_allowlist": "fxremat has no allow-list: every op is priced by its FLOPs and traffic",
+    "ban_recompute_reductions": "fxremat has no ban heuristics (see ban_recompute_used_far_apart)",
+    "aggressive_recomputation": "it turns PyTorch's ban heuristics off; fxremat has none (use memory_price)",
+    "max_dist_from_bw": "it tunes ban_recompute_used_far_apart, a heuristic fxremat does not have",
+    "recompute_views": "a saved view costs its base's storage and recomputing a view is free: the cut decides views "
+    "like any value",
+    "treat_parameters_as_free_to_save": "fxremat always counts graph inputs (parameters included) as free",
+    "unsafe_allow_optimization_of_collectives": "fxremat never recomputes a collective",
+    "enable_activation_offloading": "fxremat does not offload activations to the CPU",
+    "_sync_decision_cross_ranks": "fxremat does not exchange plans across ranks (the same graph gives the same cut)",
+    "visualize_memory_budget_pareto": "fxremat reports its memory/recompute frontier in report.frontier",
+    "memory_budget_pareto_dir": "fxremat reports its memory/recompute frontier in report.frontier",
+}
+
+
+class FxrematKnobWarning(UserWarning):
+    """A PyTorch memory setting fxremat does not apply as set (once per process per setting and value)."""
+
+
+_warned: set[tuple] = set()
+
+
+def _warn_once(key: tuple, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, FxrematKnobWarning, stacklevel=4)
+
+
+def warn_ignored_knobs() -> None:
+    """One warning per knob (and value) set away from its default that fxremat does not follow."""
+    for name, why in IGNORED_KNOBS.items():
+        value, default = tp.functorch_knob(name), tp.functorch_knob_default(name)
+        if value != default:
+            _warn_once(
+                ("ignored", name, repr(value)),
+                f"fxremat ignores torch._functorch.config.{name}={value!r} (default {default!r}): {why}.",
+            )
+
+
+def torch_memory_budget() -> float | None:
+    """``torch._functorch.config.activation_memory_budget`` when set below 1.0 (PyTorch's default plan), else None."""
+    value = tp.functorch_knob(TORCH_BUDGET)
+    if value is None or value == 1.0:
+        return None
+    return normalise_budget(float(value), f"torch._functorch.config.{TORCH_BUDGET}")
+
+
+def effective_options(options: Options, joint: fx.GraphModule, num_fwd_outputs: int) -> tuple[Options, str | None]:
+    """(the options with the memory budget this graph gets, where that budget came from; None: no budget).
+    Raises ``RegionBudgetError`` for annotations that give the graph no single budget."""
+    warn_ignored_knobs()
+    region, region_source = region_budget(joint, num_fwd_outputs)
+    torch_budget = torch_memory_budget()
+    if region is not None:
+        if options.memory_budget is not None and options.memory_budget != region:
+            _warn_once(
+                ("region", options.memory_budget, region),
+                f"fxremat: {region_source} {region!r} overrides fxremat's memory_budget={options.memory_budget!r} "
+                "for the graph it covers (the annotation is the more specific setting).",
+            )
+        return dataclasses.replace(options, memory_budget=region), region_source
+    if options.memory_budget is not None:
+        if torch_budget is not None and torch_budget != options.memory_budget:
+            _warn_once(
+                ("both", options.memory_budget, torch_budget),
+                f"fxremat: memory_budget={options.memory_budget!r} (fxremat's) and "
+                f"torch._functorch.config.{TORCH_BUDGET}={torch_budget!r} are both set; using fxremat's.",
+            )
+        return options, FXREMAT_SOURCE
+    if torch_budget is not None:
+        return dataclasses.replace(options, memory_budget=torch_budget), TORCH_CONFIG_SOURCE
+    return options, None

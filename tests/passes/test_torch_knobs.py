@@ -1,0 +1,204 @@
+"""PyTorch's memory knobs and tags under fxremat (issue #23): the global ``activation_memory_budget``, the other
+``torch._functorch.config`` knobs its partitioner reads, ``region_activation_memory_budget`` annotations, and a
+MUST_RECOMPUTE policy at a size where the plan matters.  Through AOTAutograd (and Dynamo where the feature needs
+it) with no-op compilers."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+from conftest import noop_compiler, run_aot, run_fxremat_aot
+from torch._functorch import config as functorch_config
+
+import fxremat
+from fxremat import knobs
+from fxremat.options import Options
+from fxremat_passes import _torch_private as tp
+from fxremat_passes.region_budget import REGION_SOURCE, RegionBudgetError
+
+
+def linear_relu_stack(width: int = 64, depth: int = 4):
+    layers = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers), (torch.randn(32, width, requires_grad=True),)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings(monkeypatch):
+    monkeypatch.setattr(knobs, "_warned", set())
+
+
+# --- torch._functorch.config.activation_memory_budget -----------------------------------------------------------
+
+
+def test_torchs_global_budget_is_fxremats_budget_when_fxremat_sets_none():
+    """The issue's row: 4 x Linear(64, 64) + ReLU with PyTorch's knob at 0.0 saved 53,248 bytes (the default plan)."""
+    model, inputs = linear_relu_stack()
+    with functorch_config.patch(activation_memory_budget=0.0):
+        _, _, theirs = run_aot(model, inputs, tp.min_cut_rematerialization_partition)
+        _, _, saved, reports = run_fxremat_aot(model, inputs, strict=True)
+    (report,) = reports
+    assert report.memory_budget == 0.0 and report.memory_budget_source == knobs.TORCH_CONFIG_SOURCE
+    assert report.saved_bytes == saved.nbytes <= theirs.nbytes == 0
+    assert "from torch._functorch.config" in fxremat.format_text(report)
+    _, _, _, reports = run_fxremat_aot(model, inputs, strict=True)
+    assert reports[0].memory_budget is None and reports[0].memory_budget_source is None
+
+
+def test_fxremats_own_budget_wins_with_one_warning_naming_both():
+    model, inputs = linear_relu_stack(depth=2)
+    with functorch_config.patch(activation_memory_budget=0.0), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, _, _, first = run_fxremat_aot(model, inputs, strict=True, memory_budget=1.0)
+        _, _, _, second = run_fxremat_aot(model, inputs, strict=True, memory_budget=1.0)
+    messages = [str(w.message) for w in caught if issubclass(w.category, fxremat.FxrematKnobWarning)]
+    assert len(messages) == 1 and "memory_budget=1.0" in messages[0] and "=0.0" in messages[0], messages
+    assert first[0].memory_budget == second[0].memory_budget == 1.0
+    assert first[0].memory_budget_source == knobs.FXREMAT_SOURCE
+    assert first[0].saved_bytes > 0
+
+
+def test_torchs_global_budget_is_in_the_cache_key():
+    options = Options.create()
+    with functorch_config.patch(activation_memory_budget=0.5):
+        half = options.cache_key()
+    assert half != options.cache_key()
+    with functorch_config.patch(activation_memory_budget=0.5):  # fxremat's own budget: torch's changes nothing
+        assert Options.create(memory_budget=0.3).cache_key() == Options.create(memory_budget=0.3).cache_key()
+
+
+def test_a_bad_torch_budget_is_refused_naming_the_knob():
+    model, inputs = linear_relu_stack(depth=1)
+    with functorch_config.patch(activation_memory_budget=1.5), pytest.raises(ValueError, match="activation_memo"):
+        run_fxremat_aot(model, inputs, strict=True)
+
+
+@pytest.mark.parametrize("name", sorted(knobs.IGNORED_KNOBS))
+def test_each_ignored_knob_warns_once_when_set(name):
+    default = tp.functorch_knob_default(name)
+    value = {bool: not default, int: 7, str: "greedy"}.get(type(default), "x")
+    model, inputs = linear_relu_stack(depth=1)
+    with functorch_config.patch(**{name: value}), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_fxremat_aot(model, inputs, strict=True)
+        run_fxremat_aot(model, inputs, strict=True)
+    messages = [str(w.message) for w in caught if issubclass(w.category, fxremat.FxrematKnobWarning)]
+    assert len(messages) == 1 and name in messages[0], messages
+
+
+def test_no_knob_warning_at_torchs_defaults():
+    model, inputs = linear_relu_stack(depth=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fxremat.FxrematKnobWarning)
+        run_fxremat_aot(model, inputs, strict=True)
+
+
+# --- region_activation_memory_budget (Dynamo) ---------------------------------------------------------------------
+
+
+def compile_step(fn, x, **options):
+    torch._dynamo.reset()
+    reports: list = []
+    partition = fxremat.make_partition_fn(Options.create(strict=True, **options), reports)
+    backend = tp.aot_autograd(fw_compiler=noop_compiler, bw_compiler=noop_compiler, partition_fn=partition)
+    torch.compile(fn, backend=backend)(x).sum().backward()
+    return reports
+
+
+def _block(x):
+    return torch.relu(x @ torch.full((64, 64), 1 / 64)).sin()
+
+
+def mlp(x, budgets=(0.0, 0.0), cover=(True, True)):
+    for budget, covered in zip(budgets, cover):
+        if covered:
+            with torch.autograd.graph.region_activation_memory_budget(budget):
+                x = _block(x)
+        else:
+            x = _block(x)
+    return x
+
+
+def test_region_budget_is_the_graphs_budget():
+    x = torch.randn(64, 64, requires_grad=True)
+    (plain,) = compile_step(functools.partial(mlp, cover=(False, False)), x)
+    (region,) = compile_step(mlp, x)
+    assert plain.saved_bytes > 0 and plain.memory_budget_source is None
+    assert region.memory_budget == 0.0 and region.memory_budget_source == REGION_SOURCE
+    assert region.saved_bytes == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs, text",
+    [(dict(budgets=(0.0, 0.5)), "conflicting budgets"), (dict(cover=(True, False)), "must cover the whole forward")],
+)
+def test_region_budgets_that_give_no_single_budget_are_refused(kwargs, text):
+    with pytest.raises(Exception, match=text) as info:  # Dynamo wraps what the backend raises
+        compile_step(functools.partial(mlp, **kwargs), torch.randn(64, 64, requires_grad=True))
+    assert RegionBudgetError.__name__ in str(info.value) and "graph break" in str(info.value)
+
+
+# --- MUST_RECOMPUTE per storage: upstream's shape at 64 x 64 ----------------------------------------------------
+
+
+def _mm_must_recompute(ctx, func, *args, **kwargs):
+    if func is torch.ops.aten.mm.default:
+        return tp.CheckpointPolicy.MUST_RECOMPUTE
+    return tp.CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _sac(x):
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    def gn(x):
+        return torch.cos(torch.sin(torch.matmul(x, x) @ x))
+
+    context = functools.partial(create_selective_checkpoint_contexts, _mm_must_recompute)
+    return checkpoint(gn, x, use_reentrant=False, context_fn=context)
+
+
+def test_must_recompute_holds_for_views_and_backward_formulas():
+    """PyTorch's outcome: both mms recomputed (6 mms in backward), nothing saved of them.  Was: ``t(mm)`` saved
+    (its storage is the tagged mm) and ``cos(mm_1)`` computed in forward and saved: 4 mms in backward."""
+    counts = {}
+
+    def counting(name):
+        def compiler(gm, example_inputs):
+            counts[name] = sum(n.target is torch.ops.aten.mm.default for n in gm.graph.nodes)
+            return noop_compiler(gm, example_inputs)
+
+        return compiler
+
+    torch._dynamo.reset()
+    reports: list = []
+    partition = fxremat.make_partition_fn(Options.create(strict=True, memory_price=0.0), reports)
+    backend = tp.aot_autograd(fw_compiler=counting("fw"), bw_compiler=counting("bw"), partition_fn=partition)
+    x = torch.randn(64, 64, requires_grad=True)
+    torch.compile(_sac, backend=backend)(x).sum().backward()
+    (report,) = reports
+    assert counts == {"fw": 2, "bw": 6}
+    assert report.saved_bytes == 0 and not report.tag_conflicts
+    assert {row.storage for row in report.saved} <= {"primals_1"}
+
+
+def test_region_budget_reads_annotations_and_the_legacy_marker():
+    import torch.fx.traceback as fx_traceback
+
+    from fxremat_passes.region_budget import LEGACY_SOURCE, region_budget
+
+    gm = torch.fx.symbolic_trace(lambda x: (torch.cos(torch.sin(x)),))
+    ops = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert region_budget(gm, 1) == (None, None)
+    ops[1].meta["memory_budget"] = 0.25
+    assert region_budget(gm, 1) == (0.25, LEGACY_SOURCE)
+    for node, budget in zip(ops, (0.5, 0.5)):
+        node.meta["custom"] = {fx_traceback.MEMORY_BUDGET_ANNOTATION_KEY: budget}
+    assert region_budget(gm, 1) == (0.5, REGION_SOURCE)  # the annotation wins over the legacy marker
+    ops[1].meta["custom"] = {fx_traceback.MEMORY_BUDGET_ANNOTATION_KEY: 0.0}
+    with pytest.raises(RegionBudgetError, match=r"conflicting budgets .*\[0.0, 0.5\]"):
+        region_budget(gm, 1)
