@@ -90,8 +90,10 @@ def segment_checkpoints(waists: Waists, segment_bytes: int) -> tuple[int, ...]:
 
 def with_checkpoints(problem: ParametricProblem, waists: Waists, checkpoints: Sequence[int]) -> ParametricProblem:
     """The problem in which the open sets at ``checkpoints`` may not be recomputed (so they are kept when a later
-    value is recomputed)."""
-    forced = {v for j in checkpoints for v in waists.open_sets[j]}
+    value is recomputed).  A value that may not be saved (``traffic_seconds`` None: MUST_RECOMPUTE, or sharing a
+    storage with one) stays recomputable: forcing it would leave the cut no way to supply a backward that reads it
+    (tests/robustness/test_must_recompute_fuzz.py)."""
+    forced = {v for j in checkpoints for v in waists.open_sets[j] if problem.traffic_seconds[v] is not None}
     recompute = tuple(None if v in forced else r for v, r in enumerate(problem.recompute_seconds))
     return replace(problem, recompute_seconds=recompute)
 

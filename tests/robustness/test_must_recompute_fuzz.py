@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import copy
 import os
-from dataclasses import replace
-from unittest import mock
 
-import pytest
 import torch
 import torch.fx as fx
 from conftest import noop_compiler
@@ -26,9 +23,7 @@ from hypothesis import strategies as st
 import fxremat
 from fxremat.options import Options
 from fxremat_passes import _torch_private as tp
-from fxremat_passes import checkpoints
 from fxremat_passes.costs import alias_root
-from fxremat_passes.mincut import InfeasibleCutError
 
 Policy = tp.CheckpointPolicy
 N = 8  # every tensor is N x N: any op applies to any state entry
@@ -128,23 +123,6 @@ def tangent_free(gm: fx.GraphModule) -> list[fx.Node]:
     return out
 
 
-def _keep_only_saveable(with_checkpoints):
-    """KNOWN BUG, outside this change (issue #23 report): ``checkpoints.with_checkpoints`` forbids recomputing
-    every value of a checkpoint's open set, those that cannot be saved (MUST_RECOMPUTE) included, which makes the
-    cut infeasible wherever backward reads one (``test_checkpoint_plans_force_unsaveable_values``).  Until its
-    owner lands the fix, the property runs with it: open-set values that cannot be saved stay recomputable."""
-
-    def fixed(problem, waists, chosen):
-        constrained = with_checkpoints(problem, waists, chosen)
-        recompute = tuple(
-            problem.recompute_seconds[v] if problem.traffic_seconds[v] is None else r
-            for v, r in enumerate(constrained.recompute_seconds)
-        )
-        return replace(constrained, recompute_seconds=recompute)
-
-    return fixed
-
-
 def check_tags_hold(joint, tags, config: dict) -> None:
     gm = copy.deepcopy(joint["gm"])
     for node, tag in zip(tangent_free(gm), tags):
@@ -186,18 +164,14 @@ def test_no_must_recompute_storage_is_saved(program, data):
     count = len(tangent_free(joint["gm"]))
     for _ in range(TAG_DRAWS):
         tags = data.draw(st.lists(st.sampled_from(TAGS), min_size=count, max_size=count))
-        with mock.patch.object(checkpoints, "with_checkpoints", _keep_only_saveable(checkpoints.with_checkpoints)):
-            for config in CONFIGS.values():
-                check_tags_hold(joint, tags, config)
+        for config in CONFIGS.values():
+            check_tags_hold(joint, tags, config)
 
 
-@pytest.mark.xfail(
-    raises=InfeasibleCutError, strict=True, reason="checkpoints.with_checkpoints: see _keep_only_saveable"
-)
-def test_checkpoint_plans_force_unsaveable_values():
-    """The known bug the property works around: a checkpoint forbids recomputing ``exp``, which MUST_RECOMPUTE
-    (on ``detach_1``, a view of it) forbids saving, and backward reads it.  Passes once the owner's fix lands;
-    then delete ``_keep_only_saveable`` and this test."""
+def test_checkpoint_plans_leave_unsaveable_values_recomputable():
+    """A checkpoint's open set holds ``exp``, which MUST_RECOMPUTE (on ``detach_1``, a view of it) forbids saving,
+    and backward reads it: the checkpointed candidate must leave it recomputable (``checkpoints.with_checkpoints``),
+    or the cut is infeasible (it raised InfeasibleCutError under strict=True before)."""
     program = ((("narrow_expand", 0), ("exp_half", 0)), (2, 3))
     joint = joint_of(program)
     tags = [None, None, Policy.MUST_RECOMPUTE, None, None, Policy.MUST_RECOMPUTE]
