@@ -74,6 +74,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="one Inductor cache for every row (faster when only peaks, saved bytes and gradients are wanted; compile "
         "seconds are then not comparable and each row says so)",
     )
+    parser.add_argument(
+        "--reuse-pytorch",
+        default=None,
+        metavar="JSON",
+        help="take the PyTorch rows (pytorch_*) of the same models and size from an earlier run's JSON instead of "
+        "running them again (fxremat_at_pytorch_X then uses their saved bytes); each such row is marked",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--budget-bytes", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -217,11 +224,16 @@ def budget_for(model: str, config: str, rows: list[dict]) -> tuple[int | None, s
     return None, f"needs a successful {source} run of {model} for its budget (add it to --configs)"
 
 
-def run_all(runs: list[tuple[str, str]], runner: Runner, size: str, on_row=None) -> list[dict]:
+def run_all(runs: list[tuple[str, str]], runner: Runner, size: str, on_row=None, reused=None) -> list[dict]:
+    """Each run's row; ``reused``: rows of an earlier JSON of the same size whose PyTorch configurations are taken
+    as they are (marked ``reused_from``) instead of being run again."""
     rows: list[dict] = []
+    earlier = {(r["model"], r["config"]): r for r in reused or () if not r.get("error")}
     for model, config in progress(runs):
         budget, missing = budget_for(model, config, rows)
-        if missing:
+        if config.startswith("pytorch") and (model, config) in earlier:
+            row = dict(earlier[(model, config)], reused_from="--reuse-pytorch")
+        elif missing:
             row = bm.error_row(model, size, config, device(), missing)
         else:
             try:
@@ -297,7 +309,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             br.write_json(args.json, build_result(args, done))
 
-    rows = run_all(plan(args.models, args.configs), runner, args.size, on_row=on_row)
+    reused = None
+    if args.reuse_pytorch:
+        earlier = json.loads(Path(args.reuse_pytorch).read_text())
+        reused = [r for r in earlier["rows"] if r.get("size") == args.size]
+    rows = run_all(plan(args.models, args.configs), runner, args.size, on_row=on_row, reused=reused)
     write_outputs(args, build_result(args, rows))
     return 0
 

@@ -67,3 +67,22 @@ def test_worker_processes_pass_pytorch_budget_bytes_to_fxremat(tmp_path):
     _assert_measured(fxremat)
     assert fxremat["memory_budget_bytes"] == pytorch["saved_bytes"]
     assert fxremat["fxremat_fallbacks"] == []
+
+
+def test_reused_pytorch_rows_are_not_run_again_and_feed_the_equal_bytes_budget():
+    """--reuse-pytorch: a PyTorch row of an earlier run is taken as it is (and marked); fxremat_at_pytorch_X gets
+    its saved bytes as a budget; every other configuration still runs."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import run
+
+    earlier = [dict(model="mlp", config="pytorch_budget_0.5", size="tiny", saved_bytes=1234, error=None)]
+    calls = []
+
+    def runner(model, config, budget):
+        calls.append((config, budget))
+        return dict(model=model, config=config, size="tiny", saved_bytes=0, error=None)
+
+    runs = [("mlp", "pytorch_budget_0.5"), ("mlp", "fxremat_at_pytorch_0.5"), ("mlp", "pytorch_default")]
+    rows = run.run_all(runs, runner, "tiny", reused=earlier)
+    assert calls == [("fxremat_at_pytorch_0.5", 1234), ("pytorch_default", None)]
+    assert rows[0]["reused_from"] == "--reuse-pytorch" and rows[0]["saved_bytes"] == 1234
