@@ -3,9 +3,10 @@ peak fits) and for ``memory_budget`` (the fastest plan within the saved bytes wh
 any looser budget: ``plan.monotone_choice``).
 
 Both start from the same candidates (``plan.peak_candidates``: the price search's plans and checkpointed ones),
-rank them by the plan-level estimate (``plan_memory.py``, milliseconds each) into a shortlist that does not depend
-on the budget, and split and simulate (``liveness.simulate_step``) only the shortlisted plans they look at, each at
-most once (``SimulatedPlans``).  The chosen plan's simulation is its report's.
+rank them by the plan-level estimate (``plan_memory.estimate_peak``) into a shortlist that does not depend on the
+budget, and judge the shortlisted plans they look at by their simulated step peak (``JudgedPlans``).  That estimate
+is ``liveness.simulate_step`` of the plan's split, made without splitting it, so only the chosen plan is split; its
+estimate is its report's simulation.  A plan whose estimate fails is split and simulated instead.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from .plan import (
 
 log = logging.getLogger(__name__)
 
-# Candidate plans whose real split may be simulated (each costs a split and a simulation).
+# Candidate plans judged by their simulated step peak.
 PEAK_SIMULATED_CANDIDATES = 10
 # Backward checkpoint sets (passes/segments.py) simulated for a plan that recomputes in segments, lowest estimated
 # peak first: each costs a simulation (about 2 s at 48 blocks, docs/DESIGN.md §5.4).
@@ -47,38 +48,65 @@ SEGMENTATIONS_SIMULATED = 4
 
 
 @dataclass
-class SimulatedPlans:
-    """Each plan's split and simulation, made on first demand and kept (the chosen one's are handed on)."""
+class JudgedPlans:
+    """Each plan's simulated step, made on first demand and kept: its estimate (``estimate``, the simulation of its
+    split without the split), or where that fails the simulation of its split.  Only a plan handed on is split
+    otherwise (the chosen one); ``exact``: False where Inductor's layout decision is taken on the joint graph rather
+    than on each forward (``plan_memory.py``), so the chosen plan's split is simulated for its report."""
 
     split: Callable[[Plan], tuple]
+    estimate: Callable[[Plan], PeakEstimate]
     num_fwd_outputs: int
     required: set = field(default_factory=set)  # plan keys whose simulation must not fail (the default plan)
+    exact: bool = True
     splits: dict = field(default_factory=dict)
     simulations: dict = field(default_factory=dict)
 
     def simulation(self, plan: Plan) -> PeakEstimate | None:
         key = plan_key(plan)
         if key not in self.simulations:
-            # lazy modules: a candidate's code is generated only if it is the one chosen and then called
-            with tp.lazy_graph_modules():
-                self.splits[key] = self.split(plan)
-            fw_bw = self.splits[key][:2]
-            if key in self.required:
-                self.simulations[key] = simulate_step(*fw_bw, self.num_fwd_outputs)
-            else:
-                try:
-                    self.simulations[key] = simulate_step(*fw_bw, self.num_fwd_outputs)
-                except Exception as error:  # a candidate that cannot be simulated is dropped
-                    log.debug("simulation of a candidate plan failed: %s", error, exc_info=True)
-                    self.simulations[key] = None
+            try:
+                self.simulations[key] = self.estimate(plan)
+            except Exception as error:  # split and simulate it instead
+                log.debug("estimate of a candidate plan failed: %s", error, exc_info=True)
+                self.simulations[key] = self._simulate_split(plan)
         return self.simulations[key]
 
+    def peak(self, plan: Plan) -> float:
+        """The plan's simulated step peak, or infinity where it cannot be simulated."""
+        simulation = self.simulation(plan)
+        return simulation.peak_bytes if simulation is not None else float("inf")
+
+    def _split(self, plan: Plan) -> tuple:
+        key = plan_key(plan)
+        if key not in self.splits:
+            # lazy modules: a plan's code is generated only once it is called
+            with tp.lazy_graph_modules():
+                self.splits[key] = self.split(plan)
+        return self.splits[key]
+
+    def _simulate_split(self, plan: Plan) -> PeakEstimate | None:
+        fw_bw = self._split(plan)[:2]
+        if plan_key(plan) in self.required:
+            return simulate_step(*fw_bw, self.num_fwd_outputs)
+        try:
+            return simulate_step(*fw_bw, self.num_fwd_outputs)
+        except Exception as error:  # a candidate that cannot be simulated is dropped
+            log.debug("simulation of a candidate plan failed: %s", error, exc_info=True)
+            return None
+
     def handed_on(self, plan: Plan) -> tuple[tuple, PeakEstimate]:
-        return self.splits[plan_key(plan)], self.simulations[plan_key(plan)]
+        """(the plan's (fw, bw, recipe), its simulation)."""
+        key, known = plan_key(plan), plan_key(plan) in self.splits
+        split = self._split(plan)
+        if not self.exact and not known:
+            self.simulations[key] = simulate_step(*split[:2], self.num_fwd_outputs)
+        return split, self.simulations[key]
 
 
 def _ranked_candidates(flow, roles, joint, options, profile, request, budget_bytes, cache=None):
-    """(candidates fastest first, the plan-level estimate of a plan's step peak and activation peak)."""
+    """(candidates fastest first, the plan-level estimate of a plan's step (``estimate_peak``), whether that
+    estimate is exactly the simulation of the plan's split: ``JudgedPlans.exact``)."""
     problem = flow.parametric
     memory = build_joint_memory(joint, roles, request.num_fwd_outputs)
     index = {n: i for i, n in enumerate(joint.graph.nodes)}
@@ -93,7 +121,7 @@ def _ranked_candidates(flow, roles, joint, options, profile, request, budget_byt
             estimates[key] = estimate_peak(memory, {value_node[v] for v in plan.saved})
         return estimates[key]
 
-    return candidates, estimate
+    return candidates, estimate, not memory.channels_last
 
 
 def choose(flow, roles, joint, options, profile, request, split):
@@ -118,20 +146,21 @@ def choose_plan_for_budget(flow, roles, joint, options, profile, request, split)
     met = fewest.saved_bytes <= target
     if not met:
         warn_unreachable(request.graph_id, target, options.memory_budget, fewest.saved_bytes)
-    candidates, estimate = _ranked_candidates(flow, roles, joint, options, profile, request, None, cache)
-    shortlist = budget_shortlist(
-        [*candidates, default, fewest], lambda p: estimate(p).peak_bytes, default, fewest, PEAK_SIMULATED_CANDIDATES
-    )
-    simulated = SimulatedPlans(split, request.num_fwd_outputs, required={plan_key(default)})
+    candidates, estimate, exact = _ranked_candidates(flow, roles, joint, options, profile, request, None, cache)
+    simulated = JudgedPlans(split, estimate, request.num_fwd_outputs, required={plan_key(default)}, exact=exact)
+    judged: set = set()  # the plans the walk judged (report: budget_simulated)
 
     def peak_of(plan: Plan) -> float:
-        simulation = simulated.simulation(plan)
-        return simulation.peak_bytes if simulation is not None else float("inf")
+        judged.add(plan_key(plan))
+        return simulated.peak(plan)
 
     try:
+        plans = [*candidates, default, fewest]
+        shortlist = budget_shortlist(plans, simulated.peak, default, fewest, PEAK_SIMULATED_CANDIDATES)
         choice = monotone_choice(shortlist, default, target, peak_of)
         if choice.peak == float("inf"):
             raise RuntimeError("no candidate plan within the budget could be simulated")
+        fw_bw_recipe, simulation = simulated.handed_on(choice.plan)
     except Exception as error:  # the default plan could not be simulated: the bytes-only choice, said once
         _warn_unsimulated(request.graph_id, options.memory_budget, error)
         plan, fields = choose_plan(problem, options, profile, request.graph_id)
@@ -143,12 +172,11 @@ def choose_plan_for_budget(flow, roles, joint, options, profile, request, split)
         default_plan_saved_bytes=default.saved_bytes,
         plan_method=choice.plan.method,
         budget_candidates=len(candidates),
-        budget_simulated=len(simulated.simulations),
+        budget_simulated=len(judged),
         peak_raised_by_budget=int(choice.peak - choice.lowest_looser_peak) if choice.raised else 0,
     )
     if options.compare_default:  # a report-oriented run: also show the frontier
         fields["frontier"] = frontier_field(problem, options, profile, cache)
-    (fw_bw_recipe, simulation) = simulated.handed_on(choice.plan)
     if choice.raised and options.backward_segments is None and fw_bw_recipe[2] is not None:
         # the budget forces a higher peak: recomputing the forward segment by segment in backward lowers it
         fw_bw_recipe, simulation = _segmented_if_lower(choice, fw_bw_recipe, simulation, fields, request, profile)
@@ -214,14 +242,15 @@ def choose_plan_for_peak(flow, roles, joint, options, profile, request, split):
     are given.  A float budget is a fraction of the way from the lowest simulated step peak (0.0) to the default
     plan's (1.0).  Returns as ``choose_plan_for_budget``."""
     default_plan, fields = choose_plan(flow.parametric, options, profile, request.graph_id)  # memory_budget's plan
-    candidates, estimate = _ranked_candidates(flow, roles, joint, options, profile, request, fields.get("budget_bytes"))
+    budget_bytes = fields.get("budget_bytes")
+    candidates, estimate, exact = _ranked_candidates(flow, roles, joint, options, profile, request, budget_bytes)
     if "budget_bytes" in fields:
         candidates = [p for p in candidates if p.saved_bytes <= fields["budget_bytes"]]
     candidates = fastest_first([default_plan, *candidates])
     # the shortlist does not depend on the budget: a tighter budget only removes plans, so the peak found is
     # monotone in the budget
-    shortlist = peak_shortlist(candidates, lambda p: estimate(p).peak_bytes, default_plan, PEAK_SIMULATED_CANDIDATES)
-    simulated = SimulatedPlans(split, request.num_fwd_outputs, required={plan_key(default_plan)})
+    simulated = JudgedPlans(split, estimate, request.num_fwd_outputs, required={plan_key(default_plan)}, exact=exact)
+    shortlist = peak_shortlist(candidates, simulated.peak, default_plan, PEAK_SIMULATED_CANDIDATES)
     real = {}
     for plan in shortlist:
         simulation = simulated.simulation(plan)

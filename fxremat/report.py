@@ -122,7 +122,7 @@ class CutReport:
     peak_budget_bytes: int | None = None  # the simulated step peak the plan had to fit
     peak_budget_met: bool | None = None
     peak_candidates: int | None = None  # candidate plans whose peak was estimated
-    peak_simulated: int | None = None  # ... and of those, the shortlist split and simulated
+    peak_simulated: int | None = None  # ... and of those, the shortlist judged by simulated peak (unsplit)
     # liveness simulation of the step (passes/liveness.py), computed when first read (_DeferrableField)
     simulated_peak_bytes: int | None = _DeferrableField(None)
     simulated_activation_peak_bytes: int | None = _DeferrableField(None)  # the same, less the gradients

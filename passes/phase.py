@@ -14,21 +14,16 @@ from .costs import alias_root, hinted_numel
 from .fusion import Fusion, fusion_order
 from .layout import workspace_bytes
 from .lowering import (
-    FUSED_LOADS,
-    HEAVY_OPS,
     KERNEL_CLASSES,
     MAX_READS,
     MAX_READS_CPU,
     REALIZE_READS_THRESHOLD,
     _folded_into_addmm,
     _readers_through_views,
-    column_reduction,
-    concat_kernel,
-    inductor_class,
-    scatter_values,
 )
+from .node_facts import NodeFacts
 from .ops import FUSIBLE, OpClass, op_class
-from .phase_graph import PhaseGraph, _tensor_storage_bytes, graph_view
+from .phase_graph import PhaseGraph, graph_view
 from .walk import Walk
 
 # Readers a fusible producer folds into (Inductor's pointwise fusion, reduction prologues); views are looked through.
@@ -58,9 +53,15 @@ def storage_kind(node: fx.Node, classes: dict[fx.Node, OpClass], graph: PhaseGra
 
 
 def materialises(
-    node: fx.Node, classes: dict[fx.Node, OpClass], outputs: set[fx.Node], graph: PhaseGraph | None = None
+    node: fx.Node,
+    classes: dict[fx.Node, OpClass],
+    outputs: set[fx.Node],
+    graph: PhaseGraph | None = None,
+    kind: int | None = None,
 ) -> bool:
-    kind = storage_kind(node, classes, graph)
+    """Whether ``node``'s value is stored (``kind``: its ``storage_kind``, where the caller has it)."""
+    if kind is None:
+        kind = storage_kind(node, classes, graph)
     if kind != FUSIBLE_VALUE:
         return kind == ALWAYS
     if node in outputs:
@@ -75,13 +76,33 @@ def _numel(node: fx.Node) -> int:
     return hinted_numel(node.meta.get("val"))
 
 
-def phase_classes(view: PhaseGraph) -> dict[fx.Node, OpClass]:
+def phase_classes(view: PhaseGraph, facts: NodeFacts | None = None) -> dict[fx.Node, OpClass]:
     """Every node's class as Inductor's code generation sees it, in this graph (its inputs are placeholders)."""
+    facts = facts or NodeFacts()
     classes = {n: OpClass.PLACEHOLDER for n in view.inputs}
     for n in view.nodes:
         if n not in classes:
-            classes[n] = inductor_class(n, op_class(n), view)
+            classes[n] = facts.inductor_class(n, view)
     return classes
+
+
+def phase_roots(nodes: list[fx.Node], classes: dict[fx.Node, OpClass]) -> dict[fx.Node, fx.Node]:
+    """``alias_root`` of every node (``nodes`` in run order, all in ``classes``), each from its source's."""
+    roots: dict[fx.Node, fx.Node] = {}
+    for n in nodes:
+        cls, source = classes[n], None
+        if cls is OpClass.VIEW and n.args and isinstance(n.args[0], fx.Node):
+            source = n.args[0]
+        elif cls is OpClass.GETITEM:
+            parent = n.args[0]
+            parent_cls = classes[parent] if parent in classes else op_class(parent)
+            if parent_cls is OpClass.VIEW and parent.args and isinstance(parent.args[0], fx.Node):
+                source = parent.args[0]
+        if source is None:
+            roots[n] = n
+        else:
+            roots[n] = roots[source] if source in roots else alias_root(source, classes)
+    return roots
 
 
 def phase_root(node: fx.Node, view: PhaseGraph) -> fx.Node:
@@ -105,11 +126,16 @@ class _Phase:
         donated: frozenset | None = None,
     ):
         self.view = view = graph if isinstance(graph, PhaseGraph) else graph_view(graph)
+        self.facts = facts = view.facts or NodeFacts()  # shared by the views of one joint graph's nodes
         self.nodes = view.nodes
         self.index = {n: i for i, n in enumerate(self.nodes)}
-        self.classes = phase_classes(view)
+        self.classes = phase_classes(view, facts)
         self.output = view.output
-        self.roots = {n: alias_root(n, self.classes) for n in self.nodes}
+        self.roots = phase_roots(self.nodes, self.classes)
+        self.kinds = {
+            n: NEVER if n in view.inputs else facts.storage_kind(n, self.classes, view, storage_kind)
+            for n in self.nodes
+        }
         # a returned view keeps its base: the base must be materialised even if it would otherwise fuse away
         self.returned = set(view.returned) | {self.roots[a] for a in view.returned}
         self.keep = keep  # root names that outlive this graph
@@ -121,11 +147,10 @@ class _Phase:
         # donated: backward's saved tensors, never its tangents), by default all of them
         self.donated = frozenset(self.carried) if donated is None else donated
         self.activation_peak = 0
-        self._sizes: dict[fx.Node, int] = {}  # node -> elements (``_numel``), computed once per node
         self._find_units()
         self.workspace = {u: workspace_bytes(u, channels_last) for u in self.units}
         fusion = Fusion(self.units, self.unit_reads, self.unit, self.index, self.access)
-        self.kernels = fusion.fuse(self.classes, self._loop, _tensor_storage_bytes)  # head -> units, graph order
+        self.kernels = fusion.fuse(self.classes, self._loop, facts.nbytes)  # head -> units, graph order
         self.kernel_succ, self.kernel_pred, self.kernel_lo = fusion.succ, fusion.pred, fusion.lo
 
     # --- what runs: units (one per materialised buffer or multi-output op), and what each reads ---------------
@@ -138,13 +163,13 @@ class _Phase:
         if cls is OpClass.GETITEM:
             parent = node.args[0]
             return self._unit_of(parent) if self.classes.get(parent) is not OpClass.VIEW else None
-        if isinstance(node.meta.get("val"), (tuple, list)) or cls is OpClass.MUTATION:
+        if self.facts.is_tuple(node) or cls is OpClass.MUTATION:
             return node
-        return node if materialises(node, self.classes, self.returned, self.view) else None
+        return node if materialises(node, self.classes, self.returned, self.view, self.kinds[node]) else None
 
     def _find_units(self) -> None:
         self.unit = {}
-        inputs, inputs_of = self.view.inputs, self.view.inputs_of
+        inputs, inputs_of, roots, facts = self.view.inputs, self.view.inputs_of, self.roots, self.facts
         # storages each node's computation reads: through views to their root, through fused-away values to theirs
         reads: dict[fx.Node, frozenset[fx.Node]] = {}
         # what sizes its loop: the same, less the tables a fused load picks rows from (an embedding's weight), plus
@@ -155,13 +180,12 @@ class _Phase:
         for node in self.nodes:
             found: set[fx.Node] = set()
             sized: set[fx.Node] = set()
-            costly = getattr(node.target, "overloadpacket", None) in HEAVY_OPS
-            table = node.args[0] if getattr(node.target, "overloadpacket", None) in FUSED_LOADS else None
+            costly, table = facts.reads(node)
             paths = access[node] = {}
             for arg in inputs_of[node]:
-                if not isinstance(arg.meta.get("val"), torch.Tensor):
+                if not facts.is_tensor(arg):
                     continue  # an item of a multi-output op: its kernel is the op's
-                root = self.roots[arg]
+                root = roots[arg]
                 chain = step(arg, root)
                 if root in inputs or self.unit[root] is not None:
                     found.add(root)
@@ -170,13 +194,14 @@ class _Phase:
                         sized.add(root)
                 else:
                     found |= reads[root]
-                    sized |= loop[root] | {root}
+                    sized |= loop[root]
+                    sized.add(root)
                     costly = costly or heavy[root]
                     prefix = chain + through(root, self.classes)
                     for r, known in access[root].items():
                         add_paths(paths, r, (prefix + k for k in known))
-            reads[node] = frozenset(found)
-            loop[node] = frozenset(sized)
+            reads[node] = found  # neither is changed after
+            loop[node] = sized
             heavy[node] = costly
             unit = self._unit_of(node)
             if unit is None and self._realized_on_reuse(node, found, costly):
@@ -202,10 +227,9 @@ class _Phase:
         computation is costly: on CPU one with exp, log, sigmoid or tanh, or one reading more than 4 buffers
         (``StorageBox.should_realize_on_reuse``, ``config.realize_reads_threshold``).  E.g. a SiLU backward read
         by both the expert weight's gradient and the input's: one tokens x hidden buffer."""
-        val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor) or storage_kind(node, self.classes, self.view) != FUSIBLE_VALUE:
+        if self.kinds[node] != FUSIBLE_VALUE or not self.facts.is_tensor(node):
             return False
-        cpu = val.device.type == "cpu"
+        cpu = self.facts.on_cpu(node)
         if len(reads) > (MAX_READS_CPU if cpu else MAX_READS):
             return True  # ``has_exceeded_max_reads``: any value, read once or more (a recomputed residual stream)
         if len(self.view.users(node)) < 2:
@@ -213,28 +237,21 @@ class _Phase:
         return (costly and cpu) or len(reads) > REALIZE_READS_THRESHOLD
 
     def _allocates(self, node: fx.Node) -> bool:
-        return (
-            self.roots[node] is node
-            and isinstance(node.meta.get("val"), torch.Tensor)
-            and self.classes[node] is not OpClass.MUTATION
-        )
+        return self.roots[node] is node and self.facts.is_tensor(node) and self.classes[node] is not OpClass.MUTATION
 
     def _numel(self, unit: fx.Node) -> int:
         """The iteration space of a unit's loop: the largest tensor it writes or reads (a reduction's input); a
         scatter's loop runs over the values it scatters (``scatter_values``), whatever the size of its output."""
-        values = scatter_values(unit) if op_class(unit) is OpClass.GATHER else None
+        numel = self.facts.numel
+        values = self.facts.loop_facts(unit)[1]
         if values is not None:
-            return _numel(values)
-        sizes = self._sizes  # one storage is read by many units: its size is computed once
-        for n in (*self.owned[unit], *self.loop_reads[unit]):
-            if n not in sizes:
-                sizes[n] = _numel(n)
-        return max((sizes[n] for n in (*self.owned[unit], *self.loop_reads[unit])), default=0)
+            return numel(values)
+        return max((numel(n) for n in (*self.owned[unit], *self.loop_reads[unit])), default=0)
 
     def _loop(self, unit: fx.Node) -> tuple:
         """What must match for two units to share a kernel: the loop's size (``_numel``); for a column reduction
         (``column_reduction``) its kept and reduced sizes, which only another such reduction matches."""
-        column = column_reduction(unit)
+        column = self.facts.loop_facts(unit)[0]
         return ("column", *column) if column is not None else ("flat", self._numel(unit))
 
     def fusion_order(self) -> list[fx.Node]:
@@ -290,8 +307,8 @@ class _Phase:
         of a matmul) are pooled; a fallback op's outputs (attention, multi-output ops) are marked unaligned and never
         match an allocation."""
         if self.classes[unit] in KERNEL_CLASSES or (self.classes[unit] is OpClass.MATMUL and unit is node):
-            return (_tensor_storage_bytes(node), node.meta["val"].dtype)
+            return (self.facts.nbytes(node), node.meta["val"].dtype)
         return None
 
     def inplace_allowed(self, unit: fx.Node) -> bool:
-        return self.classes[unit] in KERNEL_CLASSES and not concat_kernel(unit)
+        return self.classes[unit] in KERNEL_CLASSES and not self.facts.concat_kernel(unit)

@@ -34,6 +34,7 @@ class PhaseGraph:
     returned_args: list[fx.Node]  # the output's node arguments in order, repeats included
     users_of: dict[fx.Node, list[fx.Node]]  # the nodes reading a node in this graph (the output included)
     inputs_of: dict[fx.Node, list[fx.Node]]  # what a node reads (nothing for an input)
+    facts: object = None  # a ``node_facts.NodeFacts`` shared with other views of the same nodes, or None (a new one)
 
     def users(self, node: fx.Node) -> list[fx.Node]:
         return self.users_of.get(node, ())
@@ -69,10 +70,12 @@ def virtual_phase(
     outputs: list,
     output: fx.Node,
     inputs_of: dict[fx.Node, list[fx.Node]],
+    facts: object = None,
 ) -> PhaseGraph:
     """The view of the graph a split would build from ``inputs``, ``order`` and ``outputs`` (joint nodes, as a
     ``split.SplitRecipe`` holds them; ``inputs_of``: every joint node's inputs), without building it.  ``output``:
-    any node with ``op == "output"`` (the joint graph's), standing for this graph's output."""
+    any node with ``op == "output"`` (the joint graph's), standing for this graph's output; ``facts``: the joint
+    graph's ``NodeFacts``."""
     input_set = frozenset(inputs)
     returned = list(dict.fromkeys(o for o in outputs if isinstance(o, fx.Node)))
     reads: dict[fx.Node, list[fx.Node]] = {n: [] for n in inputs}
@@ -94,4 +97,5 @@ def virtual_phase(
         returned_args=[o for o in outputs if isinstance(o, fx.Node)],
         users_of=users,
         inputs_of=reads,
+        facts=facts,
     )

@@ -25,6 +25,7 @@ from . import _torch_private as tp
 from .costs import alias_root
 from .layout import CONVOLUTION, channels_last_copies, layout_optimised
 from .liveness import PeakEstimate, _tensor_storage_bytes, inductor_class, simulate_phases, simulate_step, storage_kind
+from .node_facts import NodeFacts
 from .ops import OpClass
 from .phase_graph import virtual_phase
 from .roles import GraphRoles
@@ -53,6 +54,7 @@ class JointMemory:
     static_inputs: object = field(default=None, compare=False)
     channels_last: bool = False
     layout_copies: tuple[tuple[str, int], ...] = ()
+    node_facts: NodeFacts = field(default_factory=NodeFacts, compare=False)  # every plan's simulation reads these
 
 
 def build_joint_memory(joint: fx.GraphModule, roles: GraphRoles, num_fwd_outputs: int) -> JointMemory:
@@ -98,9 +100,9 @@ def estimate_peak(memory: JointMemory, saved: set[int]) -> PeakEstimate:
         recipe = split_recipe(memory.joint, values, symbols, num_fwd_outputs=memory.num_fwd_outputs, facts=memory.facts)
     except UnsupportedSplit:
         return _simulate_pytorch_split(memory, values, symbols)
-    output, inputs_of = memory.nodes[-1], memory.facts.inputs_of
-    forward = virtual_phase(recipe.fw_inputs, recipe.fw_order, recipe.fw_outputs, output, inputs_of)
-    backward = virtual_phase(recipe.bw_inputs, recipe.bw_order, recipe.bw_outputs, output, inputs_of)
+    output, inputs_of, facts = memory.nodes[-1], memory.facts.inputs_of, memory.node_facts
+    forward = virtual_phase(recipe.fw_inputs, recipe.fw_order, recipe.fw_outputs, output, inputs_of, facts)
+    backward = virtual_phase(recipe.bw_inputs, recipe.bw_order, recipe.bw_outputs, output, inputs_of, facts)
     copies = {}
     if memory.layout_copies:  # those forward's convolutions read (``channels_last_copies`` of its graph)
         read = {p for n in recipe.fw_order if n.target is CONVOLUTION for p in forward.inputs_of[n][:2]}

@@ -86,6 +86,14 @@ class _Joint:
             if tp.must_be_in_forward(node):
                 self.forward_only.add(node)
         self.is_impure = impurity_test()
+        self._free_symbols: dict[fx.Node, object] = {}
+
+    def free_symbols(self, node: fx.Node):
+        """``value_free_symbols`` of a node's value, computed once (every split binds its saved values')."""
+        found = self._free_symbols.get(node)
+        if found is None:
+            found = self._free_symbols[node] = tp.value_free_symbols(node.meta["val"])
+        return found
 
 
 def _extract(joint: _Joint, inputs: list[fx.Node], outputs: list, subgraph: str) -> list[fx.Node]:
@@ -131,8 +139,9 @@ def _input_readers(joint: _Joint, inputs: list[fx.Node], kept: list[fx.Node], ou
     return readers
 
 
-def _drop_unread(joint: _Joint, saved_values: list, saved_sym_nodes: list) -> None:
-    """Drop the saved values backward does not read (PyTorch's first backward extraction)."""
+def _drop_unread(joint: _Joint, saved_values: list, saved_sym_nodes: list) -> tuple[set, list[fx.Node]]:
+    """Drop the saved values backward does not read (PyTorch's first backward extraction); (its inputs, the nodes
+    it kept), for ``split_recipe`` to reuse where the second extraction has the same inputs."""
     inputs = saved_sym_nodes + saved_values + joint.tangents + joint.bwd_seeds
     kept = _extract(joint, inputs, joint.bwd_outputs, "backward")
     kept_set = set(kept)
@@ -150,6 +159,7 @@ def _drop_unread(joint: _Joint, saved_values: list, saved_sym_nodes: list) -> No
             unread.add(node)
     saved_values[:] = [n for n in saved_values if n not in unread]
     saved_sym_nodes[:] = [n for n in saved_sym_nodes if n not in unread]
+    return set(inputs), kept
 
 
 def _bind_symbols(joint: _Joint, saved_values: list, saved_sym_nodes: list) -> None:
@@ -168,7 +178,7 @@ def _bind_symbols(joint: _Joint, saved_values: list, saved_sym_nodes: list) -> N
     for node in derived + saved_values + joint.tangents:
         if "val" not in node.meta:
             continue
-        new_symbols = tp.value_free_symbols(node.meta["val"]) - saved_symbols
+        new_symbols = joint.free_symbols(node) - saved_symbols
         if not new_symbols:
             continue
         if bindings is None:
@@ -397,7 +407,7 @@ def split_recipe(
             raise UnsupportedSplit(f"opaque saved object {node.name}")
     j = facts
 
-    _drop_unread(j, saved_values, saved_sym_nodes)
+    first_inputs, first_kept = _drop_unread(j, saved_values, saved_sym_nodes)
     _bind_symbols(j, saved_values, saved_sym_nodes)
     checked = [n for n in saved_values if not n.meta.get("saved_tensor_with_no_vc_check", False)]
     unchecked = [n for n in saved_values if n.meta.get("saved_tensor_with_no_vc_check", False)]
@@ -409,7 +419,9 @@ def split_recipe(
     fw_order = _raise_getitems(_extract(j, fw_inputs, fw_outputs, "forward"), fw_inputs)
 
     bw_inputs = saved_sym_nodes + saved_values + j.tangents + j.bwd_seeds
-    bw_kept = _extract(j, bw_inputs, j.bwd_outputs, "backward")
+    # an extraction depends on its inputs as a set: the first one's result stands when nothing was dropped or added
+    same = first_inputs == set(bw_inputs)
+    bw_kept = first_kept if same else _extract(j, bw_inputs, j.bwd_outputs, "backward")
     reordered = _reorder_like_autograd(j, bw_inputs, bw_kept, j.bwd_outputs)
     bw_order = _raise_getitems(reordered if reordered is not None else bw_kept, bw_inputs)
     return SplitRecipe(

@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch.fx as fx
 
 from .buffer_pool import _pool_held
-from .phase_graph import _tensor_storage_bytes
 
 
 class Walk:
@@ -76,7 +75,7 @@ class Walk:
         self.freed.append([])
         for u in kernel:
             for node in phase.owned[u]:
-                nbytes = _tensor_storage_bytes(node)
+                nbytes = phase.facts.nbytes(node)
                 self.counted[node.name] = nbytes  # the estimate has no in-place updates, counts kernel-local buffers
                 self.estimate += nbytes
                 if node.name not in phase.keep and self.last_use.get(node.name, -1) == k and node not in phase.returned:

@@ -140,6 +140,7 @@ def test_budget_without_a_simulation_is_met_by_bytes_with_one_warning(monkeypatc
         raise RuntimeError("simulator bug")
 
     monkeypatch.setattr(peak_choice, "simulate_step", broken)
+    monkeypatch.setattr(peak_choice, "estimate_peak", broken)  # the simulation of a plan without its split
     model, inputs = example("stack")
     _, expected = eager_grads(model, inputs)
     with warnings.catch_warnings(record=True) as caught:
@@ -149,6 +150,23 @@ def test_budget_without_a_simulation_is_met_by_bytes_with_one_warning(monkeypatc
     assert len([w for w in caught if issubclass(w.category, FxrematBudgetWarning)]) == 1
     assert reports[0].fallback_reason is None and reports[0].budget_met and saved.nbytes <= reports[0].budget_bytes
     assert_grads_close(grads, expected)
+
+
+def test_budget_choice_splits_and_simulates_where_the_estimate_fails(monkeypatch):
+    """Plans are judged by their estimate (the simulation of their split, made without it); where that fails, each
+    is split and simulated instead: the same choice, the same simulated peak."""
+    import fxremat.peak_choice as peak_choice
+
+    model, inputs = example("stack")
+    _, _, saved, reports = run_fxremat_aot(model, inputs, memory_budget=0.5, strict=True)
+    expected = (saved.nbytes, reports[0].simulated_peak_bytes, reports[0].budget_simulated)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("estimate bug")
+
+    monkeypatch.setattr(peak_choice, "estimate_peak", broken)
+    _, _, saved, reports = run_fxremat_aot(model, inputs, memory_budget=0.5, strict=True)
+    assert (saved.nbytes, reports[0].simulated_peak_bytes, reports[0].budget_simulated) == expected
 
 
 def test_budget_whose_candidates_cannot_be_simulated_is_met_by_bytes(monkeypatch):
@@ -163,7 +181,11 @@ def test_budget_whose_candidates_cannot_be_simulated_is_met_by_bytes(monkeypatch
             raise RuntimeError("simulator bug")
         return real(*args, **kwargs)
 
+    def no_estimate(*args, **kwargs):  # every plan is split and simulated instead
+        raise RuntimeError("estimate bug")
+
     monkeypatch.setattr(peak_choice, "simulate_step", first_only)
+    monkeypatch.setattr(peak_choice, "estimate_peak", no_estimate)
     model, inputs = example("stack")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -154,7 +154,8 @@ def test_forward_with_convolutions_is_simulated_while_partitioning(monkeypatch):
 
 def test_peak_budget_reports_the_simulation_it_chose_by(monkeypatch):
     report, during, returned, calls = _partition("stack", monkeypatch, compare_default=False, peak_budget=0.0)
-    assert during == report.peak_simulated >= 2
+    # the shortlist is judged by its plans' estimates, each the simulation of the plan's split made without it
+    assert during == 0 and report.peak_simulated >= 2
     assert report.simulated_activation_peak_bytes == returned["peak"].activation_peak_bytes
     assert len(calls) == during
     # choosing the plan simulated it: the report store keeps that peak without asking for more

@@ -1,0 +1,114 @@
+"""NodeFacts: what the step simulation (``phase.py``, ``walk.py``, ``fusion.py``) reads of a node by itself, whatever
+graph holds it: its bytes and elements, whether its value is a tensor or a tuple, its op class and Inductor's
+(``lowering.inductor_class``, except an ``add``'s, which may be an addmm in one graph and not in another), and the
+lowering facts of one op (``column_reduction``, ``scatter_values``, ``concat_kernel``, ``HEAVY_OPS``,
+``FUSED_LOADS``).  Each is computed on first demand and kept: a plan's virtual split shows the joint graph's own
+nodes (``phase_graph.virtual_phase``), so one ``NodeFacts`` per joint graph (``plan_memory.JointMemory``) serves
+every plan the peak-aware choice estimates; a built graph gets its own.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+from .costs import hinted_numel
+from .lowering import FUSED_LOADS, HEAVY_OPS, column_reduction, concat_kernel, inductor_class, scatter_values
+from .ops import OpClass, op_class
+from .phase_graph import PhaseGraph, _tensor_storage_bytes
+
+aten = torch.ops.aten
+_MISSING = object()
+
+
+class NodeFacts:
+    def __init__(self) -> None:
+        self._nbytes: dict[fx.Node, int] = {}
+        self._numel: dict[fx.Node, int] = {}
+        self._value: dict[fx.Node, tuple] = {}  # (is a tensor, is a tuple or list, on the CPU)
+        self._class: dict[fx.Node, OpClass] = {}
+        self._inductor: dict[fx.Node, OpClass] = {}
+        self._reads: dict[fx.Node, tuple] = {}  # (has a costly op, the table a fused load picks rows from)
+        self._loop: dict[fx.Node, object] = {}  # column_reduction, or the scatter's values (``phase._Phase._loop``)
+        self._concat: dict[fx.Node, bool] = {}
+        self._kind: dict[fx.Node, int] = {}
+
+    def nbytes(self, node: fx.Node) -> int:
+        found = self._nbytes.get(node)
+        if found is None:
+            found = self._nbytes[node] = _tensor_storage_bytes(node)
+        return found
+
+    def numel(self, node: fx.Node) -> int:
+        found = self._numel.get(node)
+        if found is None:
+            found = self._numel[node] = hinted_numel(node.meta.get("val"))
+        return found
+
+    def _value_facts(self, node: fx.Node) -> tuple:
+        found = self._value.get(node)
+        if found is None:
+            val = node.meta.get("val")
+            tensor = isinstance(val, torch.Tensor)
+            found = self._value[node] = (tensor, isinstance(val, (tuple, list)), tensor and val.device.type == "cpu")
+        return found
+
+    def is_tensor(self, node: fx.Node) -> bool:
+        return self._value_facts(node)[0]
+
+    def is_tuple(self, node: fx.Node) -> bool:
+        return self._value_facts(node)[1]
+
+    def on_cpu(self, node: fx.Node) -> bool:
+        return self._value_facts(node)[2]
+
+    def op_class(self, node: fx.Node) -> OpClass:
+        found = self._class.get(node)
+        if found is None:
+            found = self._class[node] = op_class(node)
+        return found
+
+    def inductor_class(self, node: fx.Node, graph: PhaseGraph) -> OpClass:
+        """``lowering.inductor_class`` in ``graph``: only an ``add`` (a possible addmm) depends on the graph."""
+        if node.target is aten.add.Tensor:
+            return inductor_class(node, self.op_class(node), graph)
+        found = self._inductor.get(node)
+        if found is None:
+            found = self._inductor[node] = inductor_class(node, self.op_class(node), graph)
+        return found
+
+    def storage_kind(self, node: fx.Node, classes: dict, graph: PhaseGraph, storage_kind) -> int:
+        """``storage_kind(node, classes, graph)`` (``phase.storage_kind``) of a node computed in ``graph`` (not one
+        of its inputs): it depends on the graph only for an item (its parent may be an input there), an ``mm`` (an
+        addmm may fold it) and an ``add`` (which may be that addmm)."""
+        target = node.target
+        if target is operator.getitem or target is aten.mm.default or target is aten.add.Tensor:
+            return storage_kind(node, classes, graph)
+        found = self._kind.get(node)
+        if found is None:
+            found = self._kind[node] = storage_kind(node, classes, graph)
+        return found
+
+    def reads(self, node: fx.Node) -> tuple[bool, fx.Node | None]:
+        """(whether the op is costly, ``HEAVY_OPS``; the table a fused load picks rows from, or None)."""
+        found = self._reads.get(node)
+        if found is None:
+            packet = getattr(node.target, "overloadpacket", None)
+            found = self._reads[node] = (packet in HEAVY_OPS, node.args[0] if packet in FUSED_LOADS else None)
+        return found
+
+    def loop_facts(self, node: fx.Node) -> tuple:
+        """(``column_reduction``, the values a scatter loops over or None), as ``phase._Phase._loop`` reads them."""
+        found = self._loop.get(node, _MISSING)
+        if found is _MISSING:
+            values = scatter_values(node) if self.op_class(node) is OpClass.GATHER else None
+            found = self._loop[node] = (column_reduction(node), values)
+        return found
+
+    def concat_kernel(self, node: fx.Node) -> bool:
+        found = self._concat.get(node)
+        if found is None:
+            found = self._concat[node] = concat_kernel(node)
+        return found
