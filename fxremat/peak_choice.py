@@ -259,21 +259,53 @@ def choose_plan_for_peak(flow, roles, joint, options, profile, request, split):
     shortlist = [p for p in shortlist if plan_key(p) in real]
     lowest = min(shortlist, key=lambda p: (real[plan_key(p)], p.seconds))
     budget = options.peak_budget
-    if isinstance(budget, float):
-        target = int(real[plan_key(lowest)] + budget * max(0, real[plan_key(default_plan)] - real[plan_key(lowest)]))
+    chosen = None if isinstance(budget, float) else next((p for p in shortlist if real[plan_key(p)] <= budget), None)
+    # the fewest-bytes plan recomputed segment by segment in backward (memory_budget=0.0's plan) can be lower than
+    # every shortlisted plan, but slower than all of them: the last resort, and the bottom of a float budget's scale
+    segmented = None if chosen is not None else _segmented_fewest(candidates, simulated, options, request, profile)
+    floor = real[plan_key(lowest)]
+    if segmented is not None and segmented[2].peak_bytes < floor:
+        floor = segmented[2].peak_bytes
     else:
-        target = budget
+        segmented = None
+    target = int(floor + budget * max(0, real[plan_key(default_plan)] - floor)) if isinstance(budget, float) else budget
     fields.update(
         peak_budget=budget, peak_budget_bytes=target, peak_candidates=len(candidates), peak_simulated=len(shortlist)
     )
     chosen = next((p for p in shortlist if real[plan_key(p)] <= target), None)
+    if chosen is None and segmented is not None:  # the segmented plan: it meets the target, or it is the lowest
+        fewest, recipe, peak, segment_fields = segmented
+        fields.update(segment_fields, peak_budget_met=peak.peak_bytes <= target)
+        if peak.peak_bytes <= target:
+            return fewest, fields, _built(recipe), peak
     if chosen is None:
         warnings.warn(
             f"fxremat: {request.graph_id} cannot keep its simulated step peak within {target} bytes "
-            f"(peak_budget={budget!r}); the lowest any candidate plan reaches is {real[plan_key(lowest)]} bytes. "
-            "Using that plan.",
+            f"(peak_budget={budget!r}); the lowest any candidate plan reaches is {floor} bytes. Using that plan.",
             FxrematBudgetWarning,
             stacklevel=4,
         )
+        if segmented is not None:
+            return fewest, fields, _built(recipe), peak
     plan = chosen if chosen is not None else lowest
     return plan, dict(fields, peak_budget_met=chosen is not None), *simulated.handed_on(plan)
+
+
+def _segmented_fewest(candidates, simulated, options, request, profile):
+    """(the fewest-bytes candidate, its lowest-peak segmented recipe, that recipe's simulation, report fields), or
+    None: where ``backward_segments=False``, or the split cannot be segmented or simulated."""
+    if options.backward_segments is False:
+        return None
+    fewest = min(candidates, key=lambda p: (p.saved_bytes, p.seconds))
+    try:
+        recipe = simulated.handed_on(fewest)[0][2]
+        if recipe is None:
+            return None
+        base = simulated.simulation(fewest)
+        segmented, peak = lowest_peak_segments(
+            recipe, request.num_fwd_outputs, profile, limit=SEGMENTATIONS_SIMULATED, simulation=base
+        )
+    except Exception as error:  # a plan that cannot be segmented is not a candidate
+        log.debug("segmenting the fewest-bytes plan failed: %s", error, exc_info=True)
+        return None
+    return fewest, segmented, peak, _segment_fields(recipe, segmented, profile)

@@ -71,6 +71,11 @@ def through(node: fx.Node, classes: dict[fx.Node, OpClass]) -> tuple:
     otherwise (a slice_backward, a cat)."""
     if classes.get(node) is OpClass.POINTWISE:
         return ()
+    return op_path(node)
+
+
+def op_path(node: fx.Node) -> tuple:
+    """What a value computed inside a kernel by an op other than an elementwise one adds to a path (``through``)."""
     return (_descriptor(node), layout(node))
 
 

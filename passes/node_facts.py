@@ -14,6 +14,7 @@ import operator
 import torch
 import torch.fx as fx
 
+from .access import op_path, step
 from .costs import hinted_numel
 from .lowering import FUSED_LOADS, HEAVY_OPS, column_reduction, concat_kernel, inductor_class, scatter_values
 from .ops import OpClass, op_class
@@ -34,6 +35,25 @@ class NodeFacts:
         self._loop: dict[fx.Node, object] = {}  # column_reduction, or the scatter's values (``phase._Phase._loop``)
         self._concat: dict[fx.Node, bool] = {}
         self._kind: dict[fx.Node, int] = {}
+        self._step: dict[tuple[fx.Node, fx.Node], tuple] = {}  # (read, its storage's root) -> ``access.step``
+        self._op_path: dict[fx.Node, tuple] = {}  # ``access.op_path``
+
+    def access_step(self, arg: fx.Node, root: fx.Node) -> tuple:
+        """``access.step``: a read's layout against its storage's (both fixed by the nodes' values)."""
+        key = (arg, root)
+        found = self._step.get(key)
+        if found is None:
+            found = self._step[key] = step(arg, root)
+        return found
+
+    def access_through(self, node: fx.Node, cls: OpClass) -> tuple:
+        """``access.through`` for a node of class ``cls`` in this phase."""
+        if cls is OpClass.POINTWISE:
+            return ()
+        found = self._op_path.get(node)
+        if found is None:
+            found = self._op_path[node] = op_path(node)
+        return found
 
     def nbytes(self, node: fx.Node) -> int:
         found = self._nbytes.get(node)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from .access import add_paths, step, through
+from .access import add_paths
 from .costs import alias_root, hinted_numel
 from .fusion import Fusion, fusion_order
 from .layout import workspace_bytes
@@ -186,7 +186,7 @@ class _Phase:
                 if not facts.is_tensor(arg):
                     continue  # an item of a multi-output op: its kernel is the op's
                 root = roots[arg]
-                chain = step(arg, root)
+                chain = facts.access_step(arg, root)
                 if root in inputs or self.unit[root] is not None:
                     found.add(root)
                     add_paths(paths, root, (chain,))
@@ -197,7 +197,7 @@ class _Phase:
                     sized |= loop[root]
                     sized.add(root)
                     costly = costly or heavy[root]
-                    prefix = chain + through(root, self.classes)
+                    prefix = chain + facts.access_through(root, self.classes.get(root))
                     for r, known in access[root].items():
                         add_paths(paths, r, (prefix + k for k in known))
             reads[node] = found  # neither is changed after
