@@ -43,10 +43,13 @@ def layout(node: fx.Node) -> tuple:
     reshape of a contiguous tensor reads at the index of the tensor itself, a slice or a transpose elsewhere)."""
     val = node.meta.get("val")
     try:
-        sizes, strides = [int(s) for s in val.shape], [int(s) for s in val.stride()]
-        offset = int(val.storage_offset())
-    except (AttributeError, TypeError, RuntimeError):  # symbolic sizes, or not a tensor
+        sizes, strides, offset = list(val.shape), list(val.stride()), val.storage_offset()
+    except (AttributeError, TypeError, RuntimeError):  # not a tensor
         return (_plain(tuple(getattr(val, "shape", ()))),)
+    if not all(type(s) is int for s in (*sizes, *strides, offset)):
+        # symbolic: int() would add a guard (a recompile per shape, tests/robustness/test_dynamic_shapes.py); the
+        # expressions themselves say where the read lands
+        return (tuple(map(str, sizes)), tuple(map(str, strides)), str(offset))
     dims: list[list[int]] = []
     for size, stride in zip(sizes, strides):
         if size == 1:
