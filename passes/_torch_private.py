@@ -70,6 +70,7 @@ from torch._functorch.partitioners import (  # noqa: E402
 from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_files  # noqa: E402
 from torch._inductor.decomposition import select_decomp_table  # noqa: E402
 from torch._inductor.graph import GraphLowering  # noqa: E402
+from torch._inductor.lowering import needs_realized_inputs as _needs_realized_inputs  # noqa: E402
 from torch._inductor.scheduler import SchedulerNode  # noqa: E402
 from torch._library.fake_class_registry import FakeScriptObject  # noqa: E402
 from torch.fx._lazy_graph_module import _LazyGraphModule, _make_graph_module  # noqa: E402
@@ -87,6 +88,7 @@ from torch.utils.checkpoint import CheckpointPolicy  # noqa: E402
 
 # fmt: off
 __all__ = [
+    "realizes_inputs",
     "CheckpointPolicy", "CustomPartitionerFn", "RANDOM_OP_PACKETS", "SUPPORTED_TORCH",
     "activation_quantization_enabled", "aot_autograd", "aot_autograd_as_inductor", "aten_target",
     "copy_graph_module", "copy_node", "cse_enabled", "dce_impure_random", "default_partition",
@@ -479,3 +481,10 @@ def memory_budget_annotation(node: torch.fx.Node) -> float | None:
     """The budget of ``torch.autograd.graph.region_activation_memory_budget`` around the op that made ``node``, if
     any (read off ``node.meta["custom"]``, as PyTorch's partitioner reads it)."""
     return _get_memory_budget_annotation(node)
+
+
+def realizes_inputs(node: torch.fx.Node) -> bool:
+    """Whether Inductor realizes the inputs of ``node``'s op when they have several users: the ops of
+    ``torch._inductor.lowering.needs_realized_inputs`` (matmuls, convolutions, fallbacks), which
+    ``GraphLowering.run_node`` (torch/_inductor/graph.py) asks to ``realize_hint`` such an input."""
+    return node.target in _needs_realized_inputs

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from . import _torch_private as tp
 from .access import add_paths
 from .costs import alias_root, hinted_numel
 from .fusion import Fusion, fusion_order
@@ -232,8 +233,16 @@ class _Phase:
         cpu = self.facts.on_cpu(node)
         if len(reads) > (MAX_READS_CPU if cpu else MAX_READS):
             return True  # ``has_exceeded_max_reads``: any value, read once or more (a recomputed residual stream)
-        if len(self.view.users(node)) < 2:
+        users = self.view.users(node)
+        if len(users) < 2:
             return False
+        if len(reads) > 1 and any(tp.realizes_inputs(u) for u in users):
+            # ``GraphLowering.run_node`` (torch/_inductor/graph.py): a value with several users, one of them an op
+            # that needs realized inputs (a bmm), gets ``realize_hint``, which stores it when its computation reads
+            # more than one buffer (``StorageBox.realize_hint``, ir.py).  Mixtral's batched_mm experts: a gather of
+            # expert weights recomputed for both the forward bmm and the input gradient (792 MiB measured, 21 MiB
+            # simulated without this rule; benchmarks/RESULTS.md, issue #15 session 7)
+            return True
         return (costly and cpu) or len(reads) > REALIZE_READS_THRESHOLD
 
     def _allocates(self, node: fx.Node) -> bool:
