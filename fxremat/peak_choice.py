@@ -195,16 +195,10 @@ def _segmented_if_lower(choice, fw_bw_recipe, simulation, fields: dict, request,
     """The chosen split, or its lowest-peak segmentation where that lowers the step's peak (then its fields go into
     ``fields``): ((fw, bw, recipe), simulation).  The split's own simulation is one of the candidates, and graphs are
     built only for a segmentation kept."""
-    recipe = fw_bw_recipe[2]
-    segmented, peak = lowest_peak_segments(
-        recipe, request.num_fwd_outputs, profile, limit=SEGMENTATIONS_SIMULATED, simulation=simulation
-    )
+    segmented, peak, segment_fields = lowest_segmentation(fw_bw_recipe[2], request.num_fwd_outputs, profile, simulation)
     if peak.peak_bytes >= choice.peak:
         return fw_bw_recipe, simulation
-    fields.update(
-        _segment_fields(recipe, segmented, profile),
-        peak_raised_by_budget=max(0, peak.peak_bytes - choice.lowest_looser_peak),
-    )
+    fields.update(segment_fields, peak_raised_by_budget=max(0, peak.peak_bytes - choice.lowest_looser_peak))
     return _built(segmented), peak
 
 
@@ -218,17 +212,23 @@ def _warn_unsimulated(graph_id: str, budget, error: Exception) -> None:
 
 
 def segmented_split(recipe, num_fwd_outputs: int, profile):
-    """The lowest-peak segmentation of a split's backward (``segments.lowest_peak_segments``): ((fw, bw, recipe),
-    its simulation, report fields)."""
-    segmented, peak = lowest_peak_segments(recipe, num_fwd_outputs, profile, limit=SEGMENTATIONS_SIMULATED)
-    return _built(segmented), peak, _segment_fields(recipe, segmented, profile)
+    """The lowest-peak segmentation of a split's backward, built: ((fw, bw, recipe), its simulation, report fields)."""
+    segmented, peak, fields = lowest_segmentation(recipe, num_fwd_outputs, profile)
+    return _built(segmented), peak, fields
 
 
-def _segment_fields(recipe, segmented, profile) -> dict:
-    return dict(
+def lowest_segmentation(recipe, num_fwd_outputs: int, profile, simulation=None):
+    """The recipe or its lowest-peak segmentation (``segments.lowest_peak_segments``, at most
+    ``SEGMENTATIONS_SIMULATED`` tried; ``simulation``: the recipe's own, where known), its simulation and its
+    report fields: (recipe, simulation, fields)."""
+    segmented, peak = lowest_peak_segments(
+        recipe, num_fwd_outputs, profile, limit=SEGMENTATIONS_SIMULATED, simulation=simulation
+    )
+    fields = dict(
         segment_recompute_flops=segment_recompute_flops(recipe, segmented, profile),
         backward_checkpoints=tuple(sorted(n.name for n in segmented.bw_checkpoints)),
     )
+    return segmented, peak, fields
 
 
 def _built(recipe) -> tuple:
@@ -301,11 +301,8 @@ def _segmented_fewest(candidates, simulated, options, request, profile):
         recipe = simulated.handed_on(fewest)[0][2]
         if recipe is None:
             return None
-        base = simulated.simulation(fewest)
-        segmented, peak = lowest_peak_segments(
-            recipe, request.num_fwd_outputs, profile, limit=SEGMENTATIONS_SIMULATED, simulation=base
-        )
+        segmented = lowest_segmentation(recipe, request.num_fwd_outputs, profile, simulated.simulation(fewest))
     except Exception as error:  # a plan that cannot be segmented is not a candidate
         log.debug("segmenting the fewest-bytes plan failed: %s", error, exc_info=True)
         return None
-    return fewest, segmented, peak, _segment_fields(recipe, segmented, profile)
+    return (fewest, *segmented)
