@@ -30,6 +30,7 @@ from fxremat_passes.describe import describe_split
 from fxremat_passes.flow_problem import VALUE_ROLES, build_flow_problem
 from fxremat_passes.layout import CONVOLUTION, pin_as_strided_inputs
 from fxremat_passes.liveness import PeakEstimate, simulate_step
+from fxremat_passes.phase_copies import copy_gathers_per_phase
 from fxremat_passes.roles import Policy, Role, classify, recompute_tag
 from fxremat_passes.split import SplitRecipe, split_with_recipe
 
@@ -249,6 +250,7 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
     joint = request.joint
     _enter("prepare")
     joint = prepare_joint_graph(joint)  # request.joint itself, cleaned up (see _partition's snapshot)
+    copy_gathers_per_phase(joint, request.num_fwd_outputs)  # so no plan makes Inductor store one for two readers
     _enter("classify")
     roles = classify(
         joint,

@@ -15,6 +15,7 @@ import torch.fx as fx
 
 from .costs import DeviceProfile, alias_root, node_cost, symbolic_nbytes
 from .ops import qualified_name
+from .phase_copies import COPY_OF
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,8 @@ def describe_split(
     forward_names = {n.name for n in fw.graph.nodes if n.op == "call_function"}
     recomputed: list[RecomputedNode] = []
     for node in bw.graph.nodes:
-        if node.op == "call_function" and node.name in forward_names:
+        # a per-phase copy of a forward node (``phase_copies.py``) computes it again, as a recomputation does
+        if node.op == "call_function" and node.meta.get(COPY_OF, node.name) in forward_names:
             cost = node_cost(node, profile)
             recomputed.append(RecomputedNode(node.name, qualified_name(node), cost.flops, cost.recompute_seconds))
     return SplitDescription(
