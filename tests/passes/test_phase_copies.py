@@ -70,3 +70,25 @@ def test_the_copy_counts_as_a_recomputation():
     recomputed = {r.name: r for r in report.recomputed}
     gathers = [r for r in recomputed.values() if "index" in r.op and "put" not in r.op]
     assert len(gathers) == 2, [(r.name, r.op) for r in recomputed.values()]
+
+
+@pytest.mark.inductor
+def test_batched_experts_budget_plans_keep_the_measured_peak_under_inductor():
+    """Under real Inductor, with the model's gathers 16x the step's size if stored: every budget plan's gradients
+    equal eager's and none measures more than 1.10x the default plan's peak (measured 1.06x; before the per-phase
+    copies, a budget plan stored the gathered weights).  The simulation is not asserted here: it is 13-18% low on
+    this toy at every setting, a gap not yet explained (benchmarks/RESULTS.md, session 8)."""
+    from test_liveness import _measured_step_peak
+
+    import fxremat
+
+    measured = {}
+    for options in (dict(), dict(memory_budget=0.5), dict(memory_budget=0.0)):
+        model, inputs = _model_and_inputs(tokens=512)
+        expected = eager_grads(model, inputs)[1]
+        backend = fxremat.backend(compare_default=False, **options)
+        peak = _measured_step_peak(model, inputs, backend)
+        # the measured step ran last, from gradients set to None: its gradients are one step's
+        assert_grads_close({n: p.grad for n, p in model.named_parameters()}, expected)
+        measured[str(options)] = peak
+    assert max(measured.values()) <= 1.10 * measured["{}"], measured
