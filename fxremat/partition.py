@@ -244,8 +244,8 @@ class _Split:
     peak: PeakEstimate | None = None  # the split's simulation, where choosing the plan ran it already
 
 
-def _fxremat_partition(request: PartitionRequest, options: Options, profile: DeviceProfile) -> _Split:
-    """Our passes, in order."""
+def _fxremat_partition(request: PartitionRequest, options: Options, profile: DeviceProfile, regions=None) -> _Split:
+    """Our passes, in order (``regions``: the graph's per-region budgets, ``knobs.effective_options``)."""
     joint = request.joint
     _enter("prepare")
     joint = prepare_joint_graph(joint)  # request.joint itself, cleaned up (see _partition's snapshot)
@@ -290,7 +290,7 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
             static_lifetime_input_nodes=roles.static_inputs,
         )
 
-    plan, plan_fields, split_done, peak = choose(flow, roles, joint, options, profile, request, split)
+    plan, plan_fields, split_done, peak = choose(flow, roles, joint, options, profile, request, split, regions)
     fields.update(plan_fields)
     fields["solve_seconds"] = time.perf_counter() - solve_start
     recomputed_nodes = [flow.nodes[i] for i in plan.recomputed]
@@ -354,7 +354,7 @@ def _fallback(request: PartitionRequest, profile: DeviceProfile, reason: str, to
 def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModule, fx.GraphModule, CutReport]:
     start = time.perf_counter()
     # a user's setting, not a fault of ours: bad region annotations raise here, outside the fallback
-    options, budget_source = effective_options(options, request.joint, request.num_fwd_outputs)
+    options, budget_source, regions = effective_options(options, request.joint, request.num_fwd_outputs)
     device_type, device_name = graph_device(request.joint)
     profile = options.profile_for(device_type, device_name)
     common = dict(
@@ -374,7 +374,7 @@ def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphMod
     # meta back as it came
     joint_meta = MetaSnapshot(request.joint.graph)
     try:
-        ours = _fxremat_partition(request, options, profile)
+        ours = _fxremat_partition(request, options, profile, regions)
         fw, bw, fields = ours.fw, ours.bw, ours.fields
         _enter("describe")
         described = describe_split(fw, bw, request.num_fwd_outputs, profile)
