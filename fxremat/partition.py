@@ -30,6 +30,7 @@ from fxremat_passes.describe import describe_split
 from fxremat_passes.flow_problem import VALUE_ROLES, build_flow_problem
 from fxremat_passes.layout import CONVOLUTION, pin_as_strided_inputs
 from fxremat_passes.liveness import PeakEstimate, simulate_step
+from fxremat_passes.region_budget import annotations_hidden
 from fxremat_passes.roles import Policy, Role, classify, recompute_tag
 from fxremat_passes.split import SplitRecipe, split_with_recipe
 
@@ -330,13 +331,15 @@ def partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModu
         return _partition(request, options)
 
 
-def _fallback(request: PartitionRequest, profile: DeviceProfile, reason: str, torch_budget: float = 1.0):
+def _fallback(request: PartitionRequest, profile: DeviceProfile, reason: str, torch_budget=1.0, regions=None):
     """PyTorch's default partition of the joint graph, with one warning: (fw, bw, described, peak fields).  Its
     budget is the user's ``activation_memory_budget`` where fxremat took its budget from there (a region
     annotation PyTorch reads itself), else PyTorch's default."""
     warnings.warn(
         f"fxremat: partitioning {request.graph_id} failed ({reason}); using PyTorch's default "
-        "partitioner for this graph. Pass strict=True to fxremat.backend to raise instead.",
+        "partitioner for this graph"
+        + (f" without its per-region budgets {list(regions.budgets)} (PyTorch's takes one)" if regions else "")
+        + ". Pass strict=True to fxremat.backend to raise instead.",
         FxrematFallbackWarning,
         stacklevel=3,
     )
@@ -366,7 +369,11 @@ def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphMod
         memory_budget_source=budget_source,
         torch_version=torch.__version__,
     )
-    baseline = _baseline(request, profile, options.compare_budgets) if options.compare_default else {}
+    if options.compare_default:  # PyTorch's partitioner refuses per-region budgets: its default, without them
+        with annotations_hidden(request.joint, hide=regions is not None):
+            baseline = _baseline(request, profile, options.compare_budgets)
+    else:
+        baseline = {}
     comparison_seconds = baseline.pop("_comparison_seconds", 0.0)
     fallback_reason = None
     fields: dict = {}
@@ -387,7 +394,8 @@ def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphMod
         fields = {}
     if fallback_reason is not None:
         torch_budget = options.memory_budget if budget_source == TORCH_CONFIG_SOURCE else 1.0
-        fw, bw, described, peak_fields = _fallback(request, profile, fallback_reason, torch_budget)
+        with annotations_hidden(request.joint, hide=regions is not None):  # not applied, and the warning says so
+            fw, bw, described, peak_fields = _fallback(request, profile, fallback_reason, torch_budget, regions)
     pin_as_strided_inputs(bw)  # ours or PyTorch's: as_strided reads independent of saved layouts (issue #20)
     report = CutReport(
         **common,

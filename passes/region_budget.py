@@ -18,6 +18,8 @@ ops carry different budgets, or a budget on some of its ops only, and a budget o
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch.fx as fx
@@ -128,3 +130,22 @@ def annotation_key(gm: fx.GraphModule) -> str:
     graph's code does not show the regions, so the same code with other budgets or regions must key apart."""
     budgets = [tp.memory_budget_annotation(n) for n in gm.graph.nodes]
     return repr(budgets) if any(b is not None for b in budgets) else ""
+
+
+@contextlib.contextmanager
+def annotations_hidden(gm: fx.GraphModule, hide: bool = True) -> Iterator[None]:
+    """PyTorch's partitioner refuses per-region budgets (several, or one over part of a graph): while it
+    partitions such a graph for fxremat (the report's baseline, the fallback), the graph's nodes carry none.  Each
+    ``meta["custom"]`` is replaced, not changed (copies of a graph share meta objects), and put back after."""
+    key, hidden = tp.MEMORY_BUDGET_ANNOTATION_KEY, []
+    graphs = [m.graph for m in gm.modules() if isinstance(m, fx.GraphModule)] if hide else []
+    for node in (n for graph in graphs for n in graph.nodes):
+        custom = node.meta.get("custom")
+        if isinstance(custom, dict) and key in custom:
+            hidden.append((node.meta, custom))
+            node.meta["custom"] = {k: v for k, v in custom.items() if k != key}
+    try:
+        yield
+    finally:
+        for meta, custom in hidden:
+            meta["custom"] = custom

@@ -196,3 +196,22 @@ def test_the_compile_cache_key_sees_which_ops_carry_which_budget(monkeypatch):
         torch.compile(TwoBlocks(budgets), backend=fxremat.backend())(_x())
     assert len(keys) == len(set(keys)) == 5
     assert fxremat.backend()._partitioner.uuid() == keys[0]  # no regions: the key as before
+
+
+def test_pytorchs_baseline_and_the_fallback_run_without_the_regions_pytorch_refuses():
+    """PyTorch's partitioner raises on per-region budgets: the report's baseline is its default plan without them,
+    and an internal failure still falls back to it, with the warning saying the regions were not applied."""
+    from fxremat.partition import FxrematFallbackWarning, inject_fault
+
+    torch.manual_seed(0)
+    compared = compile_step(TwoBlocks((0.0, 1.0)), _x(), compare_default=True)
+    assert compared.baseline_error is None and compared.baseline_saved_bytes > 0
+    assert len(compared.region_budgets) == 3  # the baseline ran first: the annotations were back for fxremat
+    torch.manual_seed(0)
+    model, reports = TwoBlocks((0.0, 1.0)), []
+    partition = fxremat.make_partition_fn(Options.create(), reports)
+    torch._dynamo.reset()
+    backend = tp.aot_autograd(fw_compiler=noop_compiler, bw_compiler=noop_compiler, partition_fn=partition)
+    with inject_fault("solve_min_cut"), pytest.warns(FxrematFallbackWarning, match=r"per-region budgets \[0.0, 1.0\]"):
+        torch.compile(model, backend=backend)(_x()).sum().backward()
+    assert reports[0].fallback_reason and reports[0].saved_bytes > 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import random
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -104,3 +106,8 @@ def test_the_milp_with_a_row_per_region_matches_brute_force(seed):
         return
     exact = solve_milp(problem, DEFAULT_PRICE, storage_budgets=rows)
     assert objective(problem, exact, DEFAULT_PRICE) == pytest.approx(expected, rel=1e-6, abs=1e-15)
+
+
+def test_region_search_does_not_import_torch():
+    code = "import sys, fxremat_passes.region_search; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
