@@ -429,7 +429,7 @@ def budget_lines(report: CutReport) -> list[str]:
     if report.region_budgets:
         lines.append(f"per-region budgets ({'met' if report.budget_met else 'NOT met: fewest-bytes plan'}):")
     for name, budget, saved, target, _, _ in report.region_budgets:
-        bound = "no budget" if target is None else f"budget {budget!r}: at most {format_bytes(target)}"
+        bound = "no budget" if target is None else f"budget {budget!r}, at most {format_bytes(target)}"
         lines.append(f"  {name}: {bound} -> {format_bytes(saved)} saved")
     if report.budget_simulated is not None:
         raised = report.peak_raised_by_budget

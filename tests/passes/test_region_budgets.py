@@ -5,6 +5,7 @@ which keeps its own setting.  Through Dynamo and AOTAutograd with no-op compiler
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -100,6 +101,8 @@ def test_two_budgets_keep_different_bytes_per_region_each_within_its_own():
         assert target == int(fewest + budget * (default - fewest)) and saved <= target
     assert low[1] < high[1]  # different budgets, different bytes kept
     assert report.saved_bytes == low[1] + high[1] + regions[OUTSIDE][1]
+    again = fxremat.CutReport.from_dict(json.loads(report.to_json(compute_deferred=False)))
+    assert again.region_budgets == report.region_budgets  # the JSON row, README "Report JSON schema"
     torch.manual_seed(0)
     swapped = rows(compile_step(TwoBlocks((0.7, 0.3)), _x()))
     assert swapped[region_name(0.3)][1] == low[1] and swapped[region_name(0.7)][1] == high[1]
