@@ -4,8 +4,9 @@ one warning each, never dropped without a word (issue #23; README "PyTorch's kno
 ``effective_options`` runs at the start of every partition (compile time): it resolves the memory budget from, in
 order of precedence, the graph's own annotation (``passes/region_budget.py``), fxremat's ``memory_budget``, and
 ``torch._functorch.config.activation_memory_budget`` below 1.0, and says which one it used.  Region annotations
-that are not one budget over the whole forward are per-region budgets, handed on beside the options.  What it reads from
-torch's config is in ``Options.cache_key()`` too, so a changed knob never reuses a stale cached partition.
+that are not one budget over the whole forward are per-region budgets, handed on beside the options.  What it
+reads from torch's config is in ``Options.cache_key()`` too, so a changed knob never reuses a stale cached
+partition.
 """
 
 from __future__ import annotations
