@@ -9,6 +9,7 @@ PyTorch's partitioner does not also have is ours.
 
     python benchmarks/opinfo_sweep.py --max-samples 2            # every op variant, static and dynamic shapes
     python benchmarks/opinfo_sweep.py --ops sin mm --static-only  # a few
+    python benchmarks/opinfo_sweep.py --dynamic --max-samples 1   # dynamic shapes only
 """
 
 from __future__ import annotations
@@ -95,12 +96,19 @@ def selected_ops(names: list[str] | None):
         yield op
 
 
-def run(names: list[str] | None, max_samples: int, dynamic_modes: tuple[bool, ...]) -> list[VariantResult]:
+def run(
+    names: list[str] | None, max_samples: int, dynamic_modes: tuple[bool, ...], progress=None
+) -> list[VariantResult]:
+    """Every selected variant in every shape mode; ``progress``: a text file each row is written to as it is done
+    (one JSON object a line), so that a long sweep cut short keeps what it ran."""
     results = []
     for op in selected_ops(names):
         for dynamic in dynamic_modes:
             torch._dynamo.reset()
             results.append(sweep_variant(op, dynamic, max_samples))
+            if progress is not None:
+                progress.write(json.dumps(asdict(results[-1])) + "\n")
+                progress.flush()
     return results
 
 
@@ -124,13 +132,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", nargs="*", help="op names (default: every op with autograd and float32)")
     parser.add_argument("--max-samples", type=int, default=3, help="samples per op variant (default 3)")
-    parser.add_argument("--static-only", action="store_true", help="static shapes only (default: both)")
+    shapes = parser.add_mutually_exclusive_group()
+    shapes.add_argument("--static-only", action="store_true", help="static shapes only (default: both)")
+    shapes.add_argument("--dynamic", action="store_true", help="dynamic shapes only (default: both)")
     parser.add_argument("--json", help="also write every row to this file")
+    parser.add_argument("--progress", help="append each row to this file (JSON lines) as soon as it is done")
     args = parser.parse_args(argv)
     if args.max_samples < 1:
         parser.error("--max-samples must be at least 1")
     start = time.perf_counter()
-    results = run(args.ops, args.max_samples, (False,) if args.static_only else (False, True))
+    modes = (False,) if args.static_only else (True,) if args.dynamic else (False, True)
+    if args.progress:
+        with open(args.progress, "a") as progress:
+            results = run(args.ops, args.max_samples, modes, progress)
+    else:
+        results = run(args.ops, args.max_samples, modes)
     if args.ops and not results:
         parser.error(f"no op with autograd and float32 on CPU is called {args.ops}; see op_db's names")
     print(summary(results, time.perf_counter() - start))

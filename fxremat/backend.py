@@ -23,6 +23,7 @@ import torch
 import torch.fx as fx
 
 from fxremat_passes import _torch_private as tp
+from fxremat_passes.region_budget import annotation_key
 
 from .options import Options
 from .partition import PartitionRequest, partition
@@ -56,6 +57,9 @@ class FxrematPartitioner(tp.CustomPartitionerFn):
         self.options = options
         self._on_report = on_report
         self.current_key: str | None = None
+        # the region budgets of the Dynamo graph being compiled (``region_budget.annotation_key``): AOTAutograd's
+        # cache key reads the first node's budget only (one budget per graph in PyTorch), and meta is not hashed
+        self.current_regions = ""
 
     def __deepcopy__(self, memo):
         # Inductor deep-copies its config (which holds us) to hash it; the cache key comes from uuid(), and the
@@ -68,7 +72,7 @@ class FxrematPartitioner(tp.CustomPartitionerFn):
         return (_rebuild_partitioner, (self.options,))
 
     def uuid(self) -> str:
-        text = f"{source_hash()}|{self.options.cache_key()}|{torch.__version__}"
+        text = f"{source_hash()}|{self.options.cache_key()}|{torch.__version__}|{self.current_regions}"
         return hashlib.sha256(text.encode()).hexdigest()
 
     def __call__(self, gm: fx.GraphModule, joint_inputs, **kwargs: Any):
@@ -185,6 +189,7 @@ class FxrematBackend:
                 warnings.warn(reason, stacklevel=2)
                 _warned_unsupported = True
             return compile_fx(gm, example_inputs, config_patches=self.inductor_config or None)
+        self._partitioner.current_regions = annotation_key(gm)
         key = _dynamo_graph_key(gm, example_inputs, self._partitioner.uuid())
         before = len(self.reports)
         self._partitioner.current_key = key
@@ -194,7 +199,7 @@ class FxrematBackend:
         try:
             compiled = compile_fx(gm, example_inputs, config_patches=patches)
         finally:
-            self._partitioner.current_key = None
+            self._partitioner.current_key, self._partitioner.current_regions = None, ""
             self._write_reports()
         if len(self.reports) == before:
             self._reemit_cached_report(key)

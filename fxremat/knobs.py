@@ -3,8 +3,10 @@ one warning each, never dropped without a word (issue #23; README "PyTorch's kno
 
 ``effective_options`` runs at the start of every partition (compile time): it resolves the memory budget from, in
 order of precedence, the graph's own annotation (``passes/region_budget.py``), fxremat's ``memory_budget``, and
-``torch._functorch.config.activation_memory_budget`` below 1.0, and says which one it used.  What it reads from
-torch's config is in ``Options.cache_key()`` too, so a changed knob never reuses a stale cached partition.
+``torch._functorch.config.activation_memory_budget`` below 1.0, and says which one it used.  Region annotations
+that are not one budget over the whole forward are per-region budgets, handed on beside the options.  What it
+reads from torch's config is in ``Options.cache_key()`` too, so a changed knob never reuses a stale cached
+partition.
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ import warnings
 import torch.fx as fx
 
 from fxremat_passes import _torch_private as tp
-from fxremat_passes.region_budget import region_budget
+from fxremat_passes.region_budget import (
+    LEGACY_SOURCE,
+    REGION_SOURCE,
+    RegionAnnotations,
+    RegionBudgetError,
+    legacy_budget,
+    read_regions,
+)
 
 from .options import Options, normalise_budget
 
@@ -80,20 +89,50 @@ def torch_memory_budget() -> float | None:
     return normalise_budget(float(value), f"torch._functorch.config.{TORCH_BUDGET}")
 
 
-def effective_options(options: Options, joint: fx.GraphModule, num_fwd_outputs: int) -> tuple[Options, str | None]:
-    """(the options with the memory budget this graph gets, where that budget came from; None: no budget).
-    Raises ``RegionBudgetError`` for annotations that give the graph no single budget."""
+def effective_options(
+    options: Options, joint: fx.GraphModule, num_fwd_outputs: int
+) -> tuple[Options, str | None, RegionAnnotations | None]:
+    """(the options with the memory budget this graph gets, where that budget came from (None: no budget), the
+    graph's per-region budgets or None).  One region over the whole forward is the graph's budget; several regions,
+    or one over part of the forward, are per-region budgets (``fxremat/region_plan.py``), and the rest of the graph
+    keeps the budget it has without them.  Raises ``RegionBudgetError`` for annotations fxremat cannot apply."""
     warn_ignored_knobs()
-    region, region_source = region_budget(joint, num_fwd_outputs)
-    torch_budget = torch_memory_budget()
-    if region is not None:
-        if options.memory_budget is not None and options.memory_budget != region:
+    regions = read_regions(joint, num_fwd_outputs)
+    whole = regions.whole_graph_budget
+    if whole is not None:
+        if options.memory_budget is not None and options.memory_budget != whole:
             _warn_once(
-                ("region", options.memory_budget, region),
-                f"fxremat: {region_source} {region!r} overrides fxremat's memory_budget={options.memory_budget!r} "
+                ("region", options.memory_budget, whole),
+                f"fxremat: {REGION_SOURCE} {whole!r} overrides fxremat's memory_budget={options.memory_budget!r} "
                 "for the graph it covers (the annotation is the more specific setting).",
             )
-        return dataclasses.replace(options, memory_budget=region), region_source
+        return dataclasses.replace(options, memory_budget=whole), REGION_SOURCE, None
+    options, source = _graph_budget(options, joint)
+    if not regions.several:
+        return options, source, None
+    if options.peak_budget is not None:
+        raise RegionBudgetError(
+            f"{REGION_SOURCE}: this graph has per-region budgets {list(regions.budgets)}"
+            f"{' and forward ops outside them' if regions.uncovered else ''}, and fxremat's peak_budget="
+            f"{options.peak_budget!r} is set; fxremat does not combine the two yet. Drop peak_budget, or use one "
+            "region around the whole forward (a graph break, torch._dynamo.graph_break(), at the regions' edges "
+            "makes each region a graph of its own)."
+        )
+    return options, source, regions
+
+
+def _graph_budget(options: Options, joint: fx.GraphModule) -> tuple[Options, str | None]:
+    """The graph's own budget without region annotations: the legacy marker, fxremat's option, PyTorch's knob."""
+    legacy = legacy_budget(joint)
+    torch_budget = torch_memory_budget()
+    if legacy is not None:
+        if options.memory_budget is not None and options.memory_budget != legacy:
+            _warn_once(
+                ("region", options.memory_budget, legacy),
+                f"fxremat: {LEGACY_SOURCE} {legacy!r} overrides fxremat's memory_budget={options.memory_budget!r} "
+                "for the graph it covers (the annotation is the more specific setting).",
+            )
+        return dataclasses.replace(options, memory_budget=legacy), LEGACY_SOURCE
     if options.memory_budget is not None:
         if torch_budget is not None and torch_budget != options.memory_budget:
             _warn_once(

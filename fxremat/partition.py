@@ -31,6 +31,7 @@ from fxremat_passes.flow_problem import VALUE_ROLES, build_flow_problem
 from fxremat_passes.layout import CONVOLUTION, pin_as_strided_inputs
 from fxremat_passes.liveness import PeakEstimate, simulate_step
 from fxremat_passes.phase_copies import copy_gathers_per_phase
+from fxremat_passes.region_budget import annotations_hidden
 from fxremat_passes.roles import Policy, Role, classify, recompute_tag
 from fxremat_passes.split import SplitRecipe, split_with_recipe
 
@@ -245,8 +246,8 @@ class _Split:
     peak: PeakEstimate | None = None  # the split's simulation, where choosing the plan ran it already
 
 
-def _fxremat_partition(request: PartitionRequest, options: Options, profile: DeviceProfile) -> _Split:
-    """Our passes, in order."""
+def _fxremat_partition(request: PartitionRequest, options: Options, profile: DeviceProfile, regions=None) -> _Split:
+    """Our passes, in order (``regions``: the graph's per-region budgets, ``knobs.effective_options``)."""
     joint = request.joint
     _enter("prepare")
     joint = prepare_joint_graph(joint)  # request.joint itself, cleaned up (see _partition's snapshot)
@@ -292,7 +293,7 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
             static_lifetime_input_nodes=roles.static_inputs,
         )
 
-    plan, plan_fields, split_done, peak = choose(flow, roles, joint, options, profile, request, split)
+    plan, plan_fields, split_done, peak = choose(flow, roles, joint, options, profile, request, split, regions)
     fields.update(plan_fields)
     fields["solve_seconds"] = time.perf_counter() - solve_start
     recomputed_nodes = [flow.nodes[i] for i in plan.recomputed]
@@ -332,13 +333,15 @@ def partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModu
         return _partition(request, options)
 
 
-def _fallback(request: PartitionRequest, profile: DeviceProfile, reason: str, torch_budget: float = 1.0):
+def _fallback(request: PartitionRequest, profile: DeviceProfile, reason: str, torch_budget=1.0, regions=None):
     """PyTorch's default partition of the joint graph, with one warning: (fw, bw, described, peak fields).  Its
     budget is the user's ``activation_memory_budget`` where fxremat took its budget from there (a region
     annotation PyTorch reads itself), else PyTorch's default."""
     warnings.warn(
         f"fxremat: partitioning {request.graph_id} failed ({reason}); using PyTorch's default "
-        "partitioner for this graph. Pass strict=True to fxremat.backend to raise instead.",
+        "partitioner for this graph"
+        + (f" without its per-region budgets {list(regions.budgets)} (PyTorch's takes one)" if regions else "")
+        + ". Pass strict=True to fxremat.backend to raise instead.",
         FxrematFallbackWarning,
         stacklevel=3,
     )
@@ -356,7 +359,7 @@ def _fallback(request: PartitionRequest, profile: DeviceProfile, reason: str, to
 def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModule, fx.GraphModule, CutReport]:
     start = time.perf_counter()
     # a user's setting, not a fault of ours: bad region annotations raise here, outside the fallback
-    options, budget_source = effective_options(options, request.joint, request.num_fwd_outputs)
+    options, budget_source, regions = effective_options(options, request.joint, request.num_fwd_outputs)
     device_type, device_name = graph_device(request.joint)
     profile = options.profile_for(device_type, device_name)
     common = dict(
@@ -368,7 +371,11 @@ def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphMod
         memory_budget_source=budget_source,
         torch_version=torch.__version__,
     )
-    baseline = _baseline(request, profile, options.compare_budgets) if options.compare_default else {}
+    if options.compare_default:  # PyTorch's partitioner refuses per-region budgets: its default, without them
+        with annotations_hidden(request.joint, hide=regions is not None):
+            baseline = _baseline(request, profile, options.compare_budgets)
+    else:
+        baseline = {}
     comparison_seconds = baseline.pop("_comparison_seconds", 0.0)
     fallback_reason = None
     fields: dict = {}
@@ -376,7 +383,7 @@ def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphMod
     # meta back as it came
     joint_meta = MetaSnapshot(request.joint.graph)
     try:
-        ours = _fxremat_partition(request, options, profile)
+        ours = _fxremat_partition(request, options, profile, regions)
         fw, bw, fields = ours.fw, ours.bw, ours.fields
         _enter("describe")
         described = describe_split(fw, bw, request.num_fwd_outputs, profile)
@@ -389,7 +396,8 @@ def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphMod
         fields = {}
     if fallback_reason is not None:
         torch_budget = options.memory_budget if budget_source == TORCH_CONFIG_SOURCE else 1.0
-        fw, bw, described, peak_fields = _fallback(request, profile, fallback_reason, torch_budget)
+        with annotations_hidden(request.joint, hide=regions is not None):  # not applied, and the warning says so
+            fw, bw, described, peak_fields = _fallback(request, profile, fallback_reason, torch_budget, regions)
     pin_as_strided_inputs(bw)  # ours or PyTorch's: as_strided reads independent of saved layouts (issue #20)
     report = CutReport(
         **common,

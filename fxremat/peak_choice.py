@@ -37,6 +37,7 @@ from .plan import (
     prices,
     warn_unreachable,
 )
+from .region_plan import choose_plan_for_regions
 
 log = logging.getLogger(__name__)
 
@@ -124,9 +125,11 @@ def _ranked_candidates(flow, roles, joint, options, profile, request, budget_byt
     return candidates, estimate, not memory.channels_last
 
 
-def choose(flow, roles, joint, options, profile, request, split):
+def choose(flow, roles, joint, options, profile, request, split, regions=None):
     """The plan for these options: (plan, report fields, (fw, bw, recipe) where choosing split it, or None, its
-    simulation or None).  ``split(plan)`` makes a plan's split."""
+    simulation or None).  ``split(plan)`` makes a plan's split; ``regions``: per-region budgets (``region_plan``)."""
+    if regions is not None:
+        return choose_plan_for_regions(flow, options, profile, request, regions)
     if options.peak_budget is not None:
         return choose_plan_for_peak(flow, roles, joint, options, profile, request, split)
     if options.memory_budget not in (None, 1.0) and options.solver == "mincut":

@@ -108,6 +108,9 @@ class CutReport:
     fewest_saved_bytes: int | None = None  # the fewest-bytes plan's saved bytes (budget runs)
     default_plan_saved_bytes: int | None = None  # fxremat's plan without a budget
     plan_method: str = "mincut"
+    # per-region budgets (fxremat/region_plan.py): (region, budget, saved bytes, budget bytes, default plan's bytes,
+    # fewest-bytes plan's bytes) per region, the storages outside every region last
+    region_budgets: tuple[tuple[str, float | int | None, int, int | None, int, int | None], ...] = ()
     # memory_budget's peak-safe choice (fxremat/peak_choice.py): candidates, of which simulated; and the simulated
     # step-peak bytes the budget itself forced above the lowest peak of any looser budget (0: none)
     budget_candidates: int | None = None
@@ -177,17 +180,8 @@ class CutReport:
             SavedValue(**{**r, "shape": tuple(r["shape"])}) for r in data.get("baseline_saved", ())
         )
         data["recomputed"] = tuple(RecomputedNode(**r) for r in data.get("recomputed", ()))
-        for key in ("saved_symbols",):
-            data[key] = tuple(data.get(key, ()))
-        for key in (
-            "recompute_reasons",
-            "never_recomputed",
-            "tag_conflicts",
-            "frontier",
-            "memory_timeline",
-            "baseline_memory_timeline",
-            "baseline_budget_points",
-        ):
+        data["saved_symbols"] = tuple(data.get("saved_symbols", ()))
+        for key in ROW_FIELDS:
             data[key] = tuple(tuple(x) for x in data.get(key, ()))
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
@@ -196,6 +190,9 @@ class CutReport:
         return dataclasses.replace(self, **changes)
 
 
+# fields that are lists of rows (tuples in a report, lists in JSON)
+ROW_FIELDS = "recompute_reasons never_recomputed tag_conflicts frontier memory_timeline region_budgets".split()
+ROW_FIELDS += ["baseline_memory_timeline", "baseline_budget_points"]
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
@@ -429,6 +426,11 @@ def budget_lines(report: CutReport) -> list[str]:
             f"at most {format_bytes(report.budget_bytes)} saved -> "
             f"{format_bytes(report.saved_bytes)} ({'met' if report.budget_met else 'NOT met: fewest-bytes plan'})"
         )
+    if report.region_budgets:
+        lines.append(f"per-region budgets ({'met' if report.budget_met else 'NOT met: fewest-bytes plan'}):")
+    for name, budget, saved, target, _, _ in report.region_budgets:
+        bound = "no budget" if target is None else f"budget {budget!r}, at most {format_bytes(target)}"
+        lines.append(f"  {name}: {bound} -> {format_bytes(saved)} saved")
     if report.budget_simulated is not None:
         raised = report.peak_raised_by_budget
         lines.append(

@@ -83,7 +83,7 @@ from torch.fx.experimental.symbolic_shapes import (  # noqa: E402
     is_symbol_binding_fx_node,
     optimization_hint,
 )
-from torch.fx.traceback import _get_memory_budget_annotation  # noqa: E402
+from torch.fx.traceback import MEMORY_BUDGET_ANNOTATION_KEY, _get_memory_budget_annotation  # noqa: E402
 from torch.utils.checkpoint import CheckpointPolicy  # noqa: E402
 
 # fmt: off
@@ -97,6 +97,7 @@ __all__ = [
     "inductor_keeps_mutation_order", "inductor_layout_optimisation", "is_backward_state", "is_bwd_seed_offset",
     "is_fwd_seed_offset", "is_mutation_op", "is_primal", "is_script_object", "is_sym_node", "is_tangent",
     "lazy_graph_module", "lazy_graph_modules", "make_graph_module", "mark_must_save", "memory_budget_annotation",
+    "MEMORY_BUDGET_ANNOTATION_KEY",
     "must_be_in_backward", "must_be_in_forward", "mutated_inputs", "prepare_joint_graph",
     "pytorch_dead_code_and_cse", "pytorch_default_partition", "saved_output_descs", "size_hint",
     "split_with_saved_values", "storage_identity", "symbol_bound_by", "torch_version_tuple",

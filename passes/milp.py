@@ -8,6 +8,7 @@ Binary ``s_v`` (save v), ``r_v`` (compute v in backward), ``y_k`` (storage k kep
                s_u + r_u - r_w >= 0        for every input u of w        (a recomputed value needs its inputs)
                y_k - s_v >= 0              for every v stored in k       (saving a view keeps its base)
                sum_k bytes_k * y_k <= B    (optional budget)
+               sum_{k in R} bytes_k y_k <= B_R  (optional, one row per region R of storages)
                s_v = 0 where saving is impossible, r_v = 0 where recomputing is
 
 Unlike the cut, bytes are counted once per storage, so the MILP is also the reference the cut is measured against.
@@ -15,6 +16,8 @@ Used as ``solver="milp"`` on small graphs, to refine budget plans, and as the te
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -29,8 +32,14 @@ class MilpFailed(RuntimeError):
 
 
 def solve_milp(
-    problem: ParametricProblem, price: float, budget_bytes: int | None = None, time_limit: float = 10.0
+    problem: ParametricProblem,
+    price: float,
+    budget_bytes: int | None = None,
+    time_limit: float = 10.0,
+    storage_budgets: Sequence[tuple[Sequence[int], int]] = (),
 ) -> Plan:
+    """``storage_budgets``: (storage ids, bytes) pairs, one more row each: the storages of one region keep at most
+    that many bytes (per-region budgets, ``region_search.py``)."""
     n = problem.num_values
     m = len(problem.storage_bytes)
     # variable layout: s_0..s_{n-1}, r_0..r_{n-1}, y_0..y_{m-1}
@@ -74,6 +83,8 @@ def solve_milp(
             add_row([(2 * n + k, 1.0), (v, -1.0)], 0.0, np.inf)
     if budget_bytes is not None and m:
         add_row([(2 * n + k, float(b)) for k, b in enumerate(problem.storage_bytes)], -np.inf, float(budget_bytes))
+    for storages, nbytes in storage_budgets:
+        add_row([(2 * n + k, float(problem.storage_bytes[k])) for k in storages], -np.inf, float(nbytes))
     matrix = coo_array((vals, (rows, cols)), shape=(len(lower), 2 * n + m)).tocsr()
     result = milp(
         cost,

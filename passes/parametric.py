@@ -12,7 +12,7 @@ this object directly.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,9 +75,14 @@ class ParametricProblem:
         scale = np.array(self.save_scale, dtype=np.float64)
         return traffic, value_bytes, scale, recompute
 
-    def at(self, price: float) -> tuple[CutProblem, float]:
-        """The min-cut problem at this price of memory (seconds per byte), and its ints-per-second scale."""
+    def at(self, price: float | Sequence[float]) -> tuple[CutProblem, float]:
+        """The min-cut problem at this price of memory (seconds per byte), and its ints-per-second scale.  A
+        sequence is a price per storage (per-region budgets, ``region_search.py``)."""
         traffic, value_bytes, scale, recompute = self._arrays
+        if not isinstance(price, (int, float)):
+            storage = np.asarray(self.storage, dtype=np.int64)
+            per_storage = np.asarray(price, dtype=np.float64)
+            price = np.where(storage >= 0, per_storage[np.maximum(storage, 0)], 0.0) if len(per_storage) else 0.0
         # elementwise what save_seconds computes, in the same float operations (so the same bits)
         save = (traffic + price * value_bytes.astype(np.float64)) * scale
         quantised, scale = quantise(np.concatenate((save, recompute)))

@@ -21,3 +21,13 @@ def test_a_few_ops_pass_under_fxremat_as_under_pytorch():
 def test_an_unknown_op_is_refused():
     with pytest.raises(SystemExit):
         opinfo_sweep.main(["--ops", "no_such_op"])
+
+
+def test_dynamic_only_writes_each_row_as_it_is_done(tmp_path, capsys):
+    import json
+
+    progress = tmp_path / "rows.jsonl"
+    assert opinfo_sweep.main(["--ops", "sin", "--dynamic", "--max-samples", "1", "--progress", str(progress)]) == 0
+    rows = [json.loads(line) for line in progress.read_text().splitlines()]
+    assert rows and all(r["dynamic"] and r["fxremat_error"] is None for r in rows)
+    assert "1 pass under fxremat" in capsys.readouterr().out
