@@ -167,13 +167,17 @@ class _Phase:
         members' computations, whose keys say which reads are graph inputs): under those, the fusion of another
         plan's view of the same joint nodes (a forward often differs from another only in what outlives it) is the
         one this would make (``NodeFacts.computations``)."""
-        key = ("fused", *((u, self.index[u], id(self.summaries[u]), self.classes[u]) for u in self.units))
-        known = self.facts.computations
-        found = known.get(key)
-        if found is None:
-            fusion = Fusion(self.units, self.unit_reads, self.unit, self.index, self.access)
-            kernels = fusion.fuse(self.classes, self._loop, self.facts.nbytes)
-            found = known[key] = (kernels, fusion.succ, fusion.pred, fusion.lo)
+        known = self.facts.computations if self.view.facts is not None else None
+        key = None
+        if known is not None:
+            key = ("fused", *((u, self.index[u], id(self.summaries[u]), self.classes[u]) for u in self.units))
+            if key in known:
+                return known[key]
+        fusion = Fusion(self.units, self.unit_reads, self.unit, self.index, self.access)
+        kernels = fusion.fuse(self.classes, self._loop, self.facts.nbytes)
+        found = (kernels, fusion.succ, fusion.pred, fusion.lo)
+        if known is not None:
+            known[key] = found
         return found
 
     # --- what runs: units (one per materialised buffer or multi-output op), and what each reads ---------------
@@ -192,28 +196,17 @@ class _Phase:
 
     def _find_units(self) -> None:
         self.unit = unit = {}
-        inputs, roots, classes = self.view.inputs, self.roots, self.classes
-        # A node's computation (``_computed``) depends on its graph only through its tensor reads, their roots,
-        # whether each root is a graph input or stored, and, where it is neither, that root's own computation and
-        # class: under that key, one computed in another plan's view of the same joint nodes
-        # (``NodeFacts.computations``) is the one this would make.
-        known, is_tensor, inputs_of = self.facts.computations, self.facts.is_tensor, self.view.inputs_of
+        # a built graph's facts are its own: nothing to share, so nothing kept
+        known = self.facts.computations if self.view.facts is not None else None
         computed: dict[fx.Node, tuple] = {}  # node -> (reads, loop, heavy, access), see ``_computed``
         for node in self.nodes:
-            key = [node]
-            for arg in inputs_of[node]:
-                if is_tensor(arg):
-                    root = roots[arg]
-                    if root in inputs:
-                        key += (arg, root, "input")
-                    elif unit[root] is not None:
-                        key += (arg, root, "unit")
-                    else:
-                        key += (arg, root, id(computed[root]), classes.get(root))
-            key = tuple(key)
-            found = known.get(key)
-            if found is None:
-                found = known[key] = self._computed(node, computed)
+            if known is None:
+                found = self._computed(node, computed)
+            else:
+                key = self._computation_key(node, computed)
+                found = known.get(key)
+                if found is None:
+                    found = known[key] = self._computed(node, computed)
             computed[node] = found
             node_unit = self._unit_of(node)
             if node_unit is None and self._realized_on_reuse(node, found[0], found[2]):
@@ -227,14 +220,34 @@ class _Phase:
         self.members = members
         self.unit_reads, self.loop_reads, self.access, self.summaries = {}, {}, {}, {}
         for u in self.units:
-            key = (u, *(id(computed[m]) for m in members[u]))
-            found = known.get(key)
+            key = (u, *(id(computed[m]) for m in members[u])) if known is not None else None
+            found = known.get(key) if known is not None else None
             if found is None:
-                found = known[key] = _unit_summary([computed[m] for m in members[u]])
+                found = _unit_summary([computed[m] for m in members[u]])
+                if known is not None:
+                    known[key] = found
             self.summaries[u] = found
             self.unit_reads[u], self.loop_reads[u], self.access[u] = found
         # every storage a unit owns (a multi-output op owns its items')
         self.owned = {u: [m for m in members[u] if self._allocates(m)] for u in self.units}
+
+    def _computation_key(self, node: fx.Node, computed: dict[fx.Node, tuple]) -> tuple:
+        """What ``_computed`` reads of this graph for ``node``: its tensor reads, their roots, whether each root is a
+        graph input or stored, and, where it is neither, that root's own computation and class.  Under this key, a
+        computation made in another plan's view of the same joint nodes (``NodeFacts.computations``) is the one
+        this graph would make."""
+        inputs, roots, unit, is_tensor = self.view.inputs, self.roots, self.unit, self.facts.is_tensor
+        key = [node]
+        for arg in self.view.inputs_of[node]:
+            if is_tensor(arg):
+                root = roots[arg]
+                if root in inputs:
+                    key += (arg, root, "input")
+                elif unit[root] is not None:
+                    key += (arg, root, "unit")
+                else:
+                    key += (arg, root, id(computed[root]), self.classes.get(root))
+        return tuple(key)
 
     def _computed(self, node: fx.Node, computed: dict[fx.Node, tuple]) -> tuple:
         """What ``node``'s computation reads (``computed``: the nodes before it), as (the storages it reads: through
@@ -310,6 +323,8 @@ class _Phase:
 
     def fusion_order(self) -> list[fx.Node]:
         """Inductor's order after fusion: each kernel at its earliest member, then dependencies first."""
+        if self.view.facts is None:
+            return fusion_order(self.kernels, self.kernel_pred, self.kernel_lo)
         key = ("order", id(self.kernels))  # the kernels are ``_fused``'s, kept in ``NodeFacts.computations``
         known = self.facts.computations
         found = known.get(key)
