@@ -142,6 +142,8 @@ def _noop_view_source(node: fx.Node, graph: PhaseGraph | None = None) -> fx.Node
         and (graph is None or src not in graph.inputs)
     ):
         src = src.args[0]
+    if src is node:
+        return node  # no view to look through (most reads): nothing to compare
     found = src.meta.get("val")
     same = isinstance(val, torch.Tensor) and isinstance(found, torch.Tensor)
     return src if same and _hinted_layout(val) == _hinted_layout(found) else node
@@ -159,9 +161,9 @@ def addmm_matmul(node: fx.Node, graph: PhaseGraph | None = None) -> fx.Node | No
         if not isinstance(mm_arg, fx.Node) or not isinstance(other, fx.Node):
             return None
         mm = _noop_view_source(mm_arg, graph)
-        if graph is not None and mm in graph.inputs:
-            continue  # a graph input is no product this graph computes
-        if mm.target is not aten.mm.default or len(_users(mm_arg, graph)) != 1 or len(_users(mm, graph)) != 1:
+        if mm.target is not aten.mm.default or (graph is not None and mm in graph.inputs):
+            continue  # no product, or a graph input: no product this graph computes
+        if len(_users(mm_arg, graph)) != 1 or len(_users(mm, graph)) != 1:
             continue
         a, b = (x.meta.get("val") if isinstance(x, fx.Node) else None for x in mm.args[:2])
         c = other.meta.get("val")

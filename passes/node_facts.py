@@ -4,7 +4,9 @@ graph holds it: its bytes and elements, whether its value is a tensor or a tuple
 lowering facts of one op (``column_reduction``, ``scatter_values``, ``concat_kernel``, ``HEAVY_OPS``,
 ``FUSED_LOADS``).  Each is computed on first demand and kept: a plan's virtual split shows the joint graph's own
 nodes (``phase_graph.virtual_phase``), so one ``NodeFacts`` per joint graph (``plan_memory.JointMemory``) serves
-every plan the peak-aware choice estimates; a built graph gets its own.
+every plan the peak-aware choice estimates; a built graph gets its own.  It also keeps ``phase._Phase``'s per-node
+computations, unit summaries and fusions under keys that hold all they depend on (``computations``): plans differ
+in a few places (a forward mostly only in what it returns), so most of a plan's phases are found there.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from .phase_graph import PhaseGraph, _tensor_storage_bytes
 
 aten = torch.ops.aten
 _MISSING = object()
+_ADD, _MM = aten.add.Tensor, aten.mm.default  # looked up once: these run for every node of every plan's phases
 
 
 class NodeFacts:
@@ -37,6 +40,9 @@ class NodeFacts:
         self._kind: dict[fx.Node, int] = {}
         self._step: dict[tuple[fx.Node, fx.Node], tuple] = {}  # (read, its storage's root) -> ``access.step``
         self._op_path: dict[fx.Node, tuple] = {}  # ``access.op_path``
+        # a node's computation and a unit's summary in a phase, under what they depend on (``phase._Phase``): kept
+        # alive here, so the ``id`` of one in a key stays its own
+        self.computations: dict[tuple, tuple] = {}
 
     def access_step(self, arg: fx.Node, root: fx.Node) -> tuple:
         """``access.step``: a read's layout against its storage's (both fixed by the nodes' values)."""
@@ -76,7 +82,8 @@ class NodeFacts:
         return found
 
     def is_tensor(self, node: fx.Node) -> bool:
-        return self._value_facts(node)[0]
+        found = self._value.get(node)
+        return (found if found is not None else self._value_facts(node))[0]
 
     def is_tuple(self, node: fx.Node) -> bool:
         return self._value_facts(node)[1]
@@ -92,23 +99,23 @@ class NodeFacts:
 
     def inductor_class(self, node: fx.Node, graph: PhaseGraph) -> OpClass:
         """``lowering.inductor_class`` in ``graph``: only an ``add`` (a possible addmm) depends on the graph."""
-        if node.target is aten.add.Tensor:
-            return inductor_class(node, self.op_class(node), graph)
         found = self._inductor.get(node)
         if found is None:
-            found = self._inductor[node] = inductor_class(node, self.op_class(node), graph)
+            found = inductor_class(node, self.op_class(node), graph)
+            if node.target is not _ADD:
+                self._inductor[node] = found
         return found
 
     def storage_kind(self, node: fx.Node, classes: dict, graph: PhaseGraph, storage_kind) -> int:
         """``storage_kind(node, classes, graph)`` (``phase.storage_kind``) of a node computed in ``graph`` (not one
         of its inputs): it depends on the graph only for an item (its parent may be an input there), an ``mm`` (an
         addmm may fold it) and an ``add`` (which may be that addmm)."""
-        target = node.target
-        if target is operator.getitem or target is aten.mm.default or target is aten.add.Tensor:
-            return storage_kind(node, classes, graph)
         found = self._kind.get(node)
         if found is None:
-            found = self._kind[node] = storage_kind(node, classes, graph)
+            found = storage_kind(node, classes, graph)
+            target = node.target
+            if target is not operator.getitem and target is not _MM and target is not _ADD:
+                self._kind[node] = found
         return found
 
     def reads(self, node: fx.Node) -> tuple[bool, fx.Node | None]:

@@ -111,6 +111,15 @@ def phase_root(node: fx.Node, view: PhaseGraph) -> fx.Node:
     return alias_root(node, view.input_classes)
 
 
+def _unit_summary(computations: list[tuple]) -> tuple:
+    """(storages read, loop sizes, storage read -> access paths) of a unit whose members' computations
+    (``_Phase._computed``) are ``computations``."""
+    reads = frozenset().union(*(c[0] for c in computations))
+    loop = frozenset().union(*(c[1] for c in computations))
+    union = frozenset().union
+    return reads, loop, {r: union(*(c[3].get(r, ()) for c in computations)) for r in reads}
+
+
 class _Phase:
     """One graph run as Inductor schedules it: its materialised buffers grouped into kernels (fusion), the kernels
     in an execution order, and the live storages (root node name -> bytes) walked over that order.  ``graph``: an
@@ -150,9 +159,26 @@ class _Phase:
         self.activation_peak = 0
         self._find_units()
         self.workspace = {u: workspace_bytes(u, channels_last) for u in self.units}
+        # head -> units (graph order), and the kernels' successors, predecessors and earliest place
+        self.kernels, self.kernel_succ, self.kernel_pred, self.kernel_lo = self._fused()
+
+    def _fused(self) -> tuple:
+        """Inductor's fusion of the units (``fusion.Fusion``).  It reads each unit's place, class and summary (its
+        members' computations, whose keys say which reads are graph inputs): under those, the fusion of another
+        plan's view of the same joint nodes (a forward often differs from another only in what outlives it) is the
+        one this would make (``NodeFacts.computations``)."""
+        known = self.facts.computations if self.view.facts is not None else None
+        key = None
+        if known is not None:
+            key = ("fused", *((u, self.index[u], id(self.summaries[u]), self.classes[u]) for u in self.units))
+            if key in known:
+                return known[key]
         fusion = Fusion(self.units, self.unit_reads, self.unit, self.index, self.access)
-        self.kernels = fusion.fuse(self.classes, self._loop, facts.nbytes)  # head -> units, graph order
-        self.kernel_succ, self.kernel_pred, self.kernel_lo = fusion.succ, fusion.pred, fusion.lo
+        kernels = fusion.fuse(self.classes, self._loop, self.facts.nbytes)
+        found = (kernels, fusion.succ, fusion.pred, fusion.lo)
+        if known is not None:
+            known[key] = found
+        return found
 
     # --- what runs: units (one per materialised buffer or multi-output op), and what each reads ---------------
 
@@ -169,59 +195,91 @@ class _Phase:
         return node if materialises(node, self.classes, self.returned, self.view, self.kinds[node]) else None
 
     def _find_units(self) -> None:
-        self.unit = {}
-        inputs, inputs_of, roots, facts = self.view.inputs, self.view.inputs_of, self.roots, self.facts
-        # storages each node's computation reads: through views to their root, through fused-away values to theirs
-        reads: dict[fx.Node, frozenset[fx.Node]] = {}
-        # what sizes its loop: the same, less the tables a fused load picks rows from (an embedding's weight), plus
-        # the fused-away values computed inside it (the rows picked)
-        loop: dict[fx.Node, frozenset[fx.Node]] = {}
-        heavy: dict[fx.Node, bool] = {}  # its computation, fused-away producers included, has a costly op
-        access: dict[fx.Node, dict[fx.Node, set]] = {}  # storage read -> its access paths (``access.py``)
+        self.unit = unit = {}
+        # a built graph's facts are its own: nothing to share, so nothing kept
+        known = self.facts.computations if self.view.facts is not None else None
+        computed: dict[fx.Node, tuple] = {}  # node -> (reads, loop, heavy, access), see ``_computed``
         for node in self.nodes:
-            found: set[fx.Node] = set()
-            sized: set[fx.Node] = set()
-            costly, table = facts.reads(node)
-            paths = access[node] = {}
-            for arg in inputs_of[node]:
-                if not facts.is_tensor(arg):
-                    continue  # an item of a multi-output op: its kernel is the op's
-                root = roots[arg]
-                chain = facts.access_step(arg, root)
-                if root in inputs or self.unit[root] is not None:
-                    found.add(root)
-                    add_paths(paths, root, (chain,))
-                    if arg is not table:
-                        sized.add(root)
-                else:
-                    found |= reads[root]
-                    sized |= loop[root]
-                    sized.add(root)
-                    costly = costly or heavy[root]
-                    prefix = chain + facts.access_through(root, self.classes.get(root))
-                    for r, known in access[root].items():
-                        add_paths(paths, r, (prefix + k for k in known))
-            reads[node] = found  # neither is changed after
-            loop[node] = sized
-            heavy[node] = costly
-            unit = self._unit_of(node)
-            if unit is None and self._realized_on_reuse(node, found, costly):
-                unit = node
-            self.unit[node] = unit
-        self.units = [n for n in self.nodes if self.unit[n] is n]
+            if known is None:
+                found = self._computed(node, computed)
+            else:
+                key = self._computation_key(node, computed)
+                found = known.get(key)
+                if found is None:
+                    found = known[key] = self._computed(node, computed)
+            computed[node] = found
+            node_unit = self._unit_of(node)
+            if node_unit is None and self._realized_on_reuse(node, found[0], found[2]):
+                node_unit = node
+            unit[node] = node_unit
+        self.units = [n for n in self.nodes if unit[n] is n]
         members: dict[fx.Node, list[fx.Node]] = {u: [] for u in self.units}
         for node in self.nodes:
-            if self.unit[node] is not None:
-                members[self.unit[node]].append(node)
+            if unit[node] is not None:
+                members[unit[node]].append(node)
         self.members = members
-        self.unit_reads = {u: frozenset().union(*(reads[m] for m in members[u])) for u in self.units}
-        self.loop_reads = {u: frozenset().union(*(loop[m] for m in members[u])) for u in self.units}
-        union = frozenset().union
-        self.access = {
-            u: {r: union(*(access[m].get(r, ()) for m in members[u])) for r in self.unit_reads[u]} for u in members
-        }
+        self.unit_reads, self.loop_reads, self.access, self.summaries = {}, {}, {}, {}
+        for u in self.units:
+            key = (u, *(id(computed[m]) for m in members[u])) if known is not None else None
+            found = known.get(key) if known is not None else None
+            if found is None:
+                found = _unit_summary([computed[m] for m in members[u]])
+                if known is not None:
+                    known[key] = found
+            self.summaries[u] = found
+            self.unit_reads[u], self.loop_reads[u], self.access[u] = found
         # every storage a unit owns (a multi-output op owns its items')
         self.owned = {u: [m for m in members[u] if self._allocates(m)] for u in self.units}
+
+    def _computation_key(self, node: fx.Node, computed: dict[fx.Node, tuple]) -> tuple:
+        """What ``_computed`` reads of this graph for ``node``: its tensor reads, their roots, whether each root is a
+        graph input or stored, and, where it is neither, that root's own computation and class.  Under this key, a
+        computation made in another plan's view of the same joint nodes (``NodeFacts.computations``) is the one
+        this graph would make."""
+        inputs, roots, unit, is_tensor = self.view.inputs, self.roots, self.unit, self.facts.is_tensor
+        key = [node]
+        for arg in self.view.inputs_of[node]:
+            if is_tensor(arg):
+                root = roots[arg]
+                if root in inputs:
+                    key += (arg, root, "input")
+                elif unit[root] is not None:
+                    key += (arg, root, "unit")
+                else:
+                    key += (arg, root, id(computed[root]), self.classes.get(root))
+        return tuple(key)
+
+    def _computed(self, node: fx.Node, computed: dict[fx.Node, tuple]) -> tuple:
+        """What ``node``'s computation reads (``computed``: the nodes before it), as (the storages it reads: through
+        views to their root, through fused-away values to theirs; what sizes its loop: the same, less the tables a
+        fused load picks rows from (an embedding's weight), plus the fused-away values computed inside it (the rows
+        picked); whether it has a costly op, fused-away producers included; storage read -> its access paths
+        (``access.py``)).  None of these is changed after."""
+        facts, inputs, roots = self.facts, self.view.inputs, self.roots
+        found: set[fx.Node] = set()
+        sized: set[fx.Node] = set()
+        costly, table = facts.reads(node)
+        paths: dict[fx.Node, set] = {}
+        for arg in self.view.inputs_of[node]:
+            if not facts.is_tensor(arg):
+                continue  # an item of a multi-output op: its kernel is the op's
+            root = roots[arg]
+            chain = facts.access_step(arg, root)
+            if root in inputs or self.unit[root] is not None:
+                found.add(root)
+                add_paths(paths, root, (chain,))
+                if arg is not table:
+                    sized.add(root)
+            else:
+                root_reads, root_loop, root_heavy, root_access = computed[root]
+                found |= root_reads
+                sized |= root_loop
+                sized.add(root)
+                costly = costly or root_heavy
+                prefix = chain + facts.access_through(root, self.classes.get(root))
+                for r, known in root_access.items():
+                    add_paths(paths, r, (prefix + k for k in known))
+        return found, sized, costly, paths
 
     def _realized_on_reuse(self, node: fx.Node, reads: set[fx.Node], costly: bool) -> bool:
         """Inductor stores a value read by more than one node instead of computing it inside each reader when that
@@ -265,7 +323,14 @@ class _Phase:
 
     def fusion_order(self) -> list[fx.Node]:
         """Inductor's order after fusion: each kernel at its earliest member, then dependencies first."""
-        return fusion_order(self.kernels, self.kernel_pred, self.kernel_lo)
+        if self.view.facts is None:
+            return fusion_order(self.kernels, self.kernel_pred, self.kernel_lo)
+        key = ("order", id(self.kernels))  # the kernels are ``_fused``'s, kept in ``NodeFacts.computations``
+        known = self.facts.computations
+        found = known.get(key)
+        if found is None:
+            found = known[key] = fusion_order(self.kernels, self.kernel_pred, self.kernel_lo)
+        return found
 
     def _inplace_candidate(
         self, unit: fx.Node, nbytes: int, live: dict[str, int], remaining: dict[str, int], kernel: list[fx.Node]

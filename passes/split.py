@@ -225,6 +225,13 @@ def _reorder_like_autograd(
         return output_inputs if node is output else joint.inputs_of[node]
 
     def place(node) -> None:
+        if node in placed:
+            return
+        if placed.issuperset(inputs_of(node)):  # most nodes: nothing else to place first
+            placed.add(node)
+            if node is not output:
+                result.append(node)
+            return
         stack, pending = [node], set()
         while stack:
             n = stack.pop()

@@ -66,6 +66,26 @@ def test_plan_estimate_is_the_simulation_of_the_split(name):
         assert estimated.timeline == simulated.timeline, (name, plan.saved_bytes)
 
 
+def test_estimates_share_what_their_phases_have_in_common():
+    """The estimates of one joint graph keep their phases' node computations, unit summaries and fusions
+    (``NodeFacts.computations``) under keys holding all each reads: estimating again makes nothing new, some plans
+    find a phase's whole fusion made by another's, and an estimate made after all the others equals the one made
+    first on a fresh joint memory."""
+    joint, roles, flow, plans, memory, num_fwd_outputs = _candidates_and_memory("stack")
+    index = {n: i for i, n in enumerate(joint.graph.nodes)}
+    saved_sets = [{index[flow.nodes[v]] for v in plan.saved} for plan in plans]
+    warm = [estimate_peak(memory, saved) for saved in saved_sets]
+    known = memory.node_facts.computations
+    kept = len(known)
+    assert [estimate_peak(memory, saved).timeline for saved in saved_sets] == [e.timeline for e in warm]
+    assert len(known) == kept
+    fusions = sum(1 for key in known if key[0] == "fused")
+    assert 0 < fusions < 2 * len(saved_sets), (fusions, len(saved_sets))
+    for position in (0, -1):
+        cold = estimate_peak(build_joint_memory(joint, roles, num_fwd_outputs), saved_sets[position])
+        assert cold.timeline == warm[position].timeline, position
+
+
 @functools.lru_cache(maxsize=None)  # two tests read the same 12-block reports
 def _lowest_peak(blocks: int) -> tuple:
     """(peak_budget=0.0, memory_budget=0.0 without and with backward segments, default) reports on a stack;
