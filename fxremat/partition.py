@@ -308,10 +308,8 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
         )
 
     plan, plan_fields, split_done, peak = choose(flow, roles, joint, options, profile, request, split)
-    fields.update(plan_fields)
-    fields["solve_seconds"] = time.perf_counter() - solve_start
-    recomputed_nodes = [flow.nodes[i] for i in plan.recomputed]
-    for node in recomputed_nodes:
+    fields.update(plan_fields, solve_seconds=time.perf_counter() - solve_start)
+    for node in (flow.nodes[i] for i in plan.recomputed):
         if node in roles.no_recompute and roles.role[node] is not Role.BACKWARD_ONLY:
             raise AssertionError(f"solver recomputed a banned node: {node.format_node()}")
     fields.update(_plan_fields(plan, flow, roles, options))
