@@ -44,8 +44,18 @@ PEAK_AT_SOURCES = {
     "fxremat_peak_at_pytorch_0.5": "pytorch_budget_0.5",
     "fxremat_peak_at_pytorch_0.1": "pytorch_budget_0.1",
 }
+# The model run uncompiled (beside --checkpointed's rows: what the user's checkpointing gives in eager).
+EAGER = "eager"
 # Run order (benchmarks/run.py's plan): every PyTorch row before the fxremat rows that take its measured bytes.
-CONFIGS = (*PYTORCH_BUDGETS, "fxremat_default", *FXREMAT_BUDGETS, *BUDGET_SOURCES, *PEAK_BUDGETS, *PEAK_AT_SOURCES)
+CONFIGS = (
+    EAGER,
+    *PYTORCH_BUDGETS,
+    "fxremat_default",
+    *FXREMAT_BUDGETS,
+    *BUDGET_SOURCES,
+    *PEAK_BUDGETS,
+    *PEAK_AT_SOURCES,
+)
 # The default run: PyTorch's default and budgets 0.5 / 0.1 against fxremat's default, the same knob at 0.5, and
 # fxremat at PyTorch's measured bytes.  The rest were added for the peak studies (issues #8, #15): --configs.
 DEFAULT_CONFIGS = (
@@ -73,8 +83,15 @@ ISSUE15_CONFIGS = (
     "fxremat_peak_0.5",
     "fxremat_peak_0.0",
 )
+# --checkpointed's default run (issue #22): the user's checkpointing in eager, under Inductor, under fxremat.
+CHECKPOINTED_CONFIGS = (EAGER, "pytorch_default", "fxremat_default")
 # Names that --configs expands to a list.
-CONFIG_SETS = {"default": DEFAULT_CONFIGS, "quick": QUICK_CONFIGS, "issue15": ISSUE15_CONFIGS}
+CONFIG_SETS = {
+    "default": DEFAULT_CONFIGS,
+    "quick": QUICK_CONFIGS,
+    "issue15": ISSUE15_CONFIGS,
+    "checkpointed": CHECKPOINTED_CONFIGS,
+}
 
 
 def expand_configs(names: list[str]) -> list[str]:
@@ -171,7 +188,10 @@ def grad_errors(model: torch.nn.Module, reference: dict[str, torch.Tensor]) -> t
 
 
 def make_backend(config: str, budget_bytes: int | None):
-    """(backend for torch.compile, context manager to hold around the first call: the partition happens there)."""
+    """(backend for torch.compile, context manager to hold around the first call: the partition happens there);
+    ``eager``: no backend, the model runs uncompiled."""
+    if config == EAGER:
+        return None, contextlib.nullcontext
     if config in PYTORCH_BUDGETS:
         budget = PYTORCH_BUDGETS[config]
         if budget is None:
@@ -254,18 +274,26 @@ def dynamo_graph_count() -> int:
 
 
 def measure(
-    model_name: str, size: str, config: str, repeats: int, device: str, budget_bytes: int | None = None
+    model_name: str,
+    size: str,
+    config: str,
+    repeats: int,
+    device: str,
+    budget_bytes: int | None = None,
+    checkpointed: bool = False,
 ) -> dict[str, Any]:
-    """Build, compile and time one model under one configuration; a row of plain JSON values."""
-    work = build_workload(model_name, size, device)
+    """Build, compile and time one model under one configuration; a row of plain JSON values.  ``checkpointed``:
+    its blocks under ``torch.utils.checkpoint`` (``bench_models.checkpoint_blocks``, issue #22)."""
+    work = build_workload(model_name, size, device, checkpointed)
     row: dict[str, Any] = dict(model=model_name, config=config, size=size, device=device, model_info=work.info)
+    row["checkpointed"] = checkpointed
     row["memory_budget_bytes"] = budget_bytes
     row["threads"] = torch.get_num_threads()
     graphs_before = dynamo_graph_count()  # Dynamo's counters outlive torch._dynamo.reset() (in-process runs)
     reference = None if has_dropout(work.model) else eager_grads(work)
 
     backend, first_call_context = make_backend(config, budget_bytes)
-    compiled = torch.compile(work.model, backend=backend)
+    compiled = work.model if backend is None else torch.compile(work.model, backend=backend)
     row.update(first_step(compiled, work, device, first_call_context))
     error, near_zero = (None, []) if reference is None else grad_errors(work.model, reference)
     row["max_grad_error"] = error
@@ -302,10 +330,12 @@ def first_step(compiled: Callable, work: Workload, device: str, context) -> dict
     return dict(compile_s=time.perf_counter() - start, saved_bytes=saved.nbytes, saved_tensors=saved.count)
 
 
-def measure_or_error(model_name: str, size: str, config: str, repeats: int, device: str, budget_bytes=None) -> dict:
+def measure_or_error(
+    model_name: str, size: str, config: str, repeats: int, device: str, budget_bytes=None, checkpointed=False
+) -> dict:
     """``measure``, but a failure is a row with an ``error`` (the exception and the innermost frames)."""
     try:
-        return measure(model_name, size, config, repeats, device, budget_bytes)
+        return measure(model_name, size, config, repeats, device, budget_bytes, checkpointed)
     except Exception as exc:  # noqa: BLE001 - one model failing must never abort the benchmark
         return error_row(model_name, size, config, device, f"{type(exc).__name__}: {exc}", traceback.format_exc())
 

@@ -77,7 +77,9 @@ def _hf_loss(out: Any) -> torch.Tensor:
     return out.loss
 
 
-def build_workload(name: str, size: str, device: str = "cpu") -> Workload:
+def build_workload(name: str, size: str, device: str = "cpu", checkpointed: bool = False) -> Workload:
+    """``checkpointed``: every block wrapped in ``torch.utils.checkpoint(..., use_reentrant=False)``
+    (``checkpoint_blocks``), as a user who turned on their library's checkpointing switch has it (issue #22)."""
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; one of {sorted(SIZES)}")
     torch.manual_seed(0)
@@ -92,7 +94,42 @@ def build_workload(name: str, size: str, device: str = "cpu") -> Workload:
         raise ValueError(f"unknown model {name!r}; one of {list(ALL_MODELS + EXTRA_MODELS)}")
     work.info.setdefault("parameters", sum(p.numel() for p in work.model.parameters()))
     work.info.setdefault("class", type(work.model).__name__)
+    if checkpointed:
+        work.model, work.info["checkpointed"] = checkpoint_blocks(work.model)
     return work.to(device)
+
+
+class Checkpointed(torch.nn.Module):
+    """A block run under ``torch.utils.checkpoint`` (non-reentrant, as every current library switch does)."""
+
+    def __init__(self, block: torch.nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, *args, **kwargs):
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(self.block, *args, use_reentrant=False, **kwargs)
+
+
+def checkpoint_blocks(model: torch.nn.Module) -> tuple[torch.nn.Module, str]:
+    """The model with its blocks wrapped in checkpoint (in place where it has blocks), and how.  A transformers
+    model: its own switch (``activation_checkpointing_enable``, or ``gradient_checkpointing_enable`` before it),
+    non-reentrant.  fxremat's examples: every entry of a ``blocks`` container, or the whole model where it is one
+    block (or an MLP)."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=dict(use_reentrant=False))
+        return model, "transformers activation_checkpointing_enable"
+    if hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=dict(use_reentrant=False))
+        return model, "transformers gradient_checkpointing_enable"
+    blocks = getattr(model, "blocks", None)
+    if isinstance(blocks, (torch.nn.ModuleList, torch.nn.Sequential)):
+        for i, block in enumerate(blocks):
+            blocks[i] = Checkpointed(block)
+        return model, f"{len(blocks)} blocks"
+    return Checkpointed(model), "the whole model as one block"
 
 
 def _example(name: str, shape: dict[str, int]) -> Workload:

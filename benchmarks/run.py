@@ -2,13 +2,17 @@
 
     python benchmarks/run.py [--quick] [--models NAMES] [--configs NAMES] [--size tiny|small|medium]
                              [--json PATH] [--markdown PATH] [--plot PATH] [--repeats N] [--timeout S]
+                             [--checkpointed]
 
 Each model x configuration runs in a fresh process (this script in its hidden ``--worker`` mode, which prints one
 JSON line) with its own empty Inductor cache, so no compile state leaks from one run into the next.  The PyTorch
 budget runs go first: ``fxremat_at_pytorch_X`` gives fxremat, as an absolute budget, the saved bytes that
 ``pytorch_budget_X`` measured.  ``--quick``: the MLP, two configurations, in this process.  ``--configs`` also
 takes set names (``bench_measure.CONFIG_SETS``): ``--configs issue15`` runs every setting issue #15 judges, and
-benchmarks/peak_table.py turns that JSON into its table.  See benchmarks/README.md for what each column means.
+benchmarks/peak_table.py turns that JSON into its table.  ``--checkpointed``: every model's blocks under
+``torch.utils.checkpoint`` (``bench_models.checkpoint_blocks``), by default eager, Inductor's default and
+fxremat's default (issue #22: compiling a checkpointed model must not cost memory).  See benchmarks/README.md for
+what each column means.
 """
 
 from __future__ import annotations
@@ -81,6 +85,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="take the PyTorch rows (pytorch_*) of the same models and size from an earlier run's JSON instead of "
         "running them again (fxremat_at_pytorch_X then uses their saved bytes); each such row is marked",
     )
+    parser.add_argument(
+        "--checkpointed",
+        action="store_true",
+        help="every model's blocks under torch.utils.checkpoint (default configs: eager pytorch_default "
+        "fxremat_default)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--budget-bytes", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -100,9 +110,10 @@ def apply_defaults(args: argparse.Namespace) -> None:
     """--quick's models and configurations, the default ones otherwise; configuration set names expanded."""
     if args.quick:
         args.models = args.models or list(QUICK_MODELS)
-        args.configs = args.configs or list(bm.QUICK_CONFIGS)
+        args.configs = args.configs or list(bm.CHECKPOINTED_CONFIGS if args.checkpointed else bm.QUICK_CONFIGS)
     args.models = args.models or list(ALL_MODELS)
-    args.configs = bm.expand_configs(args.configs or list(bm.DEFAULT_CONFIGS))
+    defaults = bm.CHECKPOINTED_CONFIGS if args.checkpointed else bm.DEFAULT_CONFIGS
+    args.configs = bm.expand_configs(args.configs or list(defaults))
     args.size = args.size or ("tiny" if args.quick else "small")
 
 
@@ -122,7 +133,9 @@ def worker_main(args: argparse.Namespace) -> int:
     torch.set_num_threads(THREADS)
     if len(args.models) != 1 or len(args.configs) != 1:
         raise SystemExit("--worker runs exactly one --models NAME and one --configs NAME")
-    row = bm.measure_or_error(args.models[0], args.size, args.configs[0], args.repeats, device(), args.budget_bytes)
+    row = bm.measure_or_error(
+        args.models[0], args.size, args.configs[0], args.repeats, device(), args.budget_bytes, args.checkpointed
+    )
     print(ROW_MARKER + json.dumps(row, default=str), flush=True)
     return 0
 
@@ -132,7 +145,9 @@ def parse_worker_output(stdout: str) -> dict | None:
     return json.loads(rows[-1]) if rows else None
 
 
-def worker_command(model: str, config: str, size: str, repeats: int, budget: int | None) -> list[str]:
+def worker_command(
+    model: str, config: str, size: str, repeats: int, budget: int | None, checkpointed: bool = False
+) -> list[str]:
     command = [
         sys.executable,
         str(Path(__file__).resolve()),
@@ -146,17 +161,20 @@ def worker_command(model: str, config: str, size: str, repeats: int, budget: int
         "--repeats",
         str(repeats),
     ]
+    command += ["--checkpointed"] if checkpointed else []
     return command + ([] if budget is None else ["--budget-bytes", str(budget)])
 
 
-def subprocess_runner(size: str, repeats: int, timeout: float, shared_cache: str | None = None) -> Runner:
+def subprocess_runner(
+    size: str, repeats: int, timeout: float, shared_cache: str | None = None, checkpointed: bool = False
+) -> Runner:
     def run(model: str, config: str, budget: int | None) -> dict:
         cache = shared_cache or tempfile.mkdtemp(prefix="fxremat-bench-inductor-")
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TRITON_CACHE_DIR": os.path.join(cache, "triton")}
         start = time.perf_counter()
         try:
             proc = subprocess.run(
-                worker_command(model, config, size, repeats, budget),
+                worker_command(model, config, size, repeats, budget, checkpointed),
                 env=env,
                 capture_output=True,
                 text=True,
@@ -180,7 +198,7 @@ def subprocess_runner(size: str, repeats: int, timeout: float, shared_cache: str
     return run
 
 
-def in_process_runner(size: str, repeats: int) -> Runner:
+def in_process_runner(size: str, repeats: int, checkpointed: bool = False) -> Runner:
     """--quick: no subprocess; each configuration still gets an empty Inductor cache (disk and memory)."""
     import torch
 
@@ -189,7 +207,7 @@ def in_process_runner(size: str, repeats: int) -> Runner:
     def run(model: str, config: str, budget: int | None) -> dict:
         torch._dynamo.reset()
         with fresh_inductor_cache():
-            return bm.measure_or_error(model, size, config, repeats, device(), budget)
+            return bm.measure_or_error(model, size, config, repeats, device(), budget, checkpointed)
 
     return run
 
@@ -279,6 +297,7 @@ def build_result(args: argparse.Namespace, rows: list[dict]) -> dict[str, Any]:
         quick=args.quick,
         in_process=args.quick,
         grad_tolerance=bm.GRAD_TOLERANCE,
+        checkpointed=args.checkpointed,
     )
     return dict(schema_version=1, environment=br.environment(THREADS), settings=settings, rows=br.add_ratios(rows))
 
@@ -298,9 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker_main(args)
     if args.quick:
-        runner = in_process_runner(args.size, args.repeats)
+        runner = in_process_runner(args.size, args.repeats, args.checkpointed)
     else:
-        runner = subprocess_runner(args.size, args.repeats, args.timeout, args.shared_cache)
+        runner = subprocess_runner(args.size, args.repeats, args.timeout, args.shared_cache, args.checkpointed)
     done: list[dict] = []
 
     def on_row(row: dict) -> None:  # the JSON so far after every row: a long run stopped midway keeps its rows

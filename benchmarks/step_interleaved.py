@@ -91,7 +91,7 @@ def compile_one(model: str, size: str, config: str, device: str, rows: list[dict
         return dict(row=bm.error_row(model, size, config, device, missing))
     work = bm.build_workload(model, size, device)
     backend, first_call_context = bm.make_backend(config, budget)
-    compiled = torch.compile(work.model, backend=backend)
+    compiled = work.model if backend is None else torch.compile(work.model, backend=backend)  # eager: uncompiled
     graphs_before = bm.dynamo_graph_count()
     row = dict(model=model, config=config, size=size, device=device, memory_budget_bytes=budget, error=None)
     row.update(bm.first_step(compiled, work, device, first_call_context))

@@ -25,6 +25,8 @@ _FALSE_WORDS = ("", "0", "false", "no", "off")
 _NOT_IN_CACHE_KEY = ("report_dir", "verify")
 
 SOLVERS = ("mincut", "milp")
+# What a user's checkpoint regions mean (fxremat/contract.py): a memory contract, or fxremat's costs decide.
+CHECKPOINT_MODES = ("honour", "replan")
 # Default price of memory, in byte-transfer times per byte kept (lambda = memory_price / bandwidth).
 # Measured (benchmarks/RESULTS.md, "memory_price sweep"): on the MLP and the SDPA block at D=64 and D=256 the cut is
 # the same for every price in [0, 3] (0.5-0.6x PyTorch's saved bytes, step time within noise), and at 10 the
@@ -167,6 +169,9 @@ class Options:
     backward_segments  None (default): backward recomputes the forward segment by segment, from checkpoints it
                      recomputes first (passes/segments.py), where a memory_budget leaves no plan as low as a
                      looser budget's (budget 0.0: the whole forward recomputed); True: for every plan; False: never.
+    checkpoints      "honour" (default): with checkpoint tags in the graph, no plan saves more bytes or has a
+                     higher simulated step peak than the user's plan (fxremat/contract.py); "replan": fxremat's
+                     costs decide inside the regions too (a PREFER_RECOMPUTE tag is a bias).
     """
 
     memory_budget: float | int | None = None
@@ -180,6 +185,7 @@ class Options:
     report_dir: str | None = None
     verify: bool = False
     backward_segments: bool | None = None
+    checkpoints: str = "honour"
 
     @classmethod
     def create(cls, **kwargs: Any) -> Options:
@@ -203,6 +209,11 @@ class Options:
             values["device"] = resolve_device(values["device"])
         if "solver" in values and values["solver"] not in SOLVERS:
             raise ValueError(f"solver={values['solver']!r} is not known; use one of {list(SOLVERS)}")
+        if values.get("checkpoints", "honour") not in CHECKPOINT_MODES:
+            raise ValueError(
+                f"checkpoints={values['checkpoints']!r} is not known; use 'honour' (the user's checkpoint regions are "
+                "a memory ceiling) or 'replan' (fxremat's costs decide inside them)"
+            )
         if "verify" not in values:
             values["verify"] = verify_from_environment()
         for flag in ("compare_default", "compare_budgets", "strict", "verify"):

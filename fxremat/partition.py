@@ -35,6 +35,7 @@ from fxremat_passes.region_budget import annotations_hidden
 from fxremat_passes.roles import Policy, Role, classify, recompute_tag
 from fxremat_passes.split import SplitRecipe, split_with_recipe
 
+from .contract import kept_tagged
 from .knobs import TORCH_CONFIG_SOURCE, effective_options
 from .options import Options
 from .peak_choice import choose, segmented_split
@@ -94,12 +95,26 @@ def graph_device(joint: fx.GraphModule) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _why_recomputed(node: fx.Node, role: Role) -> str:
+def _why_recomputed(node: fx.Node, checkpoints: str) -> str:
     if recompute_tag(node) == Policy.MUST_RECOMPUTE:
         return "tagged MUST_RECOMPUTE"
     if recompute_tag(node) == Policy.PREFER_RECOMPUTE:
-        return "tagged PREFER_RECOMPUTE, and cheaper"
+        # honoured: the user's checkpoint (fxremat/contract.py); replan: the tag's bias made it the cheaper side
+        return (
+            "tagged PREFER_RECOMPUTE, honoured" if checkpoints == "honour" else "tagged PREFER_RECOMPUTE, and cheaper"
+        )
     return "cheaper to recompute than to keep"
+
+
+def _plan_fields(plan: Plan, flow, roles, options: Options) -> dict:
+    """Why each forward node is recomputed, and which checkpointed values are kept (``contract.kept_tagged``)."""
+    recomputed = (flow.nodes[i] for i in plan.recomputed)
+    return dict(
+        recompute_reasons=tuple(
+            (n.name, _why_recomputed(n, options.checkpoints)) for n in recomputed if roles.role[n] is Role.FORWARD
+        ),
+        checkpoint_kept=kept_tagged(plan, flow, roles, options),
+    )
 
 
 # At most this many points of the simulated memory timeline go into a report (enough for a chart).
@@ -294,15 +309,11 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
         )
 
     plan, plan_fields, split_done, peak = choose(flow, roles, joint, options, profile, request, split, regions)
-    fields.update(plan_fields)
-    fields["solve_seconds"] = time.perf_counter() - solve_start
-    recomputed_nodes = [flow.nodes[i] for i in plan.recomputed]
-    for node in recomputed_nodes:
+    fields.update(plan_fields, solve_seconds=time.perf_counter() - solve_start)
+    for node in (flow.nodes[i] for i in plan.recomputed):
         if node in roles.no_recompute and roles.role[node] is not Role.BACKWARD_ONLY:
             raise AssertionError(f"solver recomputed a banned node: {node.format_node()}")
-    fields["recompute_reasons"] = tuple(
-        (n.name, _why_recomputed(n, roles.role[n])) for n in recomputed_nodes if roles.role[n] is Role.FORWARD
-    )
+    fields.update(_plan_fields(plan, flow, roles, options))
     _enter("split")
     fw, bw, recipe = split_done if split_done is not None else split(plan)
     if options.backward_segments and recipe is not None and not recipe.bw_checkpoints:  # asked for every plan

@@ -23,10 +23,12 @@ from fxremat_passes.plan_memory import build_joint_memory, estimate_peak
 from fxremat_passes.roles import Role
 from fxremat_passes.segments import lowest_peak_segments, segment_recompute_flops
 
+from .contract import CONTRACT_FIELDS, contract_plan, user_contract
 from .plan import (
     FxrematBudgetWarning,
     budget_shortlist,
     budget_target_bytes,
+    cheapest_within,
     choose_plan,
     fastest_first,
     frontier_field,
@@ -105,15 +107,12 @@ class JudgedPlans:
         return split, self.simulations[key]
 
 
-def _ranked_candidates(flow, roles, joint, options, profile, request, budget_bytes, cache=None):
-    """(candidates fastest first, the plan-level estimate of a plan's step (``estimate_peak``), whether that
-    estimate is exactly the simulation of the plan's split: ``JudgedPlans.exact``)."""
-    problem = flow.parametric
+def _plan_estimator(flow, roles, joint, request):
+    """(the plan-level estimate of a plan's step (``estimate_peak``), whether that estimate is exactly the
+    simulation of the plan's split: ``JudgedPlans.exact``)."""
     memory = build_joint_memory(joint, roles, request.num_fwd_outputs)
     index = {n: i for i, n in enumerate(joint.graph.nodes)}
     value_node = [index[n] for n in flow.nodes]
-    forward = [roles.role[n] is Role.FORWARD for n in flow.nodes]
-    candidates = peak_candidates(problem, forward, options, profile, budget_bytes, cache)
     estimates: dict = {}
 
     def estimate(plan: Plan):
@@ -122,35 +121,57 @@ def _ranked_candidates(flow, roles, joint, options, profile, request, budget_byt
             estimates[key] = estimate_peak(memory, {value_node[v] for v in plan.saved})
         return estimates[key]
 
-    return candidates, estimate, not memory.channels_last
+    return estimate, not memory.channels_last
+
+
+def _ranked_candidates(flow, roles, joint, options, profile, request, budget_bytes, cache=None):
+    """(candidates fastest first, the plan-level estimate of a plan's step, whether that estimate is exact:
+    ``_plan_estimator``)."""
+    forward = [roles.role[n] is Role.FORWARD for n in flow.nodes]
+    candidates = peak_candidates(flow.parametric, forward, options, profile, budget_bytes, cache)
+    return candidates, *_plan_estimator(flow, roles, joint, request)
 
 
 def choose(flow, roles, joint, options, profile, request, split, regions=None):
     """The plan for these options: (plan, report fields, (fw, bw, recipe) where choosing split it, or None, its
-    simulation or None).  ``split(plan)`` makes a plan's split; ``regions``: per-region budgets (``region_plan``)."""
+    simulation or None).  ``split(plan)`` makes a plan's split; ``regions``: per-region budgets (``region_plan``,
+    chosen by saved bytes alone).  Otherwise, with checkpoint tags in the graph (and ``checkpoints="honour"``), every
+    choice also keeps within the user's plan (``contract.py``)."""
     if regions is not None:
         return choose_plan_for_regions(flow, options, profile, request, regions)
+    contract = user_contract(flow, roles, options, profile)
     if options.peak_budget is not None:
-        return choose_plan_for_peak(flow, roles, joint, options, profile, request, split)
+        return choose_plan_for_peak(flow, roles, joint, options, profile, request, split, contract)
     if options.memory_budget not in (None, 1.0) and options.solver == "mincut":
-        return choose_plan_for_budget(flow, roles, joint, options, profile, request, split)
+        return choose_plan_for_budget(flow, roles, joint, options, profile, request, split, contract)
+    if contract is not None:
+        estimate, exact = _plan_estimator(flow, roles, joint, request)
+        required = {plan_key(contract.user)}
+        judged = JudgedPlans(split, estimate, request.num_fwd_outputs, required=required, exact=exact)
+        plan, fields = contract_plan(flow, options, profile, request.graph_id, contract, judged)
+        return plan, fields, *judged.handed_on(plan)
     plan, fields = choose_plan(flow.parametric, options, profile, request.graph_id)
     return plan, fields, None, None
 
 
-def choose_plan_for_budget(flow, roles, joint, options, profile, request, split):
+def choose_plan_for_budget(flow, roles, joint, options, profile, request, split, contract=None):
     """``memory_budget``'s plan, peak-safe: ``monotone_choice`` over the budget-independent shortlist, judged by
     the simulated step peak.  (plan, report fields, (fw, bw, recipe) or None, its simulation or None)."""
     problem = flow.parametric
     price, max_price = prices(options, profile)
     cache = SolveCache(problem)
     default, fewest = cache.at(price), cache.at(max_price)
+    candidates, estimate, exact = _ranked_candidates(flow, roles, joint, options, profile, request, None, cache)
+    simulated = JudgedPlans(split, estimate, request.num_fwd_outputs, required={plan_key(default)}, exact=exact)
+    contract_fields = {}
+    if contract is not None:  # its plan is the default plan: budget 1.0, and the peak every budget stays below
+        simulated.required = {plan_key(contract.user)}
+        default, contract_fields = contract_plan(flow, options, profile, request.graph_id, contract, simulated)
+        candidates = [*candidates, contract.user]
     target = budget_target_bytes(options.memory_budget, default, fewest)
     met = fewest.saved_bytes <= target
     if not met:
         warn_unreachable(request.graph_id, target, options.memory_budget, fewest.saved_bytes)
-    candidates, estimate, exact = _ranked_candidates(flow, roles, joint, options, profile, request, None, cache)
-    simulated = JudgedPlans(split, estimate, request.num_fwd_outputs, required={plan_key(default)}, exact=exact)
     judged: set = set()  # the plans the walk judged (report: budget_simulated)
 
     def peak_of(plan: Plan) -> float:
@@ -177,6 +198,7 @@ def choose_plan_for_budget(flow, roles, joint, options, profile, request, split)
         budget_candidates=len(candidates),
         budget_simulated=len(judged),
         peak_raised_by_budget=int(choice.peak - choice.lowest_looser_peak) if choice.raised else 0,
+        **{name: contract_fields[name] for name in CONTRACT_FIELDS if name in contract_fields},
     )
     if options.compare_default:  # a report-oriented run: also show the frontier
         fields["frontier"] = frontier_field(problem, options, profile, cache)
@@ -239,20 +261,26 @@ def _built(recipe) -> tuple:
         return (*recipe.build(), recipe)
 
 
-def choose_plan_for_peak(flow, roles, joint, options, profile, request, split):
+def choose_plan_for_peak(flow, roles, joint, options, profile, request, split, contract=None):
     """``peak_budget``'s plan: the fastest shortlisted plan whose simulated step peak (above what the step starts
     with, gradients included: what a user measures) fits it, and whose saved bytes fit ``memory_budget`` when both
     are given.  A float budget is a fraction of the way from the lowest simulated step peak (0.0) to the default
-    plan's (1.0).  Returns as ``choose_plan_for_budget``."""
+    plan's (1.0).  Under a checkpoint ``contract`` the plan also keeps within the user's plan's saved bytes and
+    simulated peak (``_within_contract``).  Returns as ``choose_plan_for_budget``."""
     default_plan, fields = choose_plan(flow.parametric, options, profile, request.graph_id)  # memory_budget's plan
     budget_bytes = fields.get("budget_bytes")
     candidates, estimate, exact = _ranked_candidates(flow, roles, joint, options, profile, request, budget_bytes)
     if "budget_bytes" in fields:
         candidates = [p for p in candidates if p.saved_bytes <= fields["budget_bytes"]]
+    simulated = JudgedPlans(split, estimate, request.num_fwd_outputs, required={plan_key(default_plan)}, exact=exact)
+    peak_cap = float("inf")
+    if contract is not None:
+        default_plan, candidates, peak_cap = _within_contract(
+            flow, options, profile, request, contract, simulated, default_plan, candidates, fields
+        )
     candidates = fastest_first([default_plan, *candidates])
     # the shortlist does not depend on the budget: a tighter budget only removes plans, so the peak found is
     # monotone in the budget
-    simulated = JudgedPlans(split, estimate, request.num_fwd_outputs, required={plan_key(default_plan)}, exact=exact)
     shortlist = peak_shortlist(candidates, simulated.peak, default_plan, PEAK_SIMULATED_CANDIDATES)
     real = {}
     for plan in shortlist:
@@ -272,6 +300,7 @@ def choose_plan_for_peak(flow, roles, joint, options, profile, request, split):
     else:
         segmented = None
     target = int(floor + budget * max(0, real[plan_key(default_plan)] - floor)) if isinstance(budget, float) else budget
+    target = int(min(target, peak_cap))
     fields.update(
         peak_budget=budget, peak_budget_bytes=target, peak_candidates=len(candidates), peak_simulated=len(shortlist)
     )
@@ -292,6 +321,26 @@ def choose_plan_for_peak(flow, roles, joint, options, profile, request, split):
             return fewest, fields, _built(recipe), peak
     plan = chosen if chosen is not None else lowest
     return plan, dict(fields, peak_budget_met=chosen is not None), *simulated.handed_on(plan)
+
+
+def _within_contract(flow, options, profile, request, contract, simulated, default_plan, candidates, fields):
+    """``peak_budget``'s default plan and candidates under a checkpoint contract, and the peak they must keep
+    below: (default plan, candidates within the user's plan's saved bytes and ``memory_budget``'s, the user's plan's
+    simulated peak).  The default plan is the contract's (``contract_plan``), or with a ``memory_budget`` too the
+    price search's plan within both byte bounds."""
+    user = contract.user
+    honoured, contract_fields = contract_plan(flow, options, profile, request.graph_id, contract, simulated)
+    fields.update({name: contract_fields[name] for name in CONTRACT_FIELDS})
+    cap = min(fields.get("budget_bytes", user.saved_bytes), user.saved_bytes)
+    if "budget_bytes" not in fields:
+        default_plan = honoured
+    elif default_plan.saved_bytes > cap:
+        problem, (price, max_price) = flow.parametric, prices(options, profile)
+        cache = SolveCache(problem)
+        default_plan = cheapest_within(problem, cap, price, max_price, cache.at(price), cache.at(max_price), cache)[0]
+    simulated.required = {plan_key(user), plan_key(default_plan)}
+    candidates = [p for p in [*candidates, honoured, user] if p.saved_bytes <= cap]
+    return default_plan, candidates, simulated.peak(user)
 
 
 def _segmented_fewest(candidates, simulated, options, request, profile):

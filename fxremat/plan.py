@@ -57,7 +57,7 @@ def prices(options: Options, profile: DeviceProfile) -> tuple[float, float]:
     return options.memory_price / profile.mem_bandwidth, FEWEST_BYTES_PRICE_UNITS / profile.mem_bandwidth
 
 
-def _cheapest_within(
+def cheapest_within(
     problem: ParametricProblem,
     target: int,
     price: float,
@@ -110,7 +110,7 @@ def choose_plan(
             except MilpFailed:
                 plan, met = fewest, fewest.saved_bytes <= target
         else:
-            plan, met = _cheapest_within(problem, target, price, max_price, default, fewest, cache)
+            plan, met = cheapest_within(problem, target, price, max_price, default, fewest, cache)
         if not met:
             warn_unreachable(graph_id, target, budget, fewest.saved_bytes)
         fields.update(budget_bytes=target, budget_met=met, fewest_saved_bytes=fewest.saved_bytes)
@@ -157,7 +157,7 @@ def candidate_plans(
     default, fewest = plans[0], plans[-1]
     for fraction in PEAK_CANDIDATE_FRACTIONS:
         target = budget_target_bytes(fraction, default, fewest)
-        plans.append(_cheapest_within(problem, target, price, max_price, default, fewest, cache)[0])
+        plans.append(cheapest_within(problem, target, price, max_price, default, fewest, cache)[0])
     return fastest_first(plans)
 
 
@@ -183,7 +183,7 @@ def peak_candidates(
         cache = SolveCache(constrained)
         found = frontier(constrained, price, max_price, max_solves=CHECKPOINT_FRONTIER_SOLVES, cache=cache)
         if budget_bytes is not None:
-            plan, met = _cheapest_within(constrained, budget_bytes, price, max_price, found[0], found[-1], cache)
+            plan, met = cheapest_within(constrained, budget_bytes, price, max_price, found[0], found[-1], cache)
             if met:
                 found.append(plan)
         plans.extend(dataclasses.replace(plan, method="checkpoints") for plan in found)

@@ -89,6 +89,10 @@ class CutReport:
     recompute_reasons: tuple[tuple[str, str], ...] = ()  # (node name, why it is recomputed)
     never_recomputed: tuple[tuple[str, int], ...] = ()  # (reason, how many nodes)
     tag_conflicts: tuple[tuple[str, str], ...] = ()  # (node name, what the tag asked and why safety won)
+    # checkpoint regions (fxremat/contract.py): tagged values kept (name, why), and the user's plan's figures
+    checkpoint_kept: tuple[tuple[str, str], ...] = ()
+    user_plan_saved_bytes: int | None = None
+    user_plan_simulated_peak_bytes: int | None = None
     baseline_saved_bytes: int | None = None
     baseline_recompute_flops: int | None = None
     baseline_est_recompute_seconds: float | None = None
@@ -191,8 +195,8 @@ class CutReport:
 
 
 # fields that are lists of rows (tuples in a report, lists in JSON)
-ROW_FIELDS = "recompute_reasons never_recomputed tag_conflicts frontier memory_timeline region_budgets".split()
-ROW_FIELDS += ["baseline_memory_timeline", "baseline_budget_points"]
+ROW_FIELDS = "recompute_reasons never_recomputed tag_conflicts checkpoint_kept frontier memory_timeline".split()
+ROW_FIELDS += ["region_budgets", "baseline_memory_timeline", "baseline_budget_points"]
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
@@ -377,15 +381,8 @@ def _peak_rows(report: CutReport) -> list[list[str]]:
 
 def saved_value_cells(r: SavedValue) -> list[str]:
     """name, op, shape, dtype, bytes, module, source: one saved value as table cells (text and HTML alike)."""
-    return [
-        r.name,
-        r.op,
-        "x".join(map(str, r.shape)),
-        r.dtype,
-        format_bytes(r.nbytes),
-        r.module or "",
-        short_source(r.source),
-    ]
+    shape = "x".join(map(str, r.shape))
+    return [r.name, r.op, shape, r.dtype, format_bytes(r.nbytes), r.module or "", short_source(r.source)]
 
 
 def _saved_table(saved: tuple[SavedValue, ...], max_rows: int) -> str:
@@ -492,6 +489,10 @@ def format_text(report: CutReport, max_rows: int = 20, diff: bool = False) -> st
         )
     for name, conflict in report.tag_conflicts:
         lines.append(f"tag overridden on {name}: {conflict}")
+    if report.user_plan_saved_bytes is not None:
+        user = (format_bytes(report.user_plan_saved_bytes), format_bytes(report.user_plan_simulated_peak_bytes))
+        lines.append("checkpoints honoured: within the user's plan's %s saved and %s simulated peak" % user)
+    lines.extend(f"checkpointed value kept: {name}: {why}" for name, why in report.checkpoint_kept)
     if diff:
         lines.append("")
         lines.append("compared with PyTorch's default partition:")

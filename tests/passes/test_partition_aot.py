@@ -218,14 +218,19 @@ def test_inference_graph_needs_no_partition():
         torch.testing.assert_close(compiled(*inputs), model(*inputs))
 
 
-def test_prefer_tags_bias_the_cut_but_do_not_force_it():
+@pytest.mark.parametrize("checkpoints", ["honour", "replan"])
+def test_prefer_tags_bias_the_cut_but_do_not_force_it(checkpoints):
+    """PREFER_SAVE is a bias (a recompute cost x 10) in both modes; PREFER_RECOMPUTE is one under
+    ``checkpoints="replan"`` and the user's plan under "honour" (tests/passes/test_checkpoint_contract.py)."""
     inputs = (torch.randn(8, 32),)
     plans = {}
     for policy in (tp.CheckpointPolicy.PREFER_RECOMPUTE, tp.CheckpointPolicy.PREFER_SAVE):
         for price in (0.5, 1e6):
             model = Tagged(policy)
             _, expected = eager_grads(model, inputs)
-            _, grads, _, reports = run_fxremat_aot(model, inputs, memory_price=price, strict=True)
+            _, grads, _, reports = run_fxremat_aot(
+                model, inputs, memory_price=price, strict=True, checkpoints=checkpoints
+            )
             assert_grads_close(grads, expected)
             plans[policy, price] = reports[0]
     prefer_recompute = plans[tp.CheckpointPolicy.PREFER_RECOMPUTE, 0.5]
@@ -234,6 +239,9 @@ def test_prefer_tags_bias_the_cut_but_do_not_force_it():
     assert prefer_recompute.saved_bytes < prefer_save.saved_bytes
     # a bias, not a rule: when memory is priced high enough, PREFER_SAVE values are recomputed anyway
     assert plans[tp.CheckpointPolicy.PREFER_SAVE, 1e6].saved_bytes < prefer_save.saved_bytes
+    # only honour holds the PREFER_RECOMPUTE region to the user's plan (and says so)
+    assert (prefer_recompute.user_plan_saved_bytes is not None) == (checkpoints == "honour")
+    assert prefer_save.user_plan_saved_bytes is None
 
 
 class AddBias(nn.Module):
