@@ -187,6 +187,20 @@ def grad_errors(model: torch.nn.Module, reference: dict[str, torch.Tensor]) -> t
 # ---- backends --------------------------------------------------------------------------------------------------
 
 
+def _inductor_backend():
+    """Inductor's own backend (what ``backend="inductor"`` calls), as a new object: Dynamo reuses a graph compiled
+    for the same backend object, and functorch's budget is read only when compiling, so in one process
+    (``step_interleaved.py``) a second PyTorch budget given the string "inductor" would run the first one's graph
+    (measured: every PyTorch budget after the first "ran eagerly", session 8)."""
+
+    def inductor(gm, example_inputs):
+        from torch._inductor.compile_fx import compile_fx
+
+        return compile_fx(gm, example_inputs)
+
+    return inductor
+
+
 def make_backend(config: str, budget_bytes: int | None):
     """(backend for torch.compile, context manager to hold around the first call: the partition happens there);
     ``eager``: no backend, the model runs uncompiled."""
@@ -196,7 +210,7 @@ def make_backend(config: str, budget_bytes: int | None):
         budget = PYTORCH_BUDGETS[config]
         if budget is None:
             return "inductor", contextlib.nullcontext
-        return "inductor", lambda: torch._functorch.config.patch(activation_memory_budget=budget)
+        return _inductor_backend(), lambda: torch._functorch.config.patch(activation_memory_budget=budget)
     import fxremat
 
     # compare_default=False: the production setting; otherwise every fxremat compile would also run PyTorch's

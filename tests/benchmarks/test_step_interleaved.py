@@ -93,6 +93,7 @@ def test_the_script_on_the_tiny_mlp(tmp_path):
                 "tiny",
                 "--configs",
                 "pytorch_budget_0.5",
+                "pytorch_budget_0.0",  # a second PyTorch budget in the same process compiles its own graph
                 "fxremat_at_pytorch_0.5",
                 "--reference",
                 "pytorch_budget_0.5",
@@ -106,8 +107,9 @@ def test_the_script_on_the_tiny_mlp(tmp_path):
         )
         == 0
     )
-    pytorch, fxremat = json.loads(out.read_text())["rows"]
-    for row in (pytorch, fxremat):
+    pytorch, pytorch_zero, fxremat = json.loads(out.read_text())["rows"]
+    assert pytorch_zero["saved_bytes"] < pytorch["saved_bytes"]
+    for row in (pytorch, pytorch_zero, fxremat):
         assert row["error"] is None and row["grads_matched"] is True and row["graphs"] == 1
         assert [len(rep) for rep in row["step_times_ms"]] == [2, 2]
     assert fxremat["memory_budget_bytes"] == pytorch["saved_bytes"]
