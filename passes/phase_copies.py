@@ -27,6 +27,7 @@ import torch.fx as fx
 
 from . import _torch_private as tp
 from .costs import value_nbytes
+from .roles import forward_nodes
 
 aten = torch.ops.aten
 
@@ -56,19 +57,6 @@ def _expanding_gather(node: fx.Node) -> bool:
     return size > sum(_bytes(a) for a in reads) and any(tp.realizes_inputs(u) for u in node.users)
 
 
-def _forward_nodes(graph: fx.Graph, num_fwd_outputs: int) -> set[fx.Node]:
-    """The nodes the forward's outputs depend on."""
-    output = graph.output_node()
-    stack = [a for a in list(output.args[0])[:num_fwd_outputs] if isinstance(a, fx.Node)]
-    seen: set[fx.Node] = set()
-    while stack:
-        node = stack.pop()
-        if node not in seen:
-            seen.add(node)
-            stack.extend(node.all_input_nodes)
-    return seen
-
-
 def copy_gathers_per_phase(joint: fx.GraphModule, num_fwd_outputs: int) -> list[fx.Node]:
     """Give the readers outside the forward of every expanding gather the forward reads a copy of their own
     (see the module docstring), in place; returns the copies."""
@@ -76,7 +64,7 @@ def copy_gathers_per_phase(joint: fx.GraphModule, num_fwd_outputs: int) -> list[
     candidates = [n for n in graph.nodes if _expanding_gather(n)]
     if not candidates:
         return []
-    forward = _forward_nodes(graph, num_fwd_outputs)
+    forward = forward_nodes(joint, num_fwd_outputs)
     position = {n: i for i, n in enumerate(graph.nodes)}
     copies = []
     for node in candidates:

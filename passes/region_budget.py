@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch.fx as fx
 
 from . import _torch_private as tp
+from .roles import forward_nodes
 
 REGION_SOURCE = "torch.autograd.graph.region_activation_memory_budget"
 LEGACY_SOURCE = 'node.meta["memory_budget"]'
@@ -63,19 +64,6 @@ def node_region_budget(node: fx.Node) -> float | None:
     return float(budget)
 
 
-def _forward_nodes(joint: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:
-    """Ancestors of the forward outputs (PyTorch's ``is_required_fw``)."""
-    fwd_outputs, _ = tp.extract_fwd_bwd_outputs(joint, num_fwd_outputs)
-    forward: set[fx.Node] = set()
-    stack = [o for o in fwd_outputs if isinstance(o, fx.Node)]
-    while stack:
-        node = stack.pop()
-        if node not in forward:
-            forward.add(node)
-            stack.extend(node.all_input_nodes)
-    return forward
-
-
 def _check_body(name: str, body: fx.GraphModule) -> list[float]:
     """A subgraph body's budgets: one for all its ops, or none; anything else raises."""
     ops = [n for n in body.graph.nodes if n.op == "call_function"]
@@ -112,7 +100,7 @@ def read_regions(joint: fx.GraphModule, num_fwd_outputs: int) -> RegionAnnotatio
             budgets += [b for b in _check_body(name, module) if b not in budgets]
     if not budgets:
         return RegionAnnotations((), ())
-    forward = _forward_nodes(joint, num_fwd_outputs)  # only where some node is annotated
+    forward = forward_nodes(joint, num_fwd_outputs)  # only where some node is annotated
     return RegionAnnotations(tuple(budgets), tuple(n.name for n in unannotated if n in forward))
 
 

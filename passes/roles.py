@@ -254,3 +254,16 @@ def classify(
         time.perf_counter() - start,
     )
     return result
+
+
+def forward_nodes(joint: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:
+    """Ancestors of the forward outputs (PyTorch's ``is_required_fw``)."""
+    fwd_outputs, _ = tp.extract_fwd_bwd_outputs(joint, num_fwd_outputs)
+    forward: set[fx.Node] = set()
+    stack = [o for o in fwd_outputs if isinstance(o, fx.Node)]
+    while stack:
+        node = stack.pop()
+        if node not in forward:
+            forward.add(node)
+            stack.extend(node.all_input_nodes)
+    return forward
