@@ -4,6 +4,7 @@ the same model in eager.  No Inductor here: the wrapping, the eager row and the 
 from __future__ import annotations
 
 import bench_measure as bm
+import pytest
 import run as bench_run
 import torch
 from bench_models import Checkpointed, build_workload
@@ -21,6 +22,7 @@ def test_a_single_block_model_is_wrapped_whole_and_transformers_use_their_switch
     assert (
         build_workload("block_sdpa", "tiny", checkpointed=True).info["checkpointed"] == "the whole model as one block"
     )
+    pytest.importorskip("transformers")  # the benchmark extra; CI installs only the test extra
     gpt2 = build_workload("gpt2", "tiny", checkpointed=True)
     assert gpt2.info["checkpointed"].startswith("transformers")
     assert getattr(gpt2.model, "is_activation_checkpointing", None) or gpt2.model.is_gradient_checkpointing
