@@ -100,13 +100,7 @@ def effective_options(
     regions = read_regions(joint, num_fwd_outputs)
     whole = regions.whole_graph_budget
     if whole is not None:
-        if options.memory_budget is not None and options.memory_budget != whole:
-            _warn_once(
-                ("region", options.memory_budget, whole),
-                f"fxremat: {REGION_SOURCE} {whole!r} overrides fxremat's memory_budget={options.memory_budget!r} "
-                "for the graph it covers (the annotation is the more specific setting).",
-            )
-        return dataclasses.replace(options, memory_budget=whole), REGION_SOURCE, None
+        return _annotated(options, whole, REGION_SOURCE), REGION_SOURCE, None
     options, source = _graph_budget(options, joint)
     if not regions.several:
         return options, source, None
@@ -121,18 +115,23 @@ def effective_options(
     return options, source, regions
 
 
+def _annotated(options: Options, budget: float, source: str) -> Options:
+    """``options`` with the graph's annotated budget, warning once when it overrides fxremat's own."""
+    if options.memory_budget is not None and options.memory_budget != budget:
+        _warn_once(
+            ("region", options.memory_budget, budget),
+            f"fxremat: {source} {budget!r} overrides fxremat's memory_budget={options.memory_budget!r} "
+            "for the graph it covers (the annotation is the more specific setting).",
+        )
+    return dataclasses.replace(options, memory_budget=budget)
+
+
 def _graph_budget(options: Options, joint: fx.GraphModule) -> tuple[Options, str | None]:
     """The graph's own budget without region annotations: the legacy marker, fxremat's option, PyTorch's knob."""
     legacy = legacy_budget(joint)
     torch_budget = torch_memory_budget()
     if legacy is not None:
-        if options.memory_budget is not None and options.memory_budget != legacy:
-            _warn_once(
-                ("region", options.memory_budget, legacy),
-                f"fxremat: {LEGACY_SOURCE} {legacy!r} overrides fxremat's memory_budget={options.memory_budget!r} "
-                "for the graph it covers (the annotation is the more specific setting).",
-            )
-        return dataclasses.replace(options, memory_budget=legacy), LEGACY_SOURCE
+        return _annotated(options, legacy, LEGACY_SOURCE), LEGACY_SOURCE
     if options.memory_budget is not None:
         if torch_budget is not None and torch_budget != options.memory_budget:
             _warn_once(
