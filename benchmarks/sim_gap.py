@@ -159,7 +159,8 @@ def _backend_module():
 
 def run_setting(args, setting: str) -> dict:
     import fxremat
-    from fxremat.measure import gradient_errors, step_peak_bytes
+    import grad_rule
+    from fxremat.measure import step_peak_bytes
 
     fb = _backend_module()
     torch._dynamo.reset()
@@ -192,7 +193,9 @@ def run_setting(args, setting: str) -> dict:
         step()
     finally:
         fb.partition = original
-    worst = max(gradient_errors(work.model, expected).values())
+    # against eager fp32; a gradient that is zero in exact arithmetic (an attention key bias) on the model's scale
+    grads = {k: p.grad for k, p in work.model.named_parameters() if k in expected}
+    worst = max(grad_rule.relative_errors(grads, expected)[0].values())
     step()
     work.model.zero_grad(set_to_none=True)
     peak, _ = step_peak_bytes(step, "cpu")

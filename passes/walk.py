@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch.fx as fx
 
 from .buffer_pool import _pool_held
+from .lowering import KERNEL_CLASSES
 
 
 class Walk:
@@ -53,10 +54,16 @@ class Walk:
             (n, b) for n, b in phase.estimated_inputs.items() if last_use.get(n, -1) >= 0 or n in phase.keep
         )
         self.estimate = sum(self.counted.values())
+        deferred: list[str] = []
         for k, head in enumerate(self.order):
             self.allocate(k, phase.kernels[head])
             self.estimated.append(self.estimate)
-            self.retire(k, phase.kernels[head])
+            deferred += self.retire(k, phase.kernels[head])
+            if not self.grouped(k) or not self.grouped(k + 1):
+                self.release(k, deferred)
+                deferred = []
+        if deferred:
+            self.release(len(self.order) - 1, deferred)
         held = _pool_held(self.estimated, self.allocated, self.freed)
         activation_peak = 0
         for k, name, moment, grads in self.points:
@@ -97,8 +104,31 @@ class Walk:
             self.points.append((k, u.name, self.total + phase.workspace[u], self.gradients))  # workspace: freed
             # before it returns
 
-    def retire(self, k: int, kernel: list[fx.Node]) -> None:
-        """What dies after kernel ``k``: storages past their last reader, and its own outputs nobody reads later."""
+    def grouped(self, k: int) -> bool:
+        """Whether kernel ``k`` is a generated C++ kernel that Inductor emits in one call with its generated
+        neighbours.  On CPU the scheduler adds each generated kernel to the backend's ``KernelGroup`` and frees what
+        the kernels read last only when the group is flushed: before an extern kernel (a matmul, a fallback) or at
+        the graph's end (``Scheduler.codegen`` -> ``Scheduler.flush`` -> ``free_buffers``).  So a run of generated
+        kernels holds every input it reads until its last kernel is done.  (On CUDA each Triton kernel is its own
+        call, and the frees follow each one.)"""
+        if k >= len(self.order):
+            return False
+        head = self.order[k]
+        return self.phase.classes[head] in KERNEL_CLASSES and self.phase.facts.on_cpu(head)
+
+    def release(self, k: int, names: list[str]) -> None:
+        """Free ``names`` (storages that died at or before kernel ``k``) after kernel ``k``; a pooled buffer enters
+        Inductor's reuse pool there (``_pool_held``)."""
+        for name in names:
+            if name in self.live:
+                self.free(name)
+                if name in self.poolable:
+                    self.freed[k].append(self.poolable[name])
+
+    def retire(self, k: int, kernel: list[fx.Node]) -> list[str]:
+        """What dies after kernel ``k``: storages past their last reader, and its own outputs nobody reads later.
+        Inductor's estimate drops them at once; the caller frees them (``release``) when the kernel's code is
+        flushed."""
         phase = self.phase
         gone: list[str] = []
         for u in kernel:
@@ -108,12 +138,8 @@ class Walk:
                 if self.last_use.get(node.name, -1) < k and node.name not in phase.keep:
                     gone.append(node.name)
         gone += self.dies.get(k, ())
-        for name in gone:
-            if name in phase.keep:
-                continue
+        dying = [name for name in gone if name not in phase.keep]
+        for name in dying:
             if name in self.counted:
                 self.estimate -= self.counted.pop(name)
-            if name in self.live:
-                self.free(name)
-                if name in self.poolable:
-                    self.freed[k].append(self.poolable[name])
+        return dying

@@ -380,33 +380,62 @@ def test_no_inplace_over_a_tangent():
 
 
 def test_cpu_realizes_a_heavy_pointwise_value_read_twice():
-    """s = sigmoid(a*b) read by two kernels (2*s, and 3*s broadcast to 2x16x8: another loop size).  Inductor on
-    CPU realizes a reused value whose computation holds a heavy op (StorageBox.should_realize_on_reuse): s is
-    written over a in the first kernel, b dies there, and s is held for the second (s + 2*s + 1024 B = 2048 B).
-    A value without one is recomputed in each reader, so a and b live to the second kernel (a + b + 2*s + 1024 B)."""
+    """s = sigmoid(a*b) read by two kernels (2*s, and 3*s broadcast to 2x16x8: another loop size) with a matmul
+    between them (m = o1^T o1, 8x8, 256 B), so the first kernel's C++ call is flushed and its dead inputs freed
+    before the second (``Walk.grouped``).  Inductor on CPU realizes a reused value whose computation holds a heavy
+    op (StorageBox.should_realize_on_reuse): s is written over a in the first kernel, b dies there, and s is held
+    for the second (s + o1 + m + 1024 B = 2304 B).  A value without one is recomputed in each reader, so a and b
+    live to the second kernel (a + b + o1 + m + 1024 B)."""
 
     def heavy(a, b, tangents_1):
         s = (a * b).sigmoid()
-        return s * 2 + 1, s.expand(2, 16, 8) * 3 + 1
+        o1 = s * 2 + 1
+        m = o1.t() @ o1
+        return o1, s.expand(2, 16, 8) * 3 + m[0, 0]
 
     def light(a, b, tangents_1):
         s = (a * b) * 5
-        return s * 2 + 1, s.expand(2, 16, 8) * 3 + 1
+        o1 = s * 2 + 1
+        m = o1.t() @ o1
+        return o1, s.expand(2, 16, 8) * 3 + m[0, 0]
 
-    assert _simulated_backward(heavy) == 2 * 512 + 1024
-    assert _simulated_backward(light) == 3 * 512 + 1024
+    assert _simulated_backward(heavy) == 2 * 512 + 256 + 1024
+    assert _simulated_backward(light) == 3 * 512 + 256 + 1024
+
+
+def test_cpu_frees_a_run_of_generated_kernels_inputs_after_the_run():
+    """Two generated kernels in a row are one C++ call on CPU (``Scheduler.codegen`` flushes the ``KernelGroup``
+    only before an extern kernel): b, read last by the first kernel (s = a*b*2, written over a), is freed only after
+    the second (3*s broadcast to 2x16x8, another loop size): s + b + 1024 B.  With a matmul between them the group is
+    flushed first and b is gone: s + m + 1024 B (m = s^T s, 256 B)."""
+
+    def grouped(a, b, tangents_1):
+        s = a * b * 2
+        return s, s.expand(2, 16, 8) * 3
+
+    def flushed(a, b, tangents_1):
+        s = a * b * 2
+        m = s.t() @ s
+        return s, s.expand(2, 16, 8) * 3 + m[0, 0]
+
+    assert _simulated_backward(grouped) == 2 * 512 + 1024
+    assert _simulated_backward(flushed) == 512 + 256 + 1024
 
 
 def test_a_value_reading_more_than_four_buffers_is_realized_when_reused():
     """s = a+b+c+d+e reads five buffers, more than Inductor inlines into several readers (realize_reads_threshold):
-    realized (over a) in the first kernel, where b..e die with it, held for the second.  Peak: s, b..e and the
-    first output (6 x 512 B); recomputed in each reader, a..e would live to the second kernel (5 x 512 + 1024 B).
-    In a recomputed transformer stack the residual stream (the embedding plus every block's output) is such a
-    value: Inductor computes it for every block in one early kernel and holds it."""
+    realized (over a) in the first kernel, where b..e die with it, held for the second.  A matmul between the two
+    kernels (m = o1^T o1, 256 B) flushes the first kernel's C++ call, so b..e are freed before the second (see
+    ``Walk.grouped``).  Peak: s, b..e and o1 in the first kernel (6 x 512 B; the second holds s, o1, m and 1024 B);
+    recomputed in each reader, a..e would live to the second kernel (6 x 512 + 256 + 1024 B).  In a recomputed transformer stack the residual
+    stream (the embedding plus every block's output) is such a value: Inductor computes it for every block in one
+    early kernel and holds it."""
 
     def backward(a, b, c, d, e, tangents_1):
         s = a + b + c + d + e
-        return s * 2 + 1, s.expand(2, 16, 8) * 3 + 1
+        o1 = s * 2 + 1
+        m = o1.t() @ o1
+        return o1, s.expand(2, 16, 8) * 3 + m[0, 0]
 
     assert _simulated_backward(backward, saved=5) == 6 * 512
 
@@ -615,3 +644,4 @@ def test_gather_read_by_a_bmm_and_another_reader_is_stored():
         (gather,) = (n for n in gm.graph.nodes if n.target is torch.ops.aten.index.Tensor)
         stored.append(phase.unit[gather] is gather)
     assert stored == [False, True], stored
+
