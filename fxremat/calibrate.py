@@ -35,15 +35,22 @@ def _device_label(device: torch.device) -> str:
 
 
 def _median_seconds(fn, device: torch.device) -> float:
+    """Median seconds of ``fn`` after one warm-up run: timed by CUDA events on a GPU (the kernels' own time on the
+    device, not the host's launch time), by the wall clock on CPU."""
     samples = []
     for _ in range(REPEATS + 1):
         if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        samples.append(time.perf_counter() - start)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / 1e3)
+        else:
+            began = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - began)
     return statistics.median(samples[1:])  # the first run warms up
 
 

@@ -19,10 +19,25 @@ import torch.fx as fx
 from .costs import value_nbytes
 from .ops import OpClass
 
+# The CUDA caching allocator hands out blocks in multiples of 512 bytes (PyTorch's c10/cuda/CUDACachingAllocator.cpp:
+# ``kMinBlockSize``, ``round_size``), and ``torch.cuda.max_memory_allocated`` counts the rounded blocks.  The CPU
+# allocator's sizes are the tensors' own, as the profiler's memory events show them.
+CUDA_BLOCK_BYTES = 512
+
+
+def allocated_bytes(nbytes: int, device_type: str) -> int:
+    """What the device's allocator counts for a tensor of ``nbytes``: rounded up to the block size on CUDA."""
+    if device_type == "cuda" and nbytes > 0:
+        return -(-nbytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES
+    return nbytes
+
 
 def _tensor_storage_bytes(node: fx.Node) -> int:
+    """The bytes the simulator counts for ``node``'s value: as its device's allocator counts them."""
     val = node.meta.get("val")
-    return value_nbytes(val) if isinstance(val, torch.Tensor) else 0
+    if not isinstance(val, torch.Tensor):
+        return 0
+    return allocated_bytes(value_nbytes(val), val.device.type)
 
 
 @dataclass(eq=False)

@@ -645,3 +645,21 @@ def test_gather_read_by_a_bmm_and_another_reader_is_stored():
         stored.append(phase.unit[gather] is gather)
     assert stored == [False, True], stored
 
+
+def test_cuda_values_are_counted_as_the_caching_allocator_rounds_them():
+    """torch.cuda.max_memory_allocated counts 512-byte blocks (the caching allocator's round_size): a 40-byte CUDA
+    value is a 512-byte block, a 1000-byte one 1024; CPU values are counted as they are."""
+    import torch.fx as fx
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fxremat_passes.phase_graph import _tensor_storage_bytes, allocated_bytes
+
+    assert [allocated_bytes(n, "cuda") for n in (0, 40, 512, 1000)] == [0, 512, 512, 1024]
+    assert allocated_bytes(40, "cpu") == 40
+    graph = fx.Graph()
+    node = graph.placeholder("x")
+    with FakeTensorMode():
+        node.meta["val"] = torch.empty(10, device="cuda")
+        assert _tensor_storage_bytes(node) == 512
+        node.meta["val"] = torch.empty(10)
+        assert _tensor_storage_bytes(node) == 40
