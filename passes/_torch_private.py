@@ -72,6 +72,7 @@ from torch._inductor.decomposition import select_decomp_table  # noqa: E402
 from torch._inductor.graph import GraphLowering  # noqa: E402
 from torch._inductor.lowering import needs_realized_inputs as _needs_realized_inputs  # noqa: E402
 from torch._inductor.scheduler import SchedulerNode  # noqa: E402
+from torch._inductor.utils import fresh_cache as _fresh_cache  # noqa: E402
 from torch._library.fake_class_registry import FakeScriptObject  # noqa: E402
 from torch.fx._lazy_graph_module import _LazyGraphModule, _make_graph_module  # noqa: E402
 from torch.fx.experimental._backward_state import BackwardState  # noqa: E402
@@ -92,7 +93,8 @@ __all__ = [
     "CheckpointPolicy", "CustomPartitionerFn", "RANDOM_OP_PACKETS", "SUPPORTED_TORCH",
     "activation_quantization_enabled", "aot_autograd", "aot_autograd_as_inductor", "aten_target",
     "copy_graph_module", "copy_node", "cse_enabled", "dce_impure_random", "default_partition",
-    "extract_fwd_bwd_outputs", "extract_fwd_bwd_outputs_and_descs", "find_symbol_bindings", "functorch_knob",
+    "extract_fwd_bwd_outputs", "extract_fwd_bwd_outputs_and_descs", "find_symbol_bindings", "fresh_inductor_cache",
+    "functorch_knob",
     "functorch_knob_default", "fx_graph_cse", "get_hash_for_files", "has_free_unbacked_symbols",
     "inductor_keeps_mutation_order", "inductor_layout_optimisation", "is_backward_state", "is_bwd_seed_offset",
     "is_fwd_seed_offset", "is_mutation_op", "is_primal", "is_script_object", "is_sym_node", "is_tangent",
@@ -489,3 +491,9 @@ def realizes_inputs(node: torch.fx.Node) -> bool:
     ``torch._inductor.lowering.needs_realized_inputs`` (matmuls, convolutions, fallbacks), which
     ``GraphLowering.run_node`` (torch/_inductor/graph.py) asks to ``realize_hint`` such an input."""
     return node.target in _needs_realized_inputs
+
+
+def fresh_inductor_cache():
+    """A context with an empty Inductor cache, on disk (a temporary ``TORCHINDUCTOR_CACHE_DIR``) and in memory:
+    ``torch._inductor.utils.fresh_cache``.  The demo times each compile in one (issue #16)."""
+    return _fresh_cache()

@@ -1,0 +1,75 @@
+"""benchmarks/compile_time.py: the record's fields and the run order, never its times (this machine is shared)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import compile_time as ct
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "compile_time.py"
+
+
+def test_both_orders_alternate():
+    configs = list(ct.CONFIGS)
+    assert [ct.order_for(r, configs) for r in range(3)] == [configs, configs[::-1], configs]
+
+
+def _row(config, cache, seconds, kernels, partition=None):
+    return dict(
+        model="mlp",
+        config=config,
+        cache=cache,
+        error=None,
+        process_s=seconds,
+        compile_step_s=seconds / 2,
+        kernels=kernels,
+        kernels_forward=1,
+        kernels_backward=kernels - 1,
+        partition_s=partition,
+    )
+
+
+def test_summary_has_medians_spread_and_ratio():
+    rows = [_row("inductor_default", "cold", s, 4) for s in (10.0, 12.0, 11.0)]
+    rows += [_row("fxremat_default", "cold", s, 4, 0.01) for s in (11.0, 13.0, 12.0)]
+    (cold, warm) = ct.summarise(rows, list(ct.CONFIGS))
+    assert cold["inductor_default"]["process_s"] == dict(n=3, median=11.0, min=10.0, max=12.0)
+    assert cold["fxremat_default"]["partition_s"] == 0.01
+    assert cold["ratio"] == pytest.approx(12.0 / 11.0)
+    assert warm["ratio"] is None and warm["inductor_default"]["process_s"]["n"] == 0
+    assert "| mlp | cold |" in ct.markdown_table([cold, warm])
+
+
+@pytest.mark.inductor
+def test_quick_records_every_field(tmp_path):
+    out = tmp_path / "r.json"
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "unused")}
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--json", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    record = json.loads(out.read_text())
+    assert record["settings"]["quick"] is True and record["environment"]["threads"] == 1
+    rows = record["rows"]
+    assert {(r["config"], r["cache"]) for r in rows} == {(c, k) for c in ct.CONFIGS for k in ct.CACHES}
+    for row in rows:
+        assert row["error"] is None, row
+        assert row["model"] == "mlp" and row["process_s"] > 0 and row["compile_step_s"] > 0
+        assert row["kernels"] == row["kernels_forward"] + row["kernels_backward"]
+        if row["cache"] == "cold":
+            assert row["kernels_forward"] > 0 and row["kernels_backward"] > 0
+        if row["config"] == "fxremat_default":
+            assert isinstance(row["partition_s"], float) and row["fxremat_fallbacks"] == []
+        else:
+            assert row["partition_s"] is None
+    checked = [r for r in rows if "grads_matched" in r]  # once per configuration, on its first cold run
+    assert sorted(r["config"] for r in checked) == sorted(ct.CONFIGS)
+    assert all(r["grads_matched"] and r["cache"] == "cold" for r in checked)
+    assert [s["cache"] for s in record["summary"]] == ["cold", "warm"]
