@@ -105,8 +105,11 @@ EMBEDDING_GRAD_SCATTER = (
     torch.ops.aten._unsafe_masked_index_put_accumulate.default if TORCH >= (2, 12) else torch.ops.aten.index_put.default
 )
 BMM_OUTER_PRODUCT_IS_POINTWISE = TORCH >= (2, 12)
-# 2.13: on a GPU Inductor lowers a dot-shaped ``bmm`` to a multiply and a sum (``lowering._bmm_is_reduction``)
-GPU_DOT_BMM_IS_REDUCTION = TORCH >= (2, 13)
+# 2.13: on a GPU Inductor lowers a dot-shaped ``bmm`` to a multiply and a sum (``lowering._bmm_is_reduction``), and
+# the extraction marks each backward op ``meta["autograd_backward"]`` (split.py marks them where PyTorch does)
+GPU_DOT_BMM_IS_REDUCTION = BACKWARD_OPS_MARKED = TORCH >= (2, 13)
+# 2.12: Inductor's ``recompute_size_and_body`` started to drop mutation renames (``inductor_keeps_mutation_order``)
+SCHEDULER_DROPS_MUTATION_RENAMES = TORCH >= (2, 12)
 
 # fmt: off
 __all__ = [
@@ -122,7 +125,7 @@ __all__ = [
     "MEMORY_BUDGET_ANNOTATION_KEY",
     "must_be_in_backward", "must_be_in_forward", "mutated_inputs", "prepare_joint_graph", "region_memory_budget",
     "TORCH", "OPAQUE_NODES_AND_OUTPUT_TRACES", "GPU_DOT_BMM_IS_REDUCTION", "EMBEDDING_GRAD_SCATTER",
-    "BMM_OUTER_PRODUCT_IS_POINTWISE",
+    "BMM_OUTER_PRODUCT_IS_POINTWISE", "BACKWARD_OPS_MARKED", "SCHEDULER_DROPS_MUTATION_RENAMES",
     "pytorch_dead_code_and_cse", "pytorch_default_partition", "saved_output_descs", "size_hint",
     "split_with_saved_values", "storage_identity", "symbol_bound_by", "torch_version_tuple",
     "unsupported_torch_reason", "value_free_symbols", "wait_tensor_target",
@@ -162,12 +165,11 @@ _unfixed_recompute = None
 
 def inductor_keeps_mutation_order(applies) -> None:
     """Inductor's C++ scheduler must not run a reader of a mutated buffer before the mutation, in the compiles for
-    which ``applies()`` is true (fxremat's).  Installed once.  ``recompute_size_and_body`` loses a node's mutation
-    renames (torch 2.11 to 2.14); the wrapper re-applies them, as ``refresh_dependencies`` does.  Cause, and why a
-    wrapper rather than a context around ``compile_fx``: docs/DESIGN.md §7."""
+    which ``applies()`` is true (fxremat's).  Installed once, from torch 2.12: ``recompute_size_and_body`` drops a
+    node's mutation renames; the wrapper re-applies them, as ``refresh_dependencies`` does.  docs/DESIGN.md §7."""
     global _unfixed_recompute
     with _MUTATION_FIX_LOCK:
-        if _unfixed_recompute is not None:
+        if _unfixed_recompute is not None or not SCHEDULER_DROPS_MUTATION_RENAMES:
             return
         unfixed = SchedulerNode.recompute_size_and_body
 
@@ -483,7 +485,7 @@ def memory_budget_annotation(node: torch.fx.Node) -> float | None:
 
 def region_memory_budget(budget: float):
     """``torch.autograd.graph.region_activation_memory_budget(budget)`` (torch 2.13 on), or before 2.13 the
-    annotation it makes (``torch.fx.traceback.annotate``, which Dynamo traces in 2.11 and 2.12), which fxremat reads alike."""
+    annotation it makes (``torch.fx.traceback.annotate``, which Dynamo traces in 2.11 and 2.12), read alike."""
     if TORCH >= (2, 13):
         return torch.autograd.graph.region_activation_memory_budget(budget)
     return torch.fx.traceback.annotate({MEMORY_BUDGET_ANNOTATION_KEY: float(budget)})

@@ -379,7 +379,7 @@ class SplitRecipe:
             self.bw_outputs,
             self.bw_descs,
             copy_input_meta=self.bw_copy_input_meta,
-            mark_backward=True,
+            mark_backward=tp.BACKWARD_OPS_MARKED,
             checkpoints=self.bw_checkpoints,
         )
         make = tp.lazy_graph_module if lazy else tp.make_graph_module

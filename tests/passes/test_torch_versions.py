@@ -22,8 +22,9 @@ from fxremat_passes.ops import OpClass, op_class
 
 
 def test_version_keys_match_the_installed_torch():
-    """2.12 added ``saved_opaque_nodes`` and ``output_stack_traces``; 2.13 ``region_activation_memory_budget`` and
-    the GPU dot-shaped bmm lowering (``torch/_inductor/kernel/bmm.py``)."""
+    """2.12 added ``saved_opaque_nodes``, ``output_stack_traces`` and the scheduler's lost mutation renames; 2.13
+    ``region_activation_memory_budget``, the backward ops' ``autograd_backward`` mark and the GPU dot-shaped bmm
+    lowering."""
     from torch._inductor.kernel import bmm
 
     extraction = inspect.signature(partitioners._extract_fwd_bwd_modules).parameters
@@ -32,6 +33,13 @@ def test_version_keys_match_the_installed_torch():
     assert traces == tp.OPAQUE_NODES_AND_OUTPUT_TRACES
     assert hasattr(torch.autograd.graph, "region_activation_memory_budget") == (tp.TORCH >= (2, 13))
     assert hasattr(bmm, "_BMM_DOT_DECOMPOSE_DTYPES") == tp.GPU_DOT_BMM_IS_REDUCTION
+    marks = "autograd_backward" in inspect.getsource(partitioners._extract_fwd_bwd_modules)
+    assert marks == tp.BACKWARD_OPS_MARKED
+    from torch._inductor.scheduler import SchedulerNode  # the 2.12 change that drops the renames: fake deps
+
+    unfixed = tp._unfixed_recompute or SchedulerNode.recompute_size_and_body  # PyTorch's, not our wrapper
+    drops = "fake_deps" in inspect.getsource(unfixed)
+    assert drops == tp.SCHEDULER_DROPS_MUTATION_RENAMES
     if tp.TORCH >= (2, 13):  # our key and read are PyTorch's own
         import torch.fx.traceback as fx_traceback
 
