@@ -98,18 +98,18 @@ else:
 # 2.13 added ``region_activation_memory_budget``, an ``fx.traceback.annotate`` of this key (made before 2.13 by
 # ``region_memory_budget`` below, and read the same way)
 MEMORY_BUDGET_ANNOTATION_KEY = "_region_activation_memory_budget"
-# Inductor's decompositions from 2.12: an embedding's gradient is one ``_unsafe_masked_index_put_accumulate``
-# (before: ``masked_fill`` + ``_unsafe_index_put``, an ``index_put`` once functionalised), and a ``bmm`` that is an
-# outer product (K = 1) a broadcast multiply (before: an extern bmm, whose output exists whole)
+# Inductor's decompositions: an embedding's gradient is one ``_unsafe_masked_index_put_accumulate`` from 2.13
+# (before: an ``index_put`` in the joint graph); from 2.12 a ``bmm`` that is an outer product (K = 1) is a broadcast
+# multiply (before: an extern bmm, whose output exists whole)
 EMBEDDING_GRAD_SCATTER = (
-    torch.ops.aten._unsafe_masked_index_put_accumulate.default if TORCH >= (2, 12) else torch.ops.aten.index_put.default
+    torch.ops.aten._unsafe_masked_index_put_accumulate.default if TORCH >= (2, 13) else torch.ops.aten.index_put.default
 )
 BMM_OUTER_PRODUCT_IS_POINTWISE = TORCH >= (2, 12)
 # 2.13: on a GPU Inductor lowers a dot-shaped ``bmm`` to a multiply and a sum (``lowering._bmm_is_reduction``), and
 # the extraction marks each backward op ``meta["autograd_backward"]`` (split.py marks them where PyTorch does)
 GPU_DOT_BMM_IS_REDUCTION = BACKWARD_OPS_MARKED = TORCH >= (2, 13)
-# 2.12: Inductor's ``recompute_size_and_body`` started to drop mutation renames (``inductor_keeps_mutation_order``)
-SCHEDULER_DROPS_MUTATION_RENAMES = TORCH >= (2, 12)
+# 2.13 only: a C++ fusion step loses mutation renames (``inductor_keeps_mutation_order``; 2.14 re-applies them)
+SCHEDULER_DROPS_MUTATION_RENAMES = TORCH == (2, 13)
 
 # fmt: off
 __all__ = [
@@ -165,7 +165,7 @@ _unfixed_recompute = None
 
 def inductor_keeps_mutation_order(applies) -> None:
     """Inductor's C++ scheduler must not run a reader of a mutated buffer before the mutation, in the compiles for
-    which ``applies()`` is true (fxremat's).  Installed once, from torch 2.12: ``recompute_size_and_body`` drops a
+    which ``applies()`` is true (fxremat's).  Installed once, on torch 2.13: ``recompute_size_and_body`` drops a
     node's mutation renames; the wrapper re-applies them, as ``refresh_dependencies`` does.  docs/DESIGN.md §7."""
     global _unfixed_recompute
     with _MUTATION_FIX_LOCK:

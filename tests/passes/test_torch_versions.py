@@ -22,9 +22,9 @@ from fxremat_passes.ops import OpClass, op_class
 
 
 def test_version_keys_match_the_installed_torch():
-    """2.12 added ``saved_opaque_nodes``, ``output_stack_traces`` and the scheduler's lost mutation renames; 2.13
-    ``region_activation_memory_budget``, the backward ops' ``autograd_backward`` mark and the GPU dot-shaped bmm
-    lowering."""
+    """2.12 added ``saved_opaque_nodes`` and ``output_stack_traces``; 2.13 ``region_activation_memory_budget``, the
+    backward ops' ``autograd_backward`` mark, the GPU dot-shaped bmm lowering and (2.13 only) the C++ fusion step
+    that loses mutation renames."""
     from torch._inductor.kernel import bmm
 
     extraction = inspect.signature(partitioners._extract_fwd_bwd_modules).parameters
@@ -35,11 +35,12 @@ def test_version_keys_match_the_installed_torch():
     assert hasattr(bmm, "_BMM_DOT_DECOMPOSE_DTYPES") == tp.GPU_DOT_BMM_IS_REDUCTION
     marks = "autograd_backward" in inspect.getsource(partitioners._extract_fwd_bwd_modules)
     assert marks == tp.BACKWARD_OPS_MARKED
-    from torch._inductor.scheduler import SchedulerNode  # the 2.12 change that drops the renames: fake deps
+    from torch._inductor.codegen.cpp import CppScheduling  # where 2.13's scheduler loses the renames (DESIGN §7)
+    from torch._inductor.scheduler import SchedulerNode
 
-    unfixed = tp._unfixed_recompute or SchedulerNode.recompute_size_and_body  # PyTorch's, not our wrapper
-    drops = "fake_deps" in inspect.getsource(unfixed)
-    assert drops == tp.SCHEDULER_DROPS_MUTATION_RENAMES
+    pytorchs = inspect.getsource(tp._unfixed_recompute or SchedulerNode.recompute_size_and_body)  # not our wrapper
+    drops = hasattr(CppScheduling, "_align_compatible_range_nodes") and "or self.mutation_renames" not in pytorchs
+    assert drops == tp.SCHEDULER_DROPS_MUTATION_RENAMES  # 2.14 re-applies the renames itself
     if tp.TORCH >= (2, 13):  # our key and read are PyTorch's own
         import torch.fx.traceback as fx_traceback
 
@@ -119,9 +120,8 @@ def _embedding_backward_graph() -> fx.GraphModule:
 
 
 def test_embedding_gradient_scatter_in_both_decompositions():
-    """Inductor decomposes an embedding's gradient into ``masked_fill`` + ``_unsafe_index_put`` (2.11) or one
-    ``_unsafe_masked_index_put_accumulate`` (2.12 on, ``torch/_decomp/decompositions.py``); the joint graph (a
-    functionalised trace) has the former as an ``index_put``.  Either way the
+    """Inductor's decompositions leave an embedding's gradient as an ``index_put`` in the joint graph (2.11, 2.12) or
+    one ``_unsafe_masked_index_put_accumulate`` (2.13 on).  Either way the
     simulator sees a scatter kernel (a reduction) looping over the rows' gradients, which its producer fuses into."""
     gm = _embedding_backward_graph()
     (scatter,) = [n for n in gm.graph.nodes if op_class(n) is OpClass.GATHER]
