@@ -18,7 +18,7 @@ import threading
 import torch
 
 # The torch releases whose private partitioner helpers we have tested against (pyproject pins the same range).
-SUPPORTED_TORCH = ((2, 13), (2, 14))
+SUPPORTED_TORCH = ((2, 11), (2, 12), (2, 13), (2, 14))
 
 
 def torch_version_tuple(version: str | None = None) -> tuple[int, int]:
@@ -82,10 +82,35 @@ from torch.fx.experimental.symbolic_shapes import (  # noqa: E402
     free_symbols,
     free_unbacked_symbols,
     is_symbol_binding_fx_node,
-    optimization_hint,
 )
-from torch.fx.traceback import MEMORY_BUDGET_ANNOTATION_KEY, _get_memory_budget_annotation  # noqa: E402
 from torch.utils.checkpoint import CheckpointPolicy  # noqa: E402
+
+from .checkpoint_tags import save_checkpoint_boundaries  # noqa: E402  (public API only: outside this module)
+
+# --- what differs between the releases we support (each difference: tests/passes/test_torch_versions.py) ---------
+TORCH = torch_version_tuple()
+# 2.12 renamed the no-guard hint ``size_hint`` to ``optimization_hint``, gave the extraction a ``saved_opaque_nodes``
+# argument, and snapshots each output's stack trace on the output node (``output_stack_traces``, read by Inductor)
+OPAQUE_NODES_AND_OUTPUT_TRACES = TORCH >= (2, 12)
+if OPAQUE_NODES_AND_OUTPUT_TRACES:
+    from torch.fx.experimental.symbolic_shapes import optimization_hint as _no_guard_hint
+else:
+    from torch.fx.experimental.symbolic_shapes import size_hint as _no_guard_hint
+# 2.13 added ``region_activation_memory_budget``, an ``fx.traceback.annotate`` of this key (made before 2.13 by
+# ``region_memory_budget`` below, and read the same way)
+MEMORY_BUDGET_ANNOTATION_KEY = "_region_activation_memory_budget"
+# Inductor's decompositions: an embedding's gradient is one ``_unsafe_masked_index_put_accumulate`` from 2.13
+# (before: an ``index_put`` in the joint graph); from 2.12 a ``bmm`` that is an outer product (K = 1) is a broadcast
+# multiply (before: an extern bmm, whose output exists whole)
+EMBEDDING_GRAD_SCATTER = (
+    torch.ops.aten._unsafe_masked_index_put_accumulate.default if TORCH >= (2, 13) else torch.ops.aten.index_put.default
+)
+BMM_OUTER_PRODUCT_IS_POINTWISE = TORCH >= (2, 12)
+# 2.13: on a GPU Inductor lowers a dot-shaped ``bmm`` to a multiply and a sum (``lowering._bmm_is_reduction``), and
+# the extraction marks each backward op ``meta["autograd_backward"]`` (split.py marks them where PyTorch does)
+GPU_DOT_BMM_IS_REDUCTION = BACKWARD_OPS_MARKED = TORCH >= (2, 13)
+# 2.13 only: a C++ fusion step loses mutation renames (``inductor_keeps_mutation_order``; 2.14 re-applies them)
+SCHEDULER_DROPS_MUTATION_RENAMES = TORCH == (2, 13)
 
 # fmt: off
 __all__ = [
@@ -100,7 +125,9 @@ __all__ = [
     "is_fwd_seed_offset", "is_mutation_op", "is_primal", "is_script_object", "is_sym_node", "is_tangent",
     "lazy_graph_module", "lazy_graph_modules", "make_graph_module", "mark_must_save", "memory_budget_annotation",
     "MEMORY_BUDGET_ANNOTATION_KEY",
-    "must_be_in_backward", "must_be_in_forward", "mutated_inputs", "prepare_joint_graph",
+    "must_be_in_backward", "must_be_in_forward", "mutated_inputs", "prepare_joint_graph", "region_memory_budget",
+    "TORCH", "OPAQUE_NODES_AND_OUTPUT_TRACES", "GPU_DOT_BMM_IS_REDUCTION", "EMBEDDING_GRAD_SCATTER",
+    "BMM_OUTER_PRODUCT_IS_POINTWISE", "BACKWARD_OPS_MARKED", "SCHEDULER_DROPS_MUTATION_RENAMES",
     "pytorch_dead_code_and_cse", "pytorch_default_partition", "saved_output_descs", "size_hint",
     "split_with_saved_values", "storage_identity", "symbol_bound_by", "torch_version_tuple",
     "unsupported_torch_reason", "value_free_symbols", "wait_tensor_target",
@@ -116,7 +143,7 @@ def size_hint(value) -> int:
     """A concrete int for a size that may be a SymInt, read through the shape environment's hint so that no
     guard is installed (comparing SymInts would specialise the graph and recompile)."""
     if isinstance(value, torch.SymInt):
-        return int(optimization_hint(value, fallback=UNBACKED_SIZE_FALLBACK))
+        return int(_no_guard_hint(value, fallback=UNBACKED_SIZE_FALLBACK))
     return int(value)
 
 
@@ -140,17 +167,11 @@ _unfixed_recompute = None
 
 def inductor_keeps_mutation_order(applies) -> None:
     """Inductor's C++ scheduler must not run a reader of a mutated buffer before the mutation, in the compiles for
-    which ``applies()`` is true (fxremat's).  Installed once.  The bug (torch 2.13): ``recompute_size_and_body``
-    re-reads a node's dependencies from its loop body, which names a scattered-into buffer by its real name, and
-    renames them to the scatter only when the node has fake dependencies; ``CppScheduling.
-    _align_compatible_range_nodes`` calls it, and the reader then runs in the zero fill's kernel, before the
-    scatter (issue #20's ResNet-block UNet: upsampling gradients came back zero).  The fix re-applies the
-    renames, as ``refresh_dependencies`` does.  A method wrapper, not a context around ``compile_fx``: AOTAutograd
-    lowers backward at the first backward call; ``applies`` reads Inductor's config, which ``compile_fx``
-    re-applies there.  docs/DESIGN.md §7."""
+    which ``applies()`` is true (fxremat's).  Installed once, on torch 2.13: ``recompute_size_and_body`` drops a
+    node's mutation renames; the wrapper re-applies them, as ``refresh_dependencies`` does.  docs/DESIGN.md §7."""
     global _unfixed_recompute
     with _MUTATION_FIX_LOCK:
-        if _unfixed_recompute is not None:
+        if _unfixed_recompute is not None or not SCHEDULER_DROPS_MUTATION_RENAMES:
             return
         unfixed = SchedulerNode.recompute_size_and_body
 
@@ -311,31 +332,6 @@ def wait_tensor_target():
     return torch.ops._c10d_functional.wait_tensor.default
 
 
-def _must_recompute(node: torch.fx.Node) -> bool:
-    return node.meta.get("recompute") in (CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.PREFER_RECOMPUTE)
-
-
-def _save_checkpoint_boundaries(joint: torch.fx.GraphModule) -> None:
-    """What PyTorch's ``cleanup_recompute_tags`` does, tolerant of graphs traced without Dynamo (no
-    ``ac_graph_id``, where PyTorch's version raises a TypeError): the last value of a checkpointed region that
-    feeds the next region is saved, and so is a region output with a backward hook (FSDP2 + AC cycle)."""
-    for node in joint.graph.nodes:
-        if not _must_recompute(node):
-            continue
-        region = node.meta.get("ac_graph_id")
-        for user in node.users:
-            user_region = user.meta.get("ac_graph_id")
-            if (
-                _must_recompute(user)
-                and isinstance(region, int)
-                and isinstance(user_region, int)
-                and user_region > region
-            ):
-                node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
-        if node.meta.get("has_backward_hook", False) and not any(_must_recompute(u) for u in node.users):
-            node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
-
-
 def mutated_inputs(joint: torch.fx.GraphModule, num_fwd_outputs: int) -> set[torch.fx.Node]:
     """Graph inputs that forward mutates in place: destinations of in-graph ``copy_`` epilogues (Inductor keeps
     input mutations in the graph), and inputs whose new value forward returns for the runtime to apply (AOTAutograd's
@@ -378,7 +374,7 @@ def pytorch_dead_code_and_cse(joint: torch.fx.GraphModule) -> torch.fx.GraphModu
 def mark_must_save(joint: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """Checkpoint-tag clean-up and MUST_SAVE marks on collectives, effectful ops and sources of backward mutations
     (never recomputing those is a safety rule), as PyTorch's partitioner does before it decides anything."""
-    _save_checkpoint_boundaries(joint)
+    save_checkpoint_boundaries(joint)
     if not functorch_config.unsafe_allow_optimization_of_collectives:
         force_save_collectives(joint)
     force_save_effectful_ops(joint)
@@ -406,11 +402,12 @@ def split_with_saved_values(
     needs from them: PyTorch's own extraction, so the AOTAutograd contract holds by construction."""
     from torch.utils._ordered_set import OrderedSet
 
+    opaque = {"saved_opaque_nodes": []} if OPAQUE_NODES_AND_OUTPUT_TRACES else {}
     fw, bw = _extract_fwd_bwd_modules(
         joint,
         saved_values,
         saved_sym_nodes=saved_sym_nodes,
-        saved_opaque_nodes=[],
+        **opaque,
         num_fwd_outputs=num_fwd_outputs,
         static_lifetime_input_nodes=OrderedSet(static_lifetime_input_nodes),
     )
@@ -482,8 +479,18 @@ def functorch_knob_default(name: str):
 
 def memory_budget_annotation(node: torch.fx.Node) -> float | None:
     """The budget of ``torch.autograd.graph.region_activation_memory_budget`` around the op that made ``node``, if
-    any (read off ``node.meta["custom"]``, as PyTorch's partitioner reads it)."""
-    return _get_memory_budget_annotation(node)
+    any: ``node.meta["custom"]``, as PyTorch's partitioner reads it (``fx.traceback._get_memory_budget_annotation``,
+    2.13 on; the same read here, for the releases before it)."""
+    custom = node.meta.get("custom")
+    return custom.get(MEMORY_BUDGET_ANNOTATION_KEY) if isinstance(custom, dict) else None
+
+
+def region_memory_budget(budget: float):
+    """``torch.autograd.graph.region_activation_memory_budget(budget)`` (torch 2.13 on), or before 2.13 the
+    annotation it makes (``torch.fx.traceback.annotate``, which Dynamo traces in 2.11 and 2.12), read alike."""
+    if TORCH >= (2, 13):
+        return torch.autograd.graph.region_activation_memory_budget(budget)
+    return torch.fx.traceback.annotate({MEMORY_BUDGET_ANNOTATION_KEY: float(budget)})
 
 
 def realizes_inputs(node: torch.fx.Node) -> bool:

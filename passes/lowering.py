@@ -101,7 +101,8 @@ def inductor_class(node: fx.Node, cls: OpClass, graph: PhaseGraph | None = None)
     into their readers, scatters are kernels their values' producers fuse into, and on CPU a ``bmm`` with one row or
     one column per batch (``kernel/bmm.py``: M == 1 or N == 1, e.g. MoE experts applied one token at a time) is
     lowered to a multiply and a sum, a reduction kernel into which its operands' producers fuse (a recomputed gather
-    of expert weights never exists whole).  Mixtral: 534 MiB simulated vs 20.5 MiB measured before, 23.2 after."""
+    of expert weights never exists whole; on a GPU see ``_bmm_is_reduction``).  Mixtral: 534 MiB simulated vs
+    20.5 MiB measured before, 23.2 after."""
     target = getattr(node, "target", None)
     packet = getattr(target, "overloadpacket", None)
     if cls is OpClass.GATHER:
@@ -112,15 +113,30 @@ def inductor_class(node: fx.Node, cls: OpClass, graph: PhaseGraph | None = None)
         return OpClass.MATMUL
     if cls is OpClass.MATMUL and packet is aten.bmm and len(node.args) >= 2:
         a, b = (arg.meta.get("val") if isinstance(arg, fx.Node) else None for arg in node.args[:2])
-        if (
-            isinstance(a, torch.Tensor)
-            and isinstance(b, torch.Tensor)
-            and a.device.type == "cpu"
-            and a.dim() == 3
-            and (a.shape[1] == 1 or b.shape[2] == 1)
-        ):
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == 3 and _bmm_is_reduction(a, b):
             return OpClass.REDUCTION
     return cls
+
+
+# Inductor's bmm lowering (``tuned_bmm``, torch 2.13 on): a dot-shaped bmm on a GPU, of these dtypes and a short
+# enough K, becomes a multiply and a sum, "so surrounding operations can fuse instead of dispatching a tiny extern
+# bmm".
+_GPU_DOT_BMM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_GPU_DOT_BMM_MAX_K = 32
+
+
+def _bmm_is_reduction(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether Inductor lowers ``bmm(a, b)`` to a multiply and a sum: on CPU when M or N is 1 (every release we
+    support); on a GPU from torch 2.13 when both are 1 (by their hints), the dtypes agree and K is not known to
+    exceed 32 (a symbolic K counts as not known)."""
+    m, n, k = a.shape[1], b.shape[2], a.shape[2]
+    if a.device.type == "cpu":
+        return m == 1 or n == 1
+    if not tp.GPU_DOT_BMM_IS_REDUCTION or a.device.type not in ("cuda", "xpu") or b.device.type != a.device.type:
+        return False
+    dot_shaped = tp.size_hint(m) == 1 and tp.size_hint(n) == 1
+    short = isinstance(k, torch.SymInt) or k <= _GPU_DOT_BMM_MAX_K
+    return dot_shaped and a.dtype == b.dtype and a.dtype in _GPU_DOT_BMM_DTYPES and short
 
 
 def _hinted_layout(val: torch.Tensor) -> list[int]:

@@ -341,7 +341,9 @@ def _build(
     values = [lookup(x) if isinstance(x, fx.Node) else x for x in outputs]
     out = graph.output(tuple(values))
     out.meta["desc"] = descs
-    out.meta["output_stack_traces"] = [v.meta.get("stack_trace") if isinstance(v, fx.Node) else None for v in values]
+    if tp.OPAQUE_NODES_AND_OUTPUT_TRACES:  # PyTorch's extraction snapshots them from 2.12 on
+        traces = [v.meta.get("stack_trace") if isinstance(v, fx.Node) else None for v in values]
+        out.meta["output_stack_traces"] = traces
     return graph
 
 
@@ -377,7 +379,7 @@ class SplitRecipe:
             self.bw_outputs,
             self.bw_descs,
             copy_input_meta=self.bw_copy_input_meta,
-            mark_backward=True,
+            mark_backward=tp.BACKWARD_OPS_MARKED,
             checkpoints=self.bw_checkpoints,
         )
         make = tp.lazy_graph_module if lazy else tp.make_graph_module

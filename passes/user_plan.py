@@ -1,7 +1,7 @@
 """The user's plan (no torch): what a user's checkpoint regions ask for, as a cut problem in plain numbers.
 
 ``torch.utils.checkpoint`` tags every op of its region ``PREFER_RECOMPUTE`` (selective checkpointing may tag
-``MUST_RECOMPUTE``); after the boundary clean-up (``_torch_private._save_checkpoint_boundaries``, PyTorch's
+``MUST_RECOMPUTE``); after the boundary clean-up (``checkpoint_tags.save_checkpoint_boundaries``, PyTorch's
 ``cleanup_recompute_tags``) the values still tagged are what the user asked backward to recompute, and PyTorch's
 partitioner recomputes all of them.  The *user's plan* is fxremat's own cut with exactly those values forbidden
 to be saved, everything else priced as usual (docs/DESIGN.md §5.6).

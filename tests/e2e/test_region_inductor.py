@@ -13,6 +13,7 @@ import torch.nn as nn
 import fxremat
 from fxremat.measure import measure_saved
 from fxremat.region_plan import region_name
+from fxremat_passes import _torch_private as tp
 
 pytestmark = pytest.mark.inductor
 
@@ -32,7 +33,7 @@ class TwoBlocks(nn.Module):
             if budget is None:
                 x = block(x)
             else:
-                with torch.autograd.graph.region_activation_memory_budget(budget):
+                with tp.region_memory_budget(budget):
                     x = block(x)
         return x
 

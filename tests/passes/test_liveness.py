@@ -8,6 +8,7 @@ import torch.nn as nn
 from conftest import run_fxremat_aot
 
 from fxremat.examples import example
+from fxremat_passes import _torch_private as tp
 
 
 def test_simulated_step_invariants_on_the_examples():
@@ -186,7 +187,10 @@ def test_moe_gathered_expert_weights_never_exist_whole_under_inductor():
     measured = _measured_step_peak(model, inputs, backend)
     report = backend.reports[0]
     gathered = 512 * 128 * 64 * 4  # 16 MiB
-    assert measured < gathered / 8  # the premise: Inductor never materialises the gathered weights (0.88 MiB)
+    if tp.BMM_OUTER_PRODUCT_IS_POINTWISE:
+        assert measured < gathered / 8  # the premise: Inductor never materialises the gathered weights (0.88 MiB)
+    else:  # the weight gradient's outer product is an extern bmm before torch 2.12: its output exists whole
+        assert measured > gathered
     # 28% low without that buffer (659,968 vs 918,024); > 16 MiB before the bmm/scatter rule
     assert abs(report.simulated_peak_bytes - measured) <= 0.02 * measured, (report.simulated_peak_bytes, measured)
 
@@ -289,7 +293,7 @@ def test_an_embedding_gradient_scatters_inside_the_kernel_that_computes_the_rows
     torch.manual_seed(0)
     _, bw, _ = _inductor_split(EmbedNorm(), (torch.randint(0, 1024, (4, 16)),))
     phase = _Phase(bw.graph, keep=set(), carried={})
-    (scatter,) = [n for n in bw.graph.nodes if n.target is torch.ops.aten._unsafe_masked_index_put_accumulate.default]
+    (scatter,) = [n for n in bw.graph.nodes if n.target is tp.EMBEDDING_GRAD_SCATTER]
     (kernel,) = [units for units in phase.kernels.values() if scatter in units]
     assert any(u.target is torch.ops.aten.sum.dim_IntList for u in kernel), [u.name for u in kernel]
 

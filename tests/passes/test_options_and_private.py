@@ -161,9 +161,11 @@ def test_private_helpers_import_and_version_gate():
     for name in tp.__all__:
         assert getattr(tp, name) is not None, name
     assert tp.unsupported_torch_reason() is None  # the torch we test with is a supported one
-    assert tp.unsupported_torch_reason("2.12.0") is not None
-    assert "2.13" in tp.unsupported_torch_reason("3.0.0")
-    assert tp.unsupported_torch_reason("2.14.1+cpu") is None
+    for supported in ("2.11.0", "2.12.1", "2.13.0", "2.14.1+cpu", "2.11.0+cu130"):
+        assert tp.unsupported_torch_reason(supported) is None, supported
+    assert tp.unsupported_torch_reason("2.10.0") is not None
+    assert "2.11" in tp.unsupported_torch_reason("2.15.0")
+    assert "2.14" in tp.unsupported_torch_reason("3.0.0")
 
 
 def _copy_all(graph, copy):
@@ -270,7 +272,6 @@ def test_functorch_knobs_and_region_annotation_are_readable():
     """Every torch._functorch.config knob fxremat reads or warns about exists in this torch, with a default; the
     region budget annotation is read back off a node as PyTorch's partitioner reads it."""
     import torch.fx
-    import torch.fx.traceback as fx_traceback
 
     from fxremat import knobs
 
@@ -279,5 +280,5 @@ def test_functorch_knobs_and_region_annotation_are_readable():
     graph = torch.fx.Graph()
     node = graph.placeholder("x")
     assert tp.memory_budget_annotation(node) is None
-    node.meta["custom"] = {fx_traceback.MEMORY_BUDGET_ANNOTATION_KEY: 0.25}
+    node.meta["custom"] = {tp.MEMORY_BUDGET_ANNOTATION_KEY: 0.25}
     assert tp.memory_budget_annotation(node) == 0.25

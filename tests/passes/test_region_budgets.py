@@ -9,7 +9,6 @@ import json
 
 import pytest
 import torch
-import torch.fx.traceback as fx_traceback
 import torch.nn as nn
 from conftest import noop_compiler
 
@@ -45,7 +44,7 @@ class TwoBlocks(nn.Module):
             if budget is None:
                 x = block(x)
             else:
-                with torch.autograd.graph.region_activation_memory_budget(budget):
+                with tp.region_memory_budget(budget):
                     x = block(x)
         return x
 
@@ -149,7 +148,7 @@ def test_peak_budget_with_several_regions_is_refused_naming_the_fix():
 
 
 def _annotate(node: torch.fx.Node, budget) -> None:
-    node.meta["custom"] = {fx_traceback.MEMORY_BUDGET_ANNOTATION_KEY: budget}
+    node.meta["custom"] = {tp.MEMORY_BUDGET_ANNOTATION_KEY: budget}
 
 
 def test_read_regions_reads_budgets_and_refuses_what_it_cannot_apply():

@@ -117,7 +117,7 @@ def _block(x):
 def mlp(x, budgets=(0.0, 0.0), cover=(True, True)):
     for budget, covered in zip(budgets, cover):
         if covered:
-            with torch.autograd.graph.region_activation_memory_budget(budget):
+            with tp.region_memory_budget(budget):
                 x = _block(x)
         else:
             x = _block(x)
@@ -191,7 +191,6 @@ def test_must_recompute_holds_for_views_and_backward_formulas():
 
 
 def test_region_budget_reads_annotations_and_the_legacy_marker():
-    import torch.fx.traceback as fx_traceback
 
     from fxremat_passes.region_budget import legacy_budget, read_regions
 
@@ -201,10 +200,10 @@ def test_region_budget_reads_annotations_and_the_legacy_marker():
     ops[1].meta["memory_budget"] = 0.25
     assert legacy_budget(gm) == 0.25
     for node, budget in zip(ops, (0.5, 0.5)):
-        node.meta["custom"] = {fx_traceback.MEMORY_BUDGET_ANNOTATION_KEY: budget}
+        node.meta["custom"] = {tp.MEMORY_BUDGET_ANNOTATION_KEY: budget}
     assert read_regions(gm, 1).whole_graph_budget == 0.5  # one region over the whole forward: the graph's budget
     options, source, regions = knobs.effective_options(Options.create(), gm, 1)
     assert (options.memory_budget, source, regions) == (0.5, REGION_SOURCE, None)  # it wins over the legacy one
-    ops[1].meta["custom"] = {fx_traceback.MEMORY_BUDGET_ANNOTATION_KEY: 0.0}
+    ops[1].meta["custom"] = {tp.MEMORY_BUDGET_ANNOTATION_KEY: 0.0}
     options, source, regions = knobs.effective_options(Options.create(), gm, 1)
     assert regions.budgets == (0.5, 0.0) and (options.memory_budget, source) == (0.25, knobs.LEGACY_SOURCE)

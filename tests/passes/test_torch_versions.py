@@ -1,0 +1,141 @@
+"""What differs between the torch releases fxremat supports (2.11 to 2.14), one test per difference.
+
+Each version key in ``_torch_private`` is checked against the installed torch itself (the signature, attribute or
+source line the key stands for), so a key that is wrong for some release fails on that release's CI run.
+"""
+
+from __future__ import annotations
+
+import inspect
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.fx as fx
+from conftest import noop_compiler
+from torch._functorch import partitioners
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from fxremat_passes import _torch_private as tp
+from fxremat_passes import lowering
+from fxremat_passes.ops import OpClass, op_class
+
+
+def test_version_keys_match_the_installed_torch():
+    """2.12 added ``saved_opaque_nodes`` and ``output_stack_traces``; 2.13 ``region_activation_memory_budget``, the
+    backward ops' ``autograd_backward`` mark, the GPU dot-shaped bmm lowering and (2.13 only) the C++ fusion step
+    that loses mutation renames."""
+    from torch._inductor.kernel import bmm
+
+    extraction = inspect.signature(partitioners._extract_fwd_bwd_modules).parameters
+    assert ("saved_opaque_nodes" in extraction) == tp.OPAQUE_NODES_AND_OUTPUT_TRACES
+    traces = "output_stack_traces" in inspect.getsource(partitioners._extract_graph_with_inputs_outputs)
+    assert traces == tp.OPAQUE_NODES_AND_OUTPUT_TRACES
+    assert hasattr(torch.autograd.graph, "region_activation_memory_budget") == (tp.TORCH >= (2, 13))
+    assert hasattr(bmm, "_BMM_DOT_DECOMPOSE_DTYPES") == tp.GPU_DOT_BMM_IS_REDUCTION
+    marks = "autograd_backward" in inspect.getsource(partitioners._extract_fwd_bwd_modules)
+    assert marks == tp.BACKWARD_OPS_MARKED
+    from torch._inductor.codegen.cpp import CppScheduling  # where 2.13's scheduler loses the renames (DESIGN §7)
+    from torch._inductor.scheduler import SchedulerNode
+
+    pytorchs = inspect.getsource(tp._unfixed_recompute or SchedulerNode.recompute_size_and_body)  # not our wrapper
+    drops = hasattr(CppScheduling, "_align_compatible_range_nodes") and "or self.mutation_renames" not in pytorchs
+    assert drops == tp.SCHEDULER_DROPS_MUTATION_RENAMES  # 2.14 re-applies the renames itself
+    if tp.TORCH >= (2, 13):  # our key and read are PyTorch's own
+        import torch.fx.traceback as fx_traceback
+
+        assert fx_traceback.MEMORY_BUDGET_ANNOTATION_KEY == tp.MEMORY_BUDGET_ANNOTATION_KEY
+        node = fx.Graph().placeholder("x")
+        node.meta["custom"] = {tp.MEMORY_BUDGET_ANNOTATION_KEY: 0.5}
+        assert fx_traceback._get_memory_budget_annotation(node) == tp.memory_budget_annotation(node) == 0.5
+
+
+def test_size_hint_reads_hints_without_guards():
+    """``optimization_hint`` (2.12 on) and ``size_hint`` (2.11): a SymInt's hint, the fallback for an unbacked one,
+    and no guard either way."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    seven = env.create_symintnode(env.create_symbol(7, ConstantSource("s0")), hint=7)
+    assert tp.size_hint(seven) == 7 and tp.size_hint(3) == 3
+    assert tp.size_hint(env.create_unbacked_symint()) == tp.UNBACKED_SIZE_FALLBACK
+    assert not env.guards
+
+
+def test_region_memory_budget_annotates_the_traced_ops():
+    """``region_memory_budget`` is torch's context manager from 2.13 on, the same ``fx.traceback.annotate`` before:
+    the joint graph's ops carry the budget either way."""
+    budgets: list = []
+
+    def partition(joint, joint_inputs, **kwargs):
+        budgets.extend(tp.memory_budget_annotation(n) for n in joint.graph.nodes if n.op == "call_function")
+        return partitioners.default_partition(joint, joint_inputs, **kwargs)
+
+    def fn(x):
+        with tp.region_memory_budget(0.25):
+            return x.sin().cos()
+
+    torch._dynamo.reset()
+    backend = tp.aot_autograd(fw_compiler=noop_compiler, bw_compiler=noop_compiler, partition_fn=partition)
+    torch.compile(fn, backend=backend)(torch.randn(8, requires_grad=True)).sum().backward()
+    assert 0.25 in budgets
+
+
+def _bmm(a_shape, b_shape, device="cuda", dtype=torch.float32):
+    return (
+        SimpleNamespace(shape=a_shape, dtype=dtype, device=torch.device(device)),
+        SimpleNamespace(shape=b_shape, dtype=dtype, device=torch.device(device)),
+    )
+
+
+@pytest.mark.parametrize("since_2_13", [False, True])
+def test_gpu_dot_bmm_is_a_reduction_from_2_13(monkeypatch, since_2_13):
+    """Simulator rule keyed on ``GPU_DOT_BMM_IS_REDUCTION``: on a GPU only a dot-shaped bmm (M = N = 1, K <= 32,
+    one float dtype) becomes a multiply and a sum, and only from torch 2.13; on CPU M or N = 1 in every release."""
+    monkeypatch.setattr(tp, "GPU_DOT_BMM_IS_REDUCTION", since_2_13)
+    assert lowering._bmm_is_reduction(*_bmm((8, 1, 16), (8, 16, 1))) == since_2_13
+    assert lowering._bmm_is_reduction(*_bmm((8, 1, 16), (8, 16, 1), device="xpu")) == since_2_13
+    assert not lowering._bmm_is_reduction(*_bmm((8, 1, 64), (8, 64, 1)))  # K over 32
+    assert not lowering._bmm_is_reduction(*_bmm((8, 1, 16), (8, 16, 4)))  # N = 4: an extern bmm on a GPU
+    assert not lowering._bmm_is_reduction(*_bmm((8, 1, 16), (8, 16, 1), dtype=torch.float64))
+    assert lowering._bmm_is_reduction(*_bmm((8, 1, 64), (8, 64, 4), device="cpu"))
+    assert not lowering._bmm_is_reduction(*_bmm((8, 2, 64), (8, 64, 4), device="cpu"))
+
+
+def test_cpu_bmm_with_one_row_is_a_reduction():
+    gm = make_fx(torch.bmm)(torch.randn(4, 1, 8), torch.randn(4, 8, 5))
+    (node,) = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert lowering.inductor_class(node, op_class(node)) is OpClass.REDUCTION
+
+
+def _embedding_backward_graph() -> fx.GraphModule:
+    from torch._inductor.decomposition import select_decomp_table
+
+    def step(weight, indices, grad):
+        return torch.ops.aten.embedding_dense_backward(grad, indices, weight.shape[0], -1, False)
+
+    weight, indices, grad = torch.randn(50, 16), torch.randint(0, 50, (4, 12)), torch.randn(4, 12, 16)
+    return make_fx(step, decomposition_table=select_decomp_table())(weight, indices, grad)
+
+
+def test_embedding_gradient_scatter_in_both_decompositions():
+    """Inductor's decompositions leave an embedding's gradient as an ``index_put`` in the joint graph (2.11, 2.12) or
+    one ``_unsafe_masked_index_put_accumulate`` (2.13 on).  Either way the
+    simulator sees a scatter kernel (a reduction) looping over the rows' gradients, which its producer fuses into."""
+    gm = _embedding_backward_graph()
+    (scatter,) = [n for n in gm.graph.nodes if op_class(n) is OpClass.GATHER]
+    assert scatter.target.overloadpacket is tp.EMBEDDING_GRAD_SCATTER.overloadpacket
+    assert lowering.inductor_class(scatter, OpClass.GATHER) is OpClass.REDUCTION
+    values = lowering.scatter_values(scatter)
+    assert list(values.meta["val"].shape) == [4, 12, 16]
+
+
+def test_outer_product_bmm_is_a_multiply_from_2_12():
+    """Inductor's ``bmm`` decomposition turns [B, M, 1] x [B, 1, N] into a broadcast multiply from 2.12 (MoE weight
+    gradients: ``test_liveness.py``'s TokenExperts); before, the extern bmm's output exists whole."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    gm = make_fx(torch.bmm, decomposition_table=select_decomp_table())(torch.randn(4, 8, 1), torch.randn(4, 1, 5))
+    targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    assert (torch.ops.aten.bmm.default not in targets) == tp.BMM_OUTER_PRODUCT_IS_POINTWISE, targets
