@@ -71,7 +71,7 @@ def main(argv=None) -> int:
         from fxremat_passes import _torch_private as tp
         from fxremat_passes.costs import PROFILES, annotate_costs
         from fxremat_passes.flow_problem import build_flow_problem
-        from fxremat_passes.roles import backward_nodes, classify
+        from fxremat_passes.roles import classify
 
         profile = PROFILES["cpu"]
         for name in args.models:
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
             roles = classify(
                 joint, num_fwd_outputs=captured["kwargs"]["num_fwd_outputs"], static_lifetime_input_indices=[]
             )
-            flow = build_flow_problem(roles, annotate_costs(joint.graph, profile, None, backward_nodes(roles)), profile)
+            flow = build_flow_problem(roles, annotate_costs(joint.graph, profile), profile)
             gaps = gaps_for(flow.parametric, 2.0 / profile.mem_bandwidth, 1e6 / profile.mem_bandwidth, args.fractions)
             rows.append(summarise(name, gaps))
     print(

@@ -92,7 +92,7 @@ def schedule_of(gm, kwargs, saved: dict[str, tuple[str, ...]]):
     from fxremat_passes.cse import prepare_joint_graph
     from fxremat_passes.flow_problem import VALUE_ROLES, build_flow_problem
     from fxremat_passes.peak_milp_graph import build_schedule_graph
-    from fxremat_passes.roles import backward_nodes, classify
+    from fxremat_passes.roles import classify
 
     joint = prepare_joint_graph(gm)
     roles = classify(
@@ -101,8 +101,7 @@ def schedule_of(gm, kwargs, saved: dict[str, tuple[str, ...]]):
         static_lifetime_input_indices=kwargs.get("static_lifetime_input_indices"),
     )
     profile = PROFILES["cpu"]
-    values = [n for n, r in roles.role.items() if r in VALUE_ROLES]
-    costs = annotate_costs(joint.graph, profile, values, backward_nodes(roles))
+    costs = annotate_costs(joint.graph, profile, [n for n, r in roles.role.items() if r in VALUE_ROLES])
     flow = build_flow_problem(roles, costs, profile)
     names = {n.name for n in joint.graph.nodes}
     missing = {s for names_ in saved.values() for s in names_} - names

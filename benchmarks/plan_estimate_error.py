@@ -40,13 +40,13 @@ def setup(gm, kwargs):
     from fxremat_passes.budget import SolveCache
     from fxremat_passes.costs import PROFILES, annotate_costs
     from fxremat_passes.flow_problem import build_flow_problem
-    from fxremat_passes.roles import Role, backward_nodes, classify
+    from fxremat_passes.roles import Role, classify
 
     num_fwd_outputs = kwargs["num_fwd_outputs"]
     joint = tp.prepare_joint_graph(gm)
     roles = classify(joint, num_fwd_outputs=num_fwd_outputs, static_lifetime_input_indices=None)
     profile = PROFILES["cpu"]
-    flow = build_flow_problem(roles, annotate_costs(joint.graph, profile, None, backward_nodes(roles)), profile)
+    flow = build_flow_problem(roles, annotate_costs(joint.graph, profile), profile)
     forward = [roles.role[n] is Role.FORWARD for n in flow.nodes]
     options = Options.create()
     candidates = peak_candidates(flow.parametric, forward, options, profile, None, SolveCache(flow.parametric))

@@ -158,9 +158,8 @@ def _backend_module():
 
 
 def run_setting(args, setting: str) -> dict:
-    import grad_rule
-
     import fxremat
+    import grad_rule
     from fxremat.measure import step_peak_bytes
 
     fb = _backend_module()

@@ -101,7 +101,7 @@ def measure(blocks: int, sweep: int, repeats: int = 1, only: list[str] | None = 
     from fxremat_passes.costs import PROFILES, annotate_costs
     from fxremat_passes.flow_problem import build_flow_problem
     from fxremat_passes.mincut import solve_min_cut
-    from fxremat_passes.roles import backward_nodes, classify
+    from fxremat_passes.roles import classify
 
     cap = capture(blocks)
     gm, inputs, kwargs = cap["gm"], cap["inputs"], cap["kwargs"]
@@ -181,7 +181,7 @@ def measure(blocks: int, sweep: int, repeats: int = 1, only: list[str] | None = 
     joint = tp.prepare_joint_graph(tp.copy_graph_module(gm))
     roles = classify(joint, num_fwd_outputs=kwargs["num_fwd_outputs"], static_lifetime_input_indices=[])
     profile = PROFILES["cpu"]
-    flow = build_flow_problem(roles, annotate_costs(joint.graph, profile, None, backward_nodes(roles)), profile)
+    flow = build_flow_problem(roles, annotate_costs(joint.graph, profile), profile)
     problem = flow.parametric
     price, max_price = 2.0 / profile.mem_bandwidth, 1e6 / profile.mem_bandwidth
     row["flow_values"] = problem.num_values

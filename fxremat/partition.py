@@ -32,7 +32,7 @@ from fxremat_passes.layout import CONVOLUTION, pin_as_strided_inputs
 from fxremat_passes.liveness import PeakEstimate, simulate_step
 from fxremat_passes.phase_copies import copy_gathers_per_phase
 from fxremat_passes.region_budget import annotations_hidden
-from fxremat_passes.roles import Policy, Role, backward_nodes, classify, recompute_tag
+from fxremat_passes.roles import Policy, Role, classify, recompute_tag
 from fxremat_passes.split import SplitRecipe, split_with_recipe
 
 from .contract import kept_tagged
@@ -293,7 +293,7 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
     _enter("annotate_costs")
     # the values the cut decides on; backward's own nodes are never priced by it (half the graph)
     values = [n for n, r in roles.role.items() if r in VALUE_ROLES]
-    costs = annotate_costs(joint.graph, profile, values, backward_nodes(roles))
+    costs = annotate_costs(joint.graph, profile, values, {n for n, r in roles.role.items() if r is Role.BACKWARD})
     _enter("build_flow_problem")
     flow = build_flow_problem(roles, costs, profile)
     _enter("solve_min_cut")

@@ -267,9 +267,3 @@ def forward_nodes(joint: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:
             forward.add(node)
             stack.extend(node.all_input_nodes)
     return forward
-
-
-def backward_nodes(roles: GraphRoles) -> frozenset[fx.Node]:
-    """The joint graph's backward nodes: what ``costs.annotate_costs`` needs to price a recompute that a backward
-    extern kernel reads (``costs.stored_when_recomputed``)."""
-    return frozenset(n for n, r in roles.role.items() if r is Role.BACKWARD)
