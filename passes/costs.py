@@ -117,13 +117,11 @@ class NodeCost:
     dtype: str | None = field(default=None)
 
 
-def node_cost(
-    node: fx.Node, profile: DeviceProfile, backward: frozenset[fx.Node] | set[fx.Node] = frozenset()
-) -> NodeCost:
+def node_cost(node: fx.Node, profile: DeviceProfile) -> NodeCost:
     """The one reader of ``COST_KEY``; computes the cost of a node the annotation pass never saw (e.g. one a
-    partitioner created), with ``backward`` as for ``compute_node_cost``."""
+    partitioner created)."""
     cost = node.meta.get(COST_KEY)
-    return cost if cost is not None else compute_node_cost(node, profile, backward=backward)
+    return cost if cost is not None else compute_node_cost(node, profile)
 
 
 # --- sizes -------------------------------------------------------------------------------------------------------

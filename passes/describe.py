@@ -124,13 +124,10 @@ def describe_split(
         )
     forward_names = {n.name for n in fw.graph.nodes if n.op == "call_function"}
     recomputed: list[RecomputedNode] = []
-    # every node of ``bw`` runs in backward: a recompute of a split the annotation pass never saw (PyTorch's, for
-    # the report's baseline) is priced by the same fusion rule as ours (``costs.stored_when_recomputed``)
-    backward = set(bw.graph.nodes)
     for node in bw.graph.nodes:
         # a per-phase copy of a forward node (``phase_copies.py``) computes it again, as a recomputation does
         if node.op == "call_function" and node.meta.get(COPY_OF, node.name) in forward_names:
-            cost = node_cost(node, profile, backward)
+            cost = node_cost(node, profile)
             recomputed.append(RecomputedNode(node.name, qualified_name(node), cost.flops, cost.recompute_seconds))
     return SplitDescription(
         saved=tuple(saved_rows),
