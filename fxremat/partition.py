@@ -292,8 +292,7 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
         return _Split(fw, bw, fields, recipe)
     _enter("annotate_costs")
     # the values the cut decides on; backward's own nodes are never priced by it (half the graph)
-    values = [n for n, r in roles.role.items() if r in VALUE_ROLES]
-    costs = annotate_costs(joint.graph, profile, values, {n for n, r in roles.role.items() if r is Role.BACKWARD})
+    costs = annotate_costs(joint.graph, profile, [n for n, r in roles.role.items() if r in VALUE_ROLES])
     _enter("build_flow_problem")
     flow = build_flow_problem(roles, costs, profile)
     _enter("solve_min_cut")

@@ -6,12 +6,8 @@ hints, never by comparing SymInts (that installs guards and recompiles).
 
 Fusion rule, in one place (``recompute_seconds``): a view, pointwise, copy or creation op is assumed to fuse into
 its consumer, so recomputing it costs its FLOPs only, no memory traffic; every other op runs as its own kernel and
-costs ``max(flops / peak, bytes_moved / bandwidth)`` (a roofline).  So does a fusible op that a backward matmul,
-convolution or attention reads (``stored_when_recomputed``): an extern kernel takes its inputs from memory, so the
-recomputed value is a kernel of its own (issue #16: recomputing the Llama stack's RoPE'd queries for the SDPA
-backward, instead of saving them in place of the projection they are computed from, cost 5 kernels for no saved
-byte).  Saving a value costs a read in backward, plus a write in forward when its producer would otherwise have
-stayed inside a fused kernel (``save_traffic_bytes``).
+costs ``max(flops / peak, bytes_moved / bandwidth)`` (a roofline).  Saving a value costs a read in backward, plus
+a write in forward when its producer would otherwise have stayed inside a fused kernel (``save_traffic_bytes``).
 Justification: TORCH_NOTES "What a first weighted cut taught us" (this rule, with these CPU constants, beat
 PyTorch's cut on every model tried); the cost-model issue replaces the constants with measured ones.
 """
@@ -31,7 +27,6 @@ import torch.utils.flop_counter as flop_counter
 
 from . import _torch_private as tp
 from .ops import (
-    EXTERN_READERS,
     FUSIBLE,
     GELU_TANH_WEIGHT,
     PARTIAL_READ_OPS,
@@ -336,36 +331,7 @@ def save_traffic_bytes(node: fx.Node, root: fx.Node, root_cls: OpClass, storage:
     return storage * (2 if root_cls in FUSIBLE else 1)
 
 
-def stored_when_recomputed(
-    node: fx.Node, classes: dict[fx.Node, OpClass] | None, backward: frozenset[fx.Node] | set[fx.Node]
-) -> bool:
-    """Whether ``node``, a fusible op, recomputed in backward is stored by a kernel of its own instead of fusing
-    into its reader: a backward extern kernel (``ops.EXTERN_READERS``) reads it, directly or through views
-    (``ir.ExternKernel.realize_input``).
-
-    A CPU ``cat`` is stored too (``lowering.concat_kernel``), but pricing it so moved the Llama stack's plan to
-    save RoPE'd keys and expanded values instead of the one key-value projection both are computed from: 4 fewer
-    kernels for 256 KiB more saved (issue #16), so it is left priced as fused."""
-    class_of = (lambda n: classes[n] if n in classes else op_class(n)) if classes is not None else op_class
-    stack = list(node.users)
-    while stack:
-        user = stack.pop()
-        cls = class_of(user)
-        if cls in (OpClass.VIEW, OpClass.GETITEM):
-            stack.extend(user.users)
-        elif cls in EXTERN_READERS and user in backward:
-            return True
-    return False
-
-
-def compute_node_cost(
-    node: fx.Node,
-    profile: DeviceProfile,
-    classes: dict[fx.Node, OpClass] | None = None,
-    backward: frozenset[fx.Node] | set[fx.Node] = frozenset(),
-) -> NodeCost:
-    """``backward``: the joint graph's backward nodes (``stored_when_recomputed``); empty, every fusible op is
-    priced as fused."""
+def compute_node_cost(node: fx.Node, profile: DeviceProfile, classes: dict[fx.Node, OpClass] | None = None) -> NodeCost:
     cls = classes[node] if classes is not None and node in classes else op_class(node)
     val = node.meta.get("val")
     nbytes = value_nbytes(val)
@@ -385,8 +351,7 @@ def compute_node_cost(
         else:
             moved = nbytes + sum(value_nbytes(a.meta.get("val")) for a in inputs)
         est = profile.seconds(flops, moved, dtype)
-    fused = cls in FUSIBLE and (cls in NO_KERNEL or not stored_when_recomputed(node, classes, backward))
-    recompute = flops / profile.peak_flops(dtype) if fused else est
+    recompute = flops / profile.peak_flops(dtype) if cls in FUSIBLE else est
     root = alias_root(node, classes)
     root_cls = classes[root] if classes is not None and root in classes else op_class(root)
     if root.op == "placeholder":
@@ -411,20 +376,16 @@ def compute_node_cost(
 
 
 def annotate_costs(
-    graph: fx.Graph,
-    profile: DeviceProfile,
-    nodes: Iterable[fx.Node] | None = None,
-    backward: frozenset[fx.Node] | set[fx.Node] = frozenset(),
+    graph: fx.Graph, profile: DeviceProfile, nodes: Iterable[fx.Node] | None = None
 ) -> dict[fx.Node, NodeCost]:
     """Attach a NodeCost to ``nodes`` of ``graph`` (all of them by default; ``node.meta[COST_KEY]``) and return
-    them.  A node left out gets its cost when ``node_cost`` first asks for it.  ``backward``: as for
-    ``compute_node_cost``."""
+    them.  A node left out gets its cost when ``node_cost`` first asks for it."""
     start = time.perf_counter()
     classes = {n: op_class(n) for n in graph.nodes}
     nodes = list(classes) if nodes is None else list(nodes)
     costs: dict[fx.Node, NodeCost] = {}
     for node in nodes:
-        cost = compute_node_cost(node, profile, classes, backward)
+        cost = compute_node_cost(node, profile, classes)
         node.meta[COST_KEY] = cost
         costs[node] = cost
     log.debug("annotate_costs: %d nodes, %.4fs", len(nodes), time.perf_counter() - start)

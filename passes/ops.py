@@ -323,6 +323,3 @@ NEVER_RECOMPUTE_REASONS = {
 NEVER_RECOMPUTE = frozenset(NEVER_RECOMPUTE_REASONS)
 # Classes that Inductor fuses into their consumer (so a recompute costs FLOPs, not a round trip to memory).
 FUSIBLE = frozenset({OpClass.VIEW, OpClass.POINTWISE, OpClass.COPY, OpClass.CREATION, OpClass.GETITEM})
-# Classes Inductor runs as extern kernels that read their inputs from memory (``ir.ExternKernel.realize_input``):
-# nothing fuses into them, so a fusible value they read is stored by a kernel of its own.
-EXTERN_READERS = frozenset({OpClass.MATMUL, OpClass.CONVOLUTION, OpClass.ATTENTION})
