@@ -158,8 +158,9 @@ def _backend_module():
 
 
 def run_setting(args, setting: str) -> dict:
-    import fxremat
     import grad_rule
+
+    import fxremat
     from fxremat.measure import step_peak_bytes
 
     fb = _backend_module()

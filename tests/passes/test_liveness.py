@@ -431,9 +431,9 @@ def test_a_value_reading_more_than_four_buffers_is_realized_when_reused():
     realized (over a) in the first kernel, where b..e die with it, held for the second.  A matmul between the two
     kernels (m = o1^T o1, 256 B) flushes the first kernel's C++ call, so b..e are freed before the second (see
     ``Walk.grouped``).  Peak: s, b..e and o1 in the first kernel (6 x 512 B; the second holds s, o1, m and 1024 B);
-    recomputed in each reader, a..e would live to the second kernel (6 x 512 + 256 + 1024 B).  In a recomputed transformer stack the residual
-    stream (the embedding plus every block's output) is such a value: Inductor computes it for every block in one
-    early kernel and holds it."""
+    recomputed in each reader, a..e would live to the second kernel (6 x 512 + 256 + 1024 B).  In a recomputed
+    transformer stack the residual stream (the embedding plus every block's output) is such a value: Inductor
+    computes it for every block in one early kernel and holds it."""
 
     def backward(a, b, c, d, e, tangents_1):
         s = a + b + c + d + e
