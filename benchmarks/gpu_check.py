@@ -113,20 +113,9 @@ def _sync(device: str) -> None:
 
 def step_seconds(step, device: str, steps: int) -> list[float]:
     """Seconds per step: CUDA events on a GPU (the host does not wait for each kernel), the wall clock on CPU."""
-    times = []
-    for _ in range(steps):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            began = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - began)
-    return times
+    from fxremat.measure import device_seconds
+
+    return [device_seconds(step, device) for _ in range(steps)]
 
 
 def measure_config(model_name: str, config: str, shape: dict, dtype: torch.dtype, device: str, steps: int) -> dict:

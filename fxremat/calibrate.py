@@ -11,12 +11,13 @@ import json
 import os
 import platform
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
 from fxremat_passes.costs import DeviceProfile
+
+from .measure import device_seconds
 
 MATMUL_SIZE = 1024  # 2 GFLOP per matmul: long enough to time, short enough to run at import of a training job
 COPY_BYTES = 64 * 2**20  # larger than any cache: measures memory, not L3
@@ -35,22 +36,8 @@ def _device_label(device: torch.device) -> str:
 
 
 def _median_seconds(fn, device: torch.device) -> float:
-    """Median seconds of ``fn`` after one warm-up run: timed by CUDA events on a GPU (the kernels' own time on the
-    device, not the host's launch time), by the wall clock on CPU."""
-    samples = []
-    for _ in range(REPEATS + 1):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize(device)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) / 1e3)
-        else:
-            began = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - began)
+    """Median seconds of ``fn`` after one warm-up run (``measure.device_seconds``: CUDA events on a GPU)."""
+    samples = [device_seconds(fn, device.type) for _ in range(REPEATS + 1)]
     return statistics.median(samples[1:])  # the first run warms up
 
 

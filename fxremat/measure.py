@@ -129,3 +129,24 @@ def step_peak_bytes(fn: Callable[[], Any], device: str) -> tuple[int, str]:
     if device == "cuda":
         return cuda_peak_bytes(fn), "cuda_max_memory_allocated"
     return cpu_peak_bytes(fn), "cpu_profiler_memory_events"
+
+
+# --- time of one call on a device ---------------------------------------------------------------------------------
+
+
+def device_seconds(fn: Callable[[], Any], device_type: str) -> float:
+    """Seconds ``fn`` takes: by CUDA events on a GPU (the kernels' own time on the device, not the host's launch
+    time), by the wall clock on CPU."""
+    if device_type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    import time
+
+    began = time.perf_counter()
+    fn()
+    return time.perf_counter() - began
