@@ -142,6 +142,13 @@ def _example(name: str, shape: dict[str, int]) -> Workload:
 # ---- transformers models -------------------------------------------------------------------------------------
 
 
+def hf_workload(name: str, shape: dict[str, int]) -> Workload:
+    """A transformers model of ``name`` at ``shape`` (``SIZES``' keys; Llama also reads ``kv_heads`` and ``ffn``),
+    built after ``torch.manual_seed(0)``, on the CPU in fp32: what benchmarks/gpu_check.py builds at its own sizes."""
+    torch.manual_seed(0)
+    return _hf_model(name, shape)
+
+
 def _hf_model(name: str, shape: dict[str, int]) -> Workload:
     import transformers
 
@@ -186,10 +193,10 @@ def _gpt2(t, s) -> Workload:
 def _llama(t, s) -> Workload:
     config = t.LlamaConfig(
         hidden_size=s["hidden"],
-        intermediate_size=4 * s["hidden"],
+        intermediate_size=s.get("ffn", 4 * s["hidden"]),
         num_hidden_layers=s["layers"],
         num_attention_heads=s["heads"],
-        num_key_value_heads=s["heads"],
+        num_key_value_heads=s.get("kv_heads", s["heads"]),  # grouped-query attention where given
         vocab_size=s["vocab"],
         max_position_embeddings=s["seq"],
         attention_dropout=0.0,

@@ -32,7 +32,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -43,60 +42,27 @@ GRAD_CONFIG = "fxremat_default"
 WARMUP_STEPS = 3
 GRAD_TOLERANCE = 1e-3
 
-# name -> (transformers config keywords, batch, seq); the dry-run shape keeps each model's structure (GQA for
-# llama) at a size a CPU compiles in seconds, and is the fp32 copy the gradient check uses.
-SHAPES: dict[str, dict[str, Any]] = {
-    "gpt2": dict(config=dict(n_embd=768, n_layer=12, n_head=12, vocab_size=50257, n_positions=1024), batch=8, seq=1024),
-    "llama": dict(
-        config=dict(
-            hidden_size=2048,
-            intermediate_size=5632,
-            num_hidden_layers=8,
-            num_attention_heads=16,
-            num_key_value_heads=4,
-            vocab_size=32000,
-            max_position_embeddings=2048,
-        ),
-        batch=4,
-        seq=2048,
-    ),
+# name -> shape in benchmarks/bench_models.py's keys (its builders make the transformers models); the dry-run shape
+# keeps each model's structure (GQA for llama) at a size a CPU compiles in seconds, and is the fp32 copy the gradient
+# check uses.
+SHAPES: dict[str, dict[str, int]] = {
+    "gpt2": dict(layers=12, hidden=768, heads=12, vocab=50257, batch=8, seq=1024),
+    "llama": dict(layers=8, hidden=2048, heads=16, kv_heads=4, ffn=5632, vocab=32000, batch=4, seq=2048),
 }
-DRY_SHAPES: dict[str, dict[str, Any]] = {
-    "gpt2": dict(config=dict(n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=32), batch=1, seq=32),
-    "llama": dict(
-        config=dict(
-            hidden_size=64,
-            intermediate_size=176,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=256,
-            max_position_embeddings=32,
-        ),
-        batch=1,
-        seq=32,
-    ),
+DRY_SHAPES: dict[str, dict[str, int]] = {
+    "gpt2": dict(layers=2, hidden=64, heads=4, vocab=256, batch=1, seq=32),
+    "llama": dict(layers=2, hidden=64, heads=4, kv_heads=2, ffn=176, vocab=256, batch=1, seq=32),
 }
 
 
-def build(model_name: str, shape: dict[str, Any], dtype: torch.dtype, device: str):
-    """(model, input ids) with random weights after ``torch.manual_seed(0)``: the same weights in every build."""
-    import transformers
+def build(model_name: str, shape: dict[str, int], dtype: torch.dtype, device: str):
+    """(model, input ids): ``bench_models.hf_workload``, the same weights in every build, in ``dtype`` on
+    ``device``."""
+    import bench_models
 
-    transformers.logging.set_verbosity_error()
-    torch.manual_seed(0)
-    common = dict(use_cache=False, bos_token_id=0, eos_token_id=0)
-    if model_name == "gpt2":
-        drop = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-        config = transformers.GPT2Config(**shape["config"], **drop, **common)
-        model = transformers.GPT2LMHeadModel._from_config(config, attn_implementation="sdpa")
-        model.loss_type = "ForCausalLM"  # GPT-2's default loss lookup breaks the graph under Dynamo
-    else:
-        config = transformers.LlamaConfig(**shape["config"], attention_dropout=0.0, pad_token_id=0, **common)
-        model = transformers.LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
-    model.to(device=device, dtype=dtype)
-    ids = torch.randint(0, shape["config"].get("vocab_size"), (shape["batch"], shape["seq"]), device=device)
-    return model, ids
+    work = bench_models.hf_workload(model_name, shape).to(device)
+    work.model.to(dtype=dtype)
+    return work.model, work.kwargs["input_ids"]
 
 
 def make_backend(config: str):
@@ -251,7 +217,7 @@ def run_check(model_name: str, dry_run: bool, steps: int, configs: list[str]) ->
     return dict(
         model=model_name,
         shape=described,
-        config=shape["config"],
+        config=shape,
         device_name=name,
         torch=torch.__version__,
         dry_run=dry_run,

@@ -11,7 +11,7 @@ import torch.fx as fx
 
 from . import _torch_private as tp
 from .access import add_paths
-from .costs import alias_root, hinted_numel
+from .costs import alias_root, hinted_numel, value_nbytes
 from .fusion import Fusion, fusion_order
 from .layout import workspace_bytes
 from .lowering import (
@@ -379,9 +379,10 @@ class _Phase:
         """The key under which Inductor's wrapper pools ``node``'s buffer for reuse (size and dtype:
         ``buffer_reuse_key``), or None: only buffers it allocates itself (its kernels' outputs, and the ``out=``
         of a matmul) are pooled; a fallback op's outputs (attention, multi-output ops) are marked unaligned and never
-        match an allocation."""
+        match an allocation.  The size is the tensor's own: on CUDA two sizes that the allocator rounds to one
+        block are still two keys (``phase_graph.allocated_bytes``)."""
         if self.classes[unit] in KERNEL_CLASSES or (self.classes[unit] is OpClass.MATMUL and unit is node):
-            return (self.facts.nbytes(node), node.meta["val"].dtype)
+            return (value_nbytes(node.meta["val"]), node.meta["val"].dtype)
         return None
 
     def inplace_allowed(self, unit: fx.Node) -> bool:

@@ -59,11 +59,9 @@ class Walk:
             self.allocate(k, phase.kernels[head])
             self.estimated.append(self.estimate)
             deferred += self.retire(k, phase.kernels[head])
-            if not self.grouped(k) or not self.grouped(k + 1):
+            if not self.grouped(k) or not self.grouped(k + 1):  # the last kernel is never grouped with a next one
                 self.release(k, deferred)
                 deferred = []
-        if deferred:
-            self.release(len(self.order) - 1, deferred)
         held = _pool_held(self.estimated, self.allocated, self.freed)
         activation_peak = 0
         for k, name, moment, grads in self.points:

@@ -44,6 +44,14 @@ def test_the_real_run_refuses_a_machine_without_cuda(monkeypatch):
 def test_both_models_have_a_full_and_a_dry_run_shape_with_grouped_query_attention_for_llama():
     assert set(gpu_check.SHAPES) == set(gpu_check.DRY_SHAPES) == {"gpt2", "llama"}
     for shapes in (gpu_check.SHAPES, gpu_check.DRY_SHAPES):
-        config = shapes["llama"]["config"]
-        assert config["num_key_value_heads"] < config["num_attention_heads"]
+        assert shapes["llama"]["kv_heads"] < shapes["llama"]["heads"]
     assert gpu_check.SHAPES["llama"]["batch"] * gpu_check.SHAPES["llama"]["seq"] == 4 * 2048
+
+
+def test_the_llama_built_has_grouped_query_attention_and_the_ffn_width_asked_for():
+    pytest.importorskip("transformers")
+    model, ids = gpu_check.build("llama", gpu_check.DRY_SHAPES["llama"], gpu_check.torch.float32, "cpu")
+    assert (model.config.num_attention_heads, model.config.num_key_value_heads) == (4, 2)
+    assert model.config.intermediate_size == 176 and tuple(ids.shape) == (1, 32)
+    again, _ = gpu_check.build("llama", gpu_check.DRY_SHAPES["llama"], gpu_check.torch.float32, "cpu")
+    assert all(gpu_check.torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters()))  # same weights

@@ -667,3 +667,21 @@ def test_cuda_values_are_counted_as_the_caching_allocator_rounds_them():
         assert _tensor_storage_bytes(node) == 512
         node.meta["val"] = torch.empty(10)
         assert _tensor_storage_bytes(node) == 40
+
+
+def test_cuda_buffers_of_one_allocator_block_are_still_two_reuse_keys():
+    """Inductor pools a freed buffer for an allocation of the same size (``buffer_reuse_key``): 1000 and 1024 bytes
+    are one 1024-byte block to the CUDA allocator but two keys to Inductor, so the simulator keys the pool by the
+    tensor's own size while it counts the block."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fxremat_passes.phase import _Phase
+
+    with FakeTensorMode():
+        a, b = torch.empty(250, device="cuda"), torch.empty(256, device="cuda")
+    gm = make_fx(lambda a, b: (a * 2, b * 2), tracing_mode="fake")(a, b)
+    phase = _Phase(gm.graph, keep=set(), carried={})
+    small, large = (n for n in gm.graph.nodes if n.op == "call_function")
+    assert phase.facts.nbytes(small) == phase.facts.nbytes(large) == 1024
+    assert phase._reuse_key(small, small) != phase._reuse_key(large, large)
