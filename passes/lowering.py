@@ -170,10 +170,12 @@ def addmm_matmul(node: fx.Node, graph: PhaseGraph | None = None) -> fx.Node | No
     order, the mm read by nothing else, ``c`` a tensor of their dtype that broadcasts to the product) into one
     ``addmm(c, a, b)``: an extern kernel whose output is the sum, so the product never exists alone and the sum
     does not fuse into its readers (``fx_passes/post_grad.py: addmm``; on a GPU only when some reader of the sum is
-    not pointwise).  T5's tied embedding gradient (lm_head's product plus the embedding's scatter) is one."""
+    not pointwise).  T5's tied embedding gradient (lm_head's product plus the embedding's scatter) is one.  Of two
+    products (a weight read twice: its two gradients summed) the second is folded: ``add(inp, mm)`` is the pattern
+    registered first, so tried first; the first product is computed where it stands, its inputs freed there."""
     if node.op != "call_function" or node.target is not aten.add.Tensor or len(node.args) != 2 or node.kwargs:
         return None
-    for mm_arg, other in (node.args, node.args[::-1]):
+    for mm_arg, other in (node.args[::-1], node.args):
         if not isinstance(mm_arg, fx.Node) or not isinstance(other, fx.Node):
             return None
         mm = _noop_view_source(mm_arg, graph)
