@@ -272,6 +272,24 @@ def test_an_add_of_a_matmul_is_one_addmm_whose_product_never_exists_alone():
             assert mm.name not in units and add.name in units
 
 
+def test_of_two_products_summed_inductor_folds_the_second_into_the_addmm():
+    """A weight read twice has its two gradient products summed: ``add(mm_a, mm_b)``.  Inductor's post-grad pattern
+    ``add(inp, mm)`` is registered first, so ``mm_b`` is folded (``addmm(mm_a, ...)``) and ``mm_a`` runs where it
+    stands, its inputs freed there; folding ``mm_a`` instead held a block's gradient buffers until the second
+    traversal's backward (issue #22's model B, simulated 40.6 MiB where Inductor measured 23.6)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fxremat_passes.liveness import addmm_matmul
+
+    def two_products(a, b, c, d):
+        return torch.mm(a, b) + torch.mm(c, d)
+
+    graph = make_fx(two_products)(*(torch.randn(8, 8) for _ in range(4))).graph
+    first, second = [n for n in graph.nodes if n.target is torch.ops.aten.mm.default]
+    (add,) = [n for n in graph.nodes if n.target is torch.ops.aten.add.Tensor]
+    assert add.args == (first, second) and addmm_matmul(add) is second
+
+
 class EmbedNorm(nn.Module):
     """An embedding lookup and an RMS norm: its backward scatters the rows' gradients into the table's."""
 
