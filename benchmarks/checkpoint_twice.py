@@ -10,6 +10,8 @@ the step's peak above the bytes live at its start (CPU profiler memory events, `
 warm-up steps, gradients set to None before; the largest gradient error against eager.  ``inductor_no_fusion`` is
 Inductor's default partitioner with ``max_fusion_size=1`` (no fusion at all), the issue's diagnostic: if it meets
 eager+checkpoint's peak while the default does not, Inductor's fusion is what inflates the compiled backward.
+``fxremat_every_fusion`` is fxremat's default with the fusion veto off (``fusion.DRAG_FACTOR`` unbounded: every
+fusion Inductor would make, as before issue #22's fix; docs/DESIGN.md §6).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-CONFIGS = ("eager", "inductor", "fxremat", "fxremat_peak_0.0", "inductor_no_fusion")
+CONFIGS = ("eager", "inductor", "fxremat", "fxremat_peak_0.0", "fxremat_every_fusion", "inductor_no_fusion")
 
 
 class Block(torch.nn.Module):
@@ -74,7 +76,23 @@ def _compiled(model: torch.nn.Module, config: str):
     if config == "inductor_no_fusion":
         return torch.compile(model, options={"max_fusion_size": 1}), contextlib.nullcontext()
     options = {"peak_budget": 0.0} if config == "fxremat_peak_0.0" else {}
-    return torch.compile(model, backend=fxremat.backend(compare_default=False, **options)), contextlib.nullcontext()
+    compiled = torch.compile(model, backend=fxremat.backend(compare_default=False, **options))
+    return compiled, _every_fusion() if config == "fxremat_every_fusion" else contextlib.nullcontext()
+
+
+def _every_fusion():
+    """The fusion veto off for a compile (the veto's factor is a constant of fxremat's, not in the cache key: an
+    empty Inductor cache)."""
+    import contextlib
+
+    from fxremat_passes import _torch_private as tp
+    from fxremat_passes import fusion
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(tp.fresh_inductor_cache())
+    factor, fusion.DRAG_FACTOR = fusion.DRAG_FACTOR, 10**30
+    stack.callback(setattr, fusion, "DRAG_FACTOR", factor)
+    return stack
 
 
 def measure(config: str, base: torch.nn.Module, inputs: tuple, expected: dict) -> dict:

@@ -142,6 +142,7 @@ class FxrematBackend:
         self._partitioner = FxrematPartitioner(options, self._record)
         # looked up at each call, so that a test can tell the fix which compiles to mend
         tp.inductor_keeps_mutation_order(lambda: _compiling_for_fxremat())
+        tp.inductor_vetoes_dragging_fusions(lambda: _compiling_for_fxremat())
         self._verifier = Verifier()
 
     def __repr__(self) -> str:

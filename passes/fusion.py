@@ -16,6 +16,16 @@ from .lowering import KERNEL_CLASSES
 
 # Scheduler nodes apart beyond which Inductor does not fuse horizontally (torch/_inductor/scheduler.py).
 FUSION_DISTANCE = 64
+# fxremat's compiles refuse a fusion that drags more than this many times the bytes it saves ahead of its place
+# (``_torch_private.inductor_vetoes_dragging_fusions``); 32 is Inductor's own trade of extra memory for bytes moved
+# (``Scheduler.can_fusion_increase_peak_memory``).
+DRAG_FACTOR = 32
+
+
+def drags_too_much(moved_bytes: int, shared_bytes: int) -> bool:
+    """Whether a fusion that saves ``shared_bytes`` of memory traffic but makes work writing ``moved_bytes`` run
+    earlier than it would (``scheduler.dragged_nodes``) is refused in fxremat's compiles."""
+    return moved_bytes > DRAG_FACTOR * max(shared_bytes, 1)
 
 
 class Fusion:
@@ -38,6 +48,7 @@ class Fusion:
         self.order = {u: k for k, u in enumerate(units)}
         self.first = dict(self.order)
         self.last = dict(self.order)
+        self.members = {u: [u] for u in units}
 
     def find(self, u):
         group = self.group
@@ -101,10 +112,31 @@ class Fusion:
         vertical = gb in self.succ[ga] or ga in self.succ[gb]
         return not vertical and max(abs(first[ga] - last[gb]), abs(first[gb] - last[ga])) > FUSION_DISTANCE
 
+    def dragged_bytes(self, ga, gb, nbytes) -> int:
+        """The bytes written by the kernels that fusing ``ga`` and ``gb`` runs earlier than their place: the later
+        group's ancestors placed after the earlier group, less those the earlier one already has
+        (``_torch_private.scheduler.dragged_nodes``, where fxremat's compiles refuse such a fusion)."""
+        early, late = (ga, gb) if self.lo[ga] <= self.lo[gb] else (gb, ga)
+        start = self.lo[early]
+        moved = self._ancestors_after(late, start) - self._ancestors_after(early, start) - {early}
+        return sum(nbytes(u) for g in moved for u in self.members[g])
+
+    def _ancestors_after(self, group, start: int) -> set:
+        pred, lo = self.pred, self.lo
+        seen: set = set()
+        stack = [group]
+        while stack:
+            for p in pred[stack.pop()]:
+                if p not in seen and lo[p] > start:
+                    seen.add(p)
+                    stack.append(p)
+        return seen
+
     def merge(self, ga, gb) -> None:
         succ, pred = self.succ, self.pred
         self.first[ga], self.last[ga] = min(self.first[ga], self.first[gb]), max(self.last[ga], self.last[gb])
         self.group[gb] = ga
+        self.members[ga].extend(self.members.pop(gb))
         self.lo[ga], self.hi[ga] = min(self.lo[ga], self.lo[gb]), max(self.hi[ga], self.hi[gb])
         for s in succ.pop(gb):
             pred[s].discard(gb)
@@ -134,9 +166,11 @@ class Fusion:
             (a, b), score = kv
             return (*priority(score), abs(order[b] - order[a]), index[a], index[b])
 
-        for (a, b), _ in sorted(self.candidates(fusible, loop, nbytes).items(), key=ranked):
+        for (a, b), score in sorted(self.candidates(fusible, loop, nbytes).items(), key=ranked):
             ga, gb = self.find(a), self.find(b)
             if ga is gb or self.too_far(ga, gb) or self.creates_cycle(ga, gb):
+                continue
+            if drags_too_much(self.dragged_bytes(ga, gb, nbytes), score[0]):
                 continue
             self.merge(ga, gb)
         kernels: dict[fx.Node, list[fx.Node]] = {}

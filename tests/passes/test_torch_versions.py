@@ -38,7 +38,9 @@ def test_version_keys_match_the_installed_torch():
     from torch._inductor.codegen.cpp import CppScheduling  # where 2.13's scheduler loses the renames (DESIGN §7)
     from torch._inductor.scheduler import SchedulerNode
 
-    pytorchs = inspect.getsource(tp._unfixed_recompute or SchedulerNode.recompute_size_and_body)  # not our wrapper
+    from fxremat_passes._torch_private import scheduler as hooks
+
+    pytorchs = inspect.getsource(hooks._unfixed_recompute or SchedulerNode.recompute_size_and_body)  # not our wrapper
     drops = hasattr(CppScheduling, "_align_compatible_range_nodes") and "or self.mutation_renames" not in pytorchs
     assert drops == tp.SCHEDULER_DROPS_MUTATION_RENAMES  # 2.14 re-applies the renames itself
     if tp.TORCH >= (2, 13):  # our key and read are PyTorch's own
@@ -48,6 +50,24 @@ def test_version_keys_match_the_installed_torch():
         node = fx.Graph().placeholder("x")
         node.meta["custom"] = {tp.MEMORY_BUDGET_ANNOTATION_KEY: 0.5}
         assert fx_traceback._get_memory_budget_annotation(node) == tp.memory_budget_annotation(node) == 0.5
+
+
+def test_the_fusion_veto_reads_what_every_supported_inductor_has():
+    """``inductor_vetoes_dragging_fusions`` wraps ``InductorChoices.can_fuse(scheduler, node1, node2,
+    shared_data_score)`` and reads the scheduler's ``ancestors``, ``min_order``, ``name_to_fused_node``,
+    ``dep_size_hint`` and ``score_fusion_memory``; its premise is that a fused node takes its earliest member's
+    place (``fuse_nodes_once`` sorts by ``min_order``), dependencies first."""
+    from torch._inductor import scheduler
+    from torch._inductor.choices import InductorChoices
+
+    from fxremat_passes._torch_private import scheduler as hooks
+
+    can_fuse = hooks._unvetoed_can_fuse or InductorChoices.can_fuse
+    assert list(inspect.signature(can_fuse).parameters) == ["scheduler", "node1", "node2", "shared_data_score"]
+    assert callable(scheduler.Scheduler.dep_size_hint) and callable(scheduler.Scheduler.score_fusion_memory)
+    assert "self.name_to_fused_node" in inspect.getsource(scheduler.Scheduler)
+    assert "self.ancestors" in inspect.getsource(scheduler.BaseSchedulerNode)
+    assert "key=lambda x: x.min_order" in inspect.getsource(scheduler.Scheduler.fuse_nodes_once)
 
 
 def test_size_hint_reads_hints_without_guards():

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import re
-import threading
 
 import torch
 
@@ -71,7 +70,6 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_
 from torch._inductor.decomposition import select_decomp_table  # noqa: E402
 from torch._inductor.graph import GraphLowering  # noqa: E402
 from torch._inductor.lowering import needs_realized_inputs as _needs_realized_inputs  # noqa: E402
-from torch._inductor.scheduler import SchedulerNode  # noqa: E402
 from torch._inductor.utils import fresh_cache as _fresh_cache  # noqa: E402
 from torch._library.fake_class_registry import FakeScriptObject  # noqa: E402
 from torch.fx._lazy_graph_module import _LazyGraphModule, _make_graph_module  # noqa: E402
@@ -85,7 +83,7 @@ from torch.fx.experimental.symbolic_shapes import (  # noqa: E402
 )
 from torch.utils.checkpoint import CheckpointPolicy  # noqa: E402
 
-from .checkpoint_tags import save_checkpoint_boundaries  # noqa: E402  (public API only: outside this module)
+from ..checkpoint_tags import save_checkpoint_boundaries  # noqa: E402  (public API only: outside this module)
 
 # --- what differs between the releases we support (each difference: tests/passes/test_torch_versions.py) ---------
 TORCH = torch_version_tuple()
@@ -121,7 +119,8 @@ __all__ = [
     "extract_fwd_bwd_outputs", "extract_fwd_bwd_outputs_and_descs", "find_symbol_bindings", "fresh_inductor_cache",
     "functorch_knob",
     "functorch_knob_default", "fx_graph_cse", "get_hash_for_files", "has_free_unbacked_symbols",
-    "inductor_keeps_mutation_order", "inductor_layout_optimisation", "is_backward_state", "is_bwd_seed_offset",
+    "inductor_keeps_mutation_order", "inductor_layout_optimisation", "inductor_vetoes_dragging_fusions",
+    "is_backward_state", "is_bwd_seed_offset",
     "is_fwd_seed_offset", "is_mutation_op", "is_primal", "is_script_object", "is_sym_node", "is_tangent",
     "lazy_graph_module", "lazy_graph_modules", "make_graph_module", "mark_must_save", "memory_budget_annotation",
     "MEMORY_BUDGET_ANNOTATION_KEY",
@@ -159,30 +158,6 @@ def inductor_layout_optimisation(gm: torch.fx.GraphModule) -> bool:
     channels-last): Inductor's own per-graph decision (``GraphLowering.decide_layout_opt``), read off the same FX
     graph (its nodes' ``meta["val"]``), so the simulator cannot drift from it."""
     return bool(GraphLowering.decide_layout_opt(gm, is_inference=False))
-
-
-_MUTATION_FIX_LOCK = threading.Lock()
-_unfixed_recompute = None
-
-
-def inductor_keeps_mutation_order(applies) -> None:
-    """Inductor's C++ scheduler must not run a reader of a mutated buffer before the mutation, in the compiles for
-    which ``applies()`` is true (fxremat's).  Installed once, on torch 2.13: ``recompute_size_and_body`` drops a
-    node's mutation renames; the wrapper re-applies them, as ``refresh_dependencies`` does.  docs/DESIGN.md §7."""
-    global _unfixed_recompute
-    with _MUTATION_FIX_LOCK:
-        if _unfixed_recompute is not None or not SCHEDULER_DROPS_MUTATION_RENAMES:
-            return
-        unfixed = SchedulerNode.recompute_size_and_body
-
-        def recompute_keeping_mutation_renames(self, *args, **kwargs):
-            unfixed(self, *args, **kwargs)
-            if self.mutation_renames and applies():
-                # what ``refresh_dependencies`` does after re-reading a body
-                self.set_read_writes(self.read_writes.rename(self.mutation_renames))
-
-        _unfixed_recompute = unfixed
-        SchedulerNode.recompute_size_and_body = recompute_keeping_mutation_renames
 
 
 # PyTorch's placement predicates read a node's ``partitioner_tag`` and its target's schema only: their answers,
@@ -504,3 +479,7 @@ def fresh_inductor_cache():
     """A context with an empty Inductor cache, on disk (a temporary ``TORCHINDUCTOR_CACHE_DIR``) and in memory:
     ``torch._inductor.utils.fresh_cache``.  The demo times each compile in one (issue #16)."""
     return _fresh_cache()
+
+
+# Inductor's scheduler, patched for fxremat's compiles alone (each hook gated by its caller's ``applies``)
+from .scheduler import inductor_keeps_mutation_order, inductor_vetoes_dragging_fusions  # noqa: E402

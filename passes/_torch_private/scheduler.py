@@ -1,0 +1,84 @@
+"""Inductor's scheduler, patched for fxremat's compiles alone: each hook is installed once, process-wide, and acts
+only where its caller's ``applies()`` is true (``fxremat.backend``: Inductor is compiling a graph fxremat cut, its
+partitioner in Inductor's config, which also keys the FX graph cache).  Every other compile runs Inductor as is.
+The version keys these read live in ``__init__.py``; tests: tests/passes/test_torch_versions.py."""
+
+from __future__ import annotations
+
+import threading
+
+from torch._inductor.choices import InductorChoices
+from torch._inductor.scheduler import SchedulerNode
+
+from . import SCHEDULER_DROPS_MUTATION_RENAMES
+
+_LOCK = threading.Lock()
+_unfixed_recompute = None
+_unvetoed_can_fuse = None
+
+
+def inductor_keeps_mutation_order(applies) -> None:
+    """Inductor's C++ scheduler must not run a reader of a mutated buffer before the mutation, in the compiles for
+    which ``applies()`` is true (fxremat's).  Installed once, on torch 2.13: ``recompute_size_and_body`` drops a
+    node's mutation renames; the wrapper re-applies them, as ``refresh_dependencies`` does.  docs/DESIGN.md §7."""
+    global _unfixed_recompute
+    with _LOCK:
+        if _unfixed_recompute is not None or not SCHEDULER_DROPS_MUTATION_RENAMES:
+            return
+        unfixed = SchedulerNode.recompute_size_and_body
+
+        def recompute_keeping_mutation_renames(self, *args, **kwargs):
+            unfixed(self, *args, **kwargs)
+            if self.mutation_renames and applies():
+                # what ``refresh_dependencies`` does after re-reading a body
+                self.set_read_writes(self.read_writes.rename(self.mutation_renames))
+
+        _unfixed_recompute = unfixed
+        SchedulerNode.recompute_size_and_body = recompute_keeping_mutation_renames
+
+
+def inductor_vetoes_dragging_fusions(applies) -> None:
+    """In the compiles for which ``applies()`` is true, Inductor refuses a fusion that would drag much later work
+    ahead of its place (``fusion.drags_too_much``, the simulator's rule too).  A fused node runs at its earliest
+    member's place and ``Scheduler.topological_sort_schedule`` runs its dependencies first: fusing a parameter's
+    gradient sum of one traversal of a block with the other traversal's (a block run twice) runs the whole backward
+    in between at the first sum.  Installed once (``InductorChoices.can_fuse``: every fusion, vertical or
+    horizontal, asks it last); docs/DESIGN.md §6."""
+    global _unvetoed_can_fuse
+    with _LOCK:
+        if _unvetoed_can_fuse is not None:
+            return
+        unvetoed = InductorChoices.can_fuse
+
+        def can_fuse_without_dragging(scheduler, node1, node2, shared_data_score):
+            if not unvetoed(scheduler, node1, node2, shared_data_score):
+                return False
+            return not (applies() and _drags_too_much(scheduler, node1, node2))
+
+        _unvetoed_can_fuse = unvetoed
+        InductorChoices.can_fuse = staticmethod(can_fuse_without_dragging)
+
+
+def dragged_nodes(scheduler, node1, node2) -> list:
+    """The scheduler nodes that fusing ``node1`` and ``node2`` would move ahead of the fused node: the later one's
+    ancestors that the earlier one does not already have and that Inductor placed after the earlier one."""
+    early, late = sorted((node1, node2), key=lambda n: n.min_order)
+    if late.min_order - early.min_order <= 1:
+        return []
+    own = early.get_operation_names() | late.get_operation_names()
+    dragged: dict[str, object] = {}
+    for name in late.ancestors - early.ancestors:
+        node = scheduler.name_to_fused_node.get(name)
+        if node is not None and name not in own and node.min_order > early.min_order:
+            dragged[node.get_name()] = node
+    return list(dragged.values())
+
+
+def _drags_too_much(scheduler, node1, node2) -> bool:
+    from ..fusion import drags_too_much  # the simulator's rule (a module-level import would be circular)
+
+    dragged = dragged_nodes(scheduler, node1, node2)
+    if not dragged:
+        return False
+    moved = sum(scheduler.dep_size_hint(w) for node in dragged for w in node.read_writes.writes)
+    return drags_too_much(moved, scheduler.score_fusion_memory(node1, node2))

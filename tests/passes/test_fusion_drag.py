@@ -1,0 +1,45 @@
+"""The simulator's side of the fusion veto (``fusion.Fusion.dragged_bytes``, ``fusion.drags_too_much``): what a
+fusion of an early kernel with a late one would run early, in the units' own terms (docs/DESIGN.md §6)."""
+
+from __future__ import annotations
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from fxremat_passes.fusion import DRAG_FACTOR, Fusion, drags_too_much
+
+
+def _fusion_of(fn, *inputs) -> tuple[Fusion, dict]:
+    """A ``Fusion`` whose units are the graph's computations, each reading its node arguments."""
+    graph = make_fx(fn)(*inputs).graph
+    units = [n for n in graph.nodes if n.op == "call_function"]
+    unit = {u: u for u in units}
+    reads = {u: {a for a in u.all_input_nodes} for u in units}
+    index = {n: i for i, n in enumerate(graph.nodes)}
+    return Fusion(units, reads, unit, index, access={}), {u.name: u for u in units}
+
+
+def _nbytes(node) -> int:
+    val = node.meta["val"]
+    return val.numel() * val.element_size()
+
+
+def test_fusing_an_early_sum_with_a_late_reader_drags_the_work_between():
+    def sums(x, y, w):
+        early = x.sum(0)  # small, ready at once
+        late = torch.mm(y, w).relu().sum(0)  # a matmul and a large relu before it
+        return early + late
+
+    fusion, node = _fusion_of(sums, torch.randn(64, 16), torch.randn(64, 32), torch.randn(32, 16))
+    mm, relu, late = node["mm"], node["relu"], node["sum_2"]
+    dragged = fusion.dragged_bytes(node["sum_1"], node["add"], _nbytes)
+    assert dragged == _nbytes(mm) + _nbytes(relu) + _nbytes(late)
+    assert drags_too_much(dragged, shared_bytes=_nbytes(node["sum_1"]))  # 16 floats shared, 8 KiB moved
+    # the late sum with its own reader drags nothing: everything it needs already ran before it
+    assert fusion.dragged_bytes(late, node["add"], _nbytes) == 0
+
+
+def test_a_fusion_saving_enough_traffic_is_never_refused():
+    assert not drags_too_much(DRAG_FACTOR * 1000, 1000)
+    assert drags_too_much(DRAG_FACTOR * 1000 + 1, 1000)
+    assert not drags_too_much(0, 0)
