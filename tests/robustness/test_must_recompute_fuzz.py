@@ -106,7 +106,11 @@ def joint_of(program):
         torch.manual_seed(0)
         x, w = torch.randn(N, N, requires_grad=True), torch.randn(N, N, requires_grad=True)
         outs = f(x, w)
-        sum(o.sum() for o in outs).backward()
+        # the gradient of each output's sum, laid out as the output is: torch 2.12.1's AOTAutograd copies a tangent
+        # into the output's strides and fails on an expanded output (stride 0) when the tangent's differ
+        spans = [1 + sum((n - 1) * s for n, s in zip(o.shape, o.stride())) for o in outs]
+        tangents = [torch.ones(span).as_strided(o.shape, o.stride()) for o, span in zip(outs, spans)]
+        torch.autograd.backward(outs, tangents)
         _JOINTS[program] = captured
     return _JOINTS[program]
 
