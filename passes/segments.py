@@ -271,9 +271,10 @@ def lowest_peak_segments(
     grid = sorted(checkpoint_grid(recipe), key=lambda entry: entry[0])[:limit]
     candidates = [recipe, *(segment_backward(recipe, sets) for _, sets in grid)]
     # the segmentations change backward alone (``segment_backward``): one forward, built and simulated once
-    known = [simulation] if simulation is not None else []
-    backwards = (c.build_backward(lazy=True) for c in candidates[len(known) :])
-    simulated = known + list(simulate_backwards(recipe.build_forward(lazy=True), backwards, num_fwd_outputs))
+    simulated = [simulation] if simulation is not None else []
+    if len(candidates) > len(simulated):
+        backwards = (c.build_backward(lazy=True) for c in candidates[len(simulated) :])
+        simulated += simulate_backwards(recipe.build_forward(lazy=True), backwards, num_fwd_outputs)
     lowest = min(p.activation_peak_bytes for p in simulated)
     good = [i for i, p in enumerate(simulated) if p.activation_peak_bytes <= PEAK_TOLERANCE * lowest]
     best = min(good, key=lambda i: (segment_recompute_flops(recipe, candidates[i], profile), i))
