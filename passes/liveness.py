@@ -96,11 +96,18 @@ NONFREEABLE_INPUTS = ("primals_", "arg", "fwd_rng_state", "bwd_rng_state", "tang
 
 
 def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) -> PeakEstimate:
+    return next(simulate_backwards(fw, [bw], num_fwd_outputs))
+
+
+def simulate_backwards(fw: fx.GraphModule, bws, num_fwd_outputs: int):
+    """``simulate_step(fw, bw)`` for each backward of ``bws`` (an iterable), in turn: backwards of one forward (a
+    split's segmentations, ``segments.lowest_peak_segments``) share its simulation, which no backward changes."""
     # Channels-last copies of graph inputs (Inductor's layout optimisation) are allocated as forward starts and
     # stand in for their placeholder from then on: freed after its last reader, or carried into backward if saved.
-    return simulate_phases(
-        graph_view(fw.graph), graph_view(bw.graph), num_fwd_outputs, layout_optimised(fw), channels_last_copies(fw)
-    )
+    forward = _ForwardRun(graph_view(fw.graph), num_fwd_outputs, channels_last_copies(fw))
+    channels_last = layout_optimised(fw)
+    for bw in bws:
+        yield forward.step(graph_view(bw.graph), channels_last)
 
 
 def simulate_phases(
@@ -109,30 +116,40 @@ def simulate_phases(
     """``simulate_step`` over the two graphs' views (``phase_graph.py``): built, or a plan's that were never built.
     ``channels_last``: whether Inductor optimises their layout; ``copies``: the channels-last copies of forward's
     inputs (``layout.py``)."""
-    timeline: list[tuple[str, str, int]] = []
-    fw_returns = fw.returned_args  # with repeats: forward's outputs, then saved values, by position
-    saved = fw_returns[num_fwd_outputs:]
-    saved_roots = {phase_root(n, fw).name for n in saved}
-    user_roots = {phase_root(n, fw).name for n in fw_returns[:num_fwd_outputs]}
-    forward = _Phase(fw, keep=saved_roots | user_roots, carried=copies)
-    forward_peak = forward.run("forward", timeline)
-    backward = _backward_phase(fw, bw, saved, forward.live, user_roots, channels_last)
-    backward_peak = backward.run("backward", timeline)
-    gradient_bytes = sum(_tensor_storage_bytes(a) for a in bw.returned if phase_root(a, bw) not in bw.inputs)
-    peak_phase, peak_node, peak = "forward", "", 0
-    for phase, node, total in timeline:
-        if total > peak:
-            peak_phase, peak_node, peak = phase, node, total
-    return PeakEstimate(
-        peak_bytes=peak,
-        peak_phase=peak_phase,
-        peak_node=peak_node,
-        forward_peak_bytes=forward_peak,
-        backward_peak_bytes=backward_peak,
-        gradient_bytes=gradient_bytes,
-        activation_peak_bytes=max(forward.activation_peak, backward.activation_peak),
-        timeline=tuple(timeline),
-    )
+    return _ForwardRun(fw, num_fwd_outputs, copies).step(bw, channels_last)
+
+
+class _ForwardRun:
+    """The forward's simulation, and the step with a backward after it (``step``, as often as asked)."""
+
+    def __init__(self, fw: PhaseGraph, num_fwd_outputs: int, copies: dict[str, int]) -> None:
+        self.fw, self.timeline = fw, []
+        fw_returns = fw.returned_args  # with repeats: forward's outputs, then saved values, by position
+        self.saved = fw_returns[num_fwd_outputs:]
+        saved_roots = {phase_root(n, fw).name for n in self.saved}
+        self.user_roots = {phase_root(n, fw).name for n in fw_returns[:num_fwd_outputs]}
+        self.phase = _Phase(fw, keep=saved_roots | self.user_roots, carried=copies)
+        self.peak = self.phase.run("forward", self.timeline)
+
+    def step(self, bw: PhaseGraph, channels_last: bool) -> PeakEstimate:
+        forward, timeline = self.phase, list(self.timeline)
+        backward = _backward_phase(self.fw, bw, self.saved, forward.live, self.user_roots, channels_last)
+        backward_peak = backward.run("backward", timeline)
+        gradient_bytes = sum(_tensor_storage_bytes(a) for a in bw.returned if phase_root(a, bw) not in bw.inputs)
+        peak_phase, peak_node, peak = "forward", "", 0
+        for phase, node, total in timeline:
+            if total > peak:
+                peak_phase, peak_node, peak = phase, node, total
+        return PeakEstimate(
+            peak_bytes=peak,
+            peak_phase=peak_phase,
+            peak_node=peak_node,
+            forward_peak_bytes=self.peak,
+            backward_peak_bytes=backward_peak,
+            gradient_bytes=gradient_bytes,
+            activation_peak_bytes=max(forward.activation_peak, backward.activation_peak),
+            timeline=tuple(timeline),
+        )
 
 
 def _backward_phase(fw: PhaseGraph, bw: PhaseGraph, saved: list, live: dict, user_roots: set, channels_last: bool):

@@ -17,7 +17,7 @@ import torch
 import torch.fx as fx
 
 from .access import op_path, step
-from .costs import hinted_numel
+from .costs import hinted_numel, value_nbytes
 from .lowering import FUSED_LOADS, HEAVY_OPS, column_reduction, concat_kernel, inductor_class, scatter_values
 from .ops import OpClass, op_class
 from .phase_graph import PhaseGraph, _tensor_storage_bytes
@@ -40,6 +40,8 @@ class NodeFacts:
         self._kind: dict[fx.Node, int] = {}
         self._step: dict[tuple[fx.Node, fx.Node], tuple] = {}  # (read, its storage's root) -> ``access.step``
         self._op_path: dict[fx.Node, tuple] = {}  # ``access.op_path``
+        self._tensor_reads: dict[fx.Node, tuple] = {}  # the tensors a computed node reads (``tensor_reads``)
+        self._reuse: dict[fx.Node, tuple] = {}  # (bytes, dtype): ``phase._Phase._reuse_key``
         # a node's computation and a unit's summary in a phase, under what they depend on (``phase._Phase``): kept
         # alive here, so the ``id`` of one in a key stays its own
         self.computations: dict[tuple, tuple] = {}
@@ -65,6 +67,25 @@ class NodeFacts:
         found = self._nbytes.get(node)
         if found is None:
             found = self._nbytes[node] = _tensor_storage_bytes(node)
+        return found
+
+    def tensor_reads(self, node: fx.Node, graph: PhaseGraph) -> tuple:
+        """The tensors ``node`` reads in ``graph``, in order: a node computed in ``graph`` reads the same in every
+        graph that computes it (a split copies its arguments); a graph's inputs and its output read what that graph
+        says (a value saved for backward is computed in forward and an input of backward)."""
+        if node in graph.inputs or node.op == "output":
+            return tuple(a for a in graph.inputs_of[node] if self.is_tensor(a))
+        found = self._tensor_reads.get(node)
+        if found is None:
+            found = self._tensor_reads[node] = tuple(a for a in graph.inputs_of[node] if self.is_tensor(a))
+        return found
+
+    def reuse_key(self, node: fx.Node) -> tuple:
+        """(the tensor's own bytes, its dtype): the key Inductor's wrapper pools its buffer under."""
+        found = self._reuse.get(node)
+        if found is None:
+            val = node.meta["val"]
+            found = self._reuse[node] = (value_nbytes(val), val.dtype)
         return found
 
     def numel(self, node: fx.Node) -> int:

@@ -11,7 +11,7 @@ import torch.fx as fx
 
 from . import _torch_private as tp
 from .access import add_paths
-from .costs import alias_root, hinted_numel, value_nbytes
+from .costs import alias_root, hinted_numel
 from .fusion import Fusion, fusion_order
 from .layout import workspace_bytes
 from .lowering import (
@@ -236,17 +236,16 @@ class _Phase:
         graph input or stored, and, where it is neither, that root's own computation and class.  Under this key, a
         computation made in another plan's view of the same joint nodes (``NodeFacts.computations``) is the one
         this graph would make."""
-        inputs, roots, unit, is_tensor = self.view.inputs, self.roots, self.unit, self.facts.is_tensor
+        inputs, roots, unit = self.view.inputs, self.roots, self.unit
         key = [node]
-        for arg in self.view.inputs_of[node]:
-            if is_tensor(arg):
-                root = roots[arg]
-                if root in inputs:
-                    key += (arg, root, "input")
-                elif unit[root] is not None:
-                    key += (arg, root, "unit")
-                else:
-                    key += (arg, root, id(computed[root]), self.classes.get(root))
+        for arg in self.facts.tensor_reads(node, self.view):
+            root = roots[arg]
+            if root in inputs:
+                key += (arg, root, "input")
+            elif unit[root] is not None:
+                key += (arg, root, "unit")
+            else:
+                key += (arg, root, id(computed[root]), self.classes.get(root))
         return tuple(key)
 
     def _computed(self, node: fx.Node, computed: dict[fx.Node, tuple]) -> tuple:
@@ -381,8 +380,9 @@ class _Phase:
         of a matmul) are pooled; a fallback op's outputs (attention, multi-output ops) are marked unaligned and never
         match an allocation.  The size is the tensor's own: on CUDA two sizes that the allocator rounds to one
         block are still two keys (``phase_graph.allocated_bytes``)."""
-        if self.classes[unit] in KERNEL_CLASSES or (self.classes[unit] is OpClass.MATMUL and unit is node):
-            return (value_nbytes(node.meta["val"]), node.meta["val"].dtype)
+        cls = self.classes[unit]
+        if cls in KERNEL_CLASSES or (cls is OpClass.MATMUL and unit is node):
+            return self.facts.reuse_key(node)
         return None
 
     def inplace_allowed(self, unit: fx.Node) -> bool:

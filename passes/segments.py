@@ -33,7 +33,7 @@ from . import _torch_private as tp
 from .checkpoints import SEGMENT_COUNTS, Waists, forward_waists, segment_checkpoints
 from .costs import DeviceProfile, alias_root, node_cost, value_nbytes
 from .cse import impurity_test
-from .liveness import PeakEstimate, simulate_step
+from .liveness import PeakEstimate, simulate_backwards
 from .ops import NEVER_RECOMPUTE, op_class
 from .split import FirstPass, SplitRecipe
 
@@ -263,16 +263,18 @@ def lowest_peak_segments(
     simulation: PeakEstimate | None = None,
 ) -> tuple[SplitRecipe, PeakEstimate]:
     """The recipe itself or one of its segmentations (one per ``checkpoint_grid`` entry; ``limit``: only that many,
-    lowest estimates first), whichever has the lowest simulated activation peak (``liveness.simulate_step`` on lazily
-    built graphs); within ``PEAK_TOLERANCE`` of it, the one with the fewest extra FLOPs.  Returns the recipe and its
-    simulation.  Each candidate costs a simulation (about 2 s at 48 blocks, ``Stack(48, 32)``); ``simulation``: the
-    recipe's own, where the caller has it already (the same graphs, so the same result: one simulation fewer)."""
+    lowest estimates first), whichever has the lowest simulated activation peak (``liveness.simulate_backwards`` on
+    lazily built graphs); within ``PEAK_TOLERANCE`` of it, the one with the fewest extra FLOPs.  Returns the recipe
+    and its simulation.  Each candidate costs a simulation of its backward (about 0.4 s at 48 blocks, ``Stack(48,
+    64)``); ``simulation``: the recipe's own, where the caller has it already (the same graphs, so the same result:
+    one simulation fewer)."""
     grid = sorted(checkpoint_grid(recipe), key=lambda entry: entry[0])[:limit]
     candidates = [recipe, *(segment_backward(recipe, sets) for _, sets in grid)]
-    simulated = [
-        simulation if i == 0 and simulation is not None else simulate_step(*c.build(lazy=True), num_fwd_outputs)
-        for i, c in enumerate(candidates)
-    ]
+    # the segmentations change backward alone (``segment_backward``): one forward, built and simulated once
+    simulated = [simulation] if simulation is not None else []
+    if len(candidates) > len(simulated):
+        backwards = (c.build_backward(lazy=True) for c in candidates[len(simulated) :])
+        simulated += simulate_backwards(recipe.build_forward(lazy=True), backwards, num_fwd_outputs)
     lowest = min(p.activation_peak_bytes for p in simulated)
     good = [i for i, p in enumerate(simulated) if p.activation_peak_bytes <= PEAK_TOLERANCE * lowest]
     best = min(good, key=lambda i: (segment_recompute_flops(recipe, candidates[i], profile), i))

@@ -370,20 +370,20 @@ class SplitRecipe:
     def build(self, lazy: bool = False) -> tuple[fx.GraphModule, fx.GraphModule]:
         """The (forward, backward) GraphModules; ``lazy``: modules whose Python code is never generated unless
         used, for a caller that only reads the graphs."""
-        fw_graph = _build(
+        return self.build_forward(lazy), self.build_backward(lazy)
+
+    def build_forward(self, lazy: bool = False) -> fx.GraphModule:
+        graph = _build(
             self.fw_inputs, self.fw_order, self.fw_outputs, self.fw_descs, copy_input_meta=False, mark_backward=False
         )
-        bw_graph = _build(
-            self.bw_inputs,
-            self.bw_order,
-            self.bw_outputs,
-            self.bw_descs,
-            copy_input_meta=self.bw_copy_input_meta,
-            mark_backward=tp.BACKWARD_OPS_MARKED,
-            checkpoints=self.bw_checkpoints,
-        )
-        make = tp.lazy_graph_module if lazy else tp.make_graph_module
-        return make(self.joint, fw_graph), make(self.joint, bw_graph)
+        return (tp.lazy_graph_module if lazy else tp.make_graph_module)(self.joint, graph)
+
+    def build_backward(self, lazy: bool = False) -> fx.GraphModule:
+        """The backward alone: a split's segmentations (``segments.py``) share its forward."""
+        parts = (self.bw_inputs, self.bw_order, self.bw_outputs, self.bw_descs)
+        marked, meta = tp.BACKWARD_OPS_MARKED, self.bw_copy_input_meta
+        graph = _build(*parts, copy_input_meta=meta, mark_backward=marked, checkpoints=self.bw_checkpoints)
+        return (tp.lazy_graph_module if lazy else tp.make_graph_module)(self.joint, graph)
 
 
 def joint_facts(joint: fx.GraphModule, num_fwd_outputs: int) -> _Joint:

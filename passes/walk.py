@@ -14,15 +14,19 @@ from .lowering import KERNEL_CLASSES
 class Walk:
     def __init__(self, phase, order: list[fx.Node]) -> None:
         self.phase, self.order = phase, order
+        # the kernels come in order, so a storage's last reader is the last kernel that reads it
         self.last_use: dict[str, int] = {}
+        last_use, kernels, unit_reads = self.last_use, phase.kernels, phase.unit_reads
         for head_pos, head in enumerate(order):
-            for u in phase.kernels[head]:
-                for r in phase.unit_reads[u]:
-                    self.last_use[r.name] = max(self.last_use.get(r.name, -1), head_pos)
+            for u in kernels[head]:
+                for r in unit_reads[u]:
+                    last_use[r.name] = head_pos
         self.remaining: dict[str, int] = {}  # storage name -> units still to read it
+        remaining = self.remaining
         for u in phase.units:
-            for r in phase.unit_reads[u]:
-                self.remaining[r.name] = self.remaining.get(r.name, 0) + 1
+            for r in unit_reads[u]:
+                name = r.name
+                remaining[name] = remaining.get(name, 0) + 1
         self.live = dict(phase.carried)
         # running sums instead of summing every live storage at every unit (linear in the graph)
         self.total = sum(self.live.values())

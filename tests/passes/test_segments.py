@@ -162,3 +162,18 @@ def test_budget_zero_recomputes_in_segments_by_default():
     assert auto.simulated_peak_bytes < 0.85 * plain.simulated_peak_bytes
     assert auto.simulated_activation_peak_bytes < 0.5 * plain.simulated_activation_peak_bytes
     assert auto.peak_raised_by_budget < plain.peak_raised_by_budget
+
+
+def test_segmentations_simulated_after_one_forward_are_their_own_simulations():
+    # ``lowest_peak_segments`` simulates the segmentations' backwards after one shared forward
+    # (``liveness.simulate_backwards``): each result must be ``simulate_step`` of that segmentation's own split
+    from fxremat_passes.liveness import simulate_backwards
+    from fxremat_passes.segments import checkpoint_grid
+
+    recipe = _recipe(*MODELS["stack6"](), memory_budget=0.0)
+    candidates = [recipe, *(segment_backward(recipe, sets) for _, sets in checkpoint_grid(recipe))]
+    assert len(candidates) > 2
+    shared = list(
+        simulate_backwards(recipe.build_forward(lazy=True), (c.build_backward(lazy=True) for c in candidates), 1)
+    )
+    assert shared == [simulate_step(*c.build(lazy=True), 1) for c in candidates]
