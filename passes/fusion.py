@@ -23,8 +23,8 @@ DRAG_FACTOR = 32
 
 
 def drags_too_much(moved_bytes: int, shared_bytes: int) -> bool:
-    """Whether a fusion that saves ``shared_bytes`` of memory traffic but makes work writing ``moved_bytes`` run
-    earlier than it would (``scheduler.dragged_nodes``) is refused in fxremat's compiles."""
+    """Whether a vertical fusion that saves ``shared_bytes`` of memory traffic but makes work writing
+    ``moved_bytes`` run earlier than it would (``scheduler.dragged_nodes``) is refused in fxremat's compiles."""
     return moved_bytes > DRAG_FACTOR * max(shared_bytes, 1)
 
 
@@ -113,12 +113,16 @@ class Fusion:
         return not vertical and max(abs(first[ga] - last[gb]), abs(first[gb] - last[ga])) > FUSION_DISTANCE
 
     def dragged_bytes(self, ga, gb, nbytes) -> int:
-        """The bytes written by the kernels that fusing ``ga`` and ``gb`` runs earlier than their place: the later
-        group's ancestors placed after the earlier group, less those the earlier one already has
-        (``_torch_private.scheduler.dragged_nodes``, where fxremat's compiles refuse such a fusion)."""
+        """The bytes written by the kernels that fusing ``ga`` and ``gb`` runs earlier than their place, where the
+        later group depends on the earlier (a vertical fusion): the later group's ancestors placed after the earlier
+        group, less those the earlier one already has (``_torch_private.scheduler.dragged_nodes``, where fxremat's
+        compiles refuse such a fusion); 0 for a horizontal one."""
         early, late = (ga, gb) if self.lo[ga] <= self.lo[gb] else (gb, ga)
         start = self.lo[early]
-        moved = self._ancestors_after(late, start) - self._ancestors_after(early, start) - {early}
+        reached = self._ancestors_after(late, start - 1)
+        if early not in reached:
+            return 0  # horizontal: Inductor's 64-node limit bounds those (``too_far``), and the veto leaves them
+        moved = {g for g in reached if self.lo[g] > start} - self._ancestors_after(early, start)
         return sum(nbytes(u) for g in moved for u in self.members[g])
 
     def _ancestors_after(self, group, start: int) -> set:

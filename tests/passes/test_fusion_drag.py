@@ -37,6 +37,8 @@ def test_fusing_an_early_sum_with_a_late_reader_drags_the_work_between():
     assert drags_too_much(dragged, shared_bytes=_nbytes(node["sum_1"]))  # 16 floats shared, 8 KiB moved
     # the late sum with its own reader drags nothing: everything it needs already ran before it
     assert fusion.dragged_bytes(late, node["add"], _nbytes) == 0
+    # nor do two sums neither of which reads the other (a horizontal fusion: never refused)
+    assert fusion.dragged_bytes(node["sum_1"], late, _nbytes) == 0
 
 
 def test_a_fusion_saving_enough_traffic_is_never_refused():
