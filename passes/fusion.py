@@ -16,7 +16,7 @@ from .lowering import KERNEL_CLASSES
 
 # Scheduler nodes apart beyond which Inductor does not fuse horizontally (torch/_inductor/scheduler.py).
 FUSION_DISTANCE = 64
-# fxremat's compiles refuse a fusion that drags more than this many times the bytes it saves ahead of its place
+# fxremat's compiles refuse a vertical fusion that drags more than this many times the bytes it saves ahead of its place
 # (``_torch_private.inductor_vetoes_dragging_fusions``); 32 is Inductor's own trade of extra memory for bytes moved
 # (``Scheduler.can_fusion_increase_peak_memory``).
 DRAG_FACTOR = 32
