@@ -5,6 +5,7 @@ The version keys these read live in ``__init__.py``; tests: tests/passes/test_to
 
 from __future__ import annotations
 
+import logging
 import threading
 
 from torch._inductor.choices import InductorChoices
@@ -12,6 +13,7 @@ from torch._inductor.scheduler import SchedulerNode
 
 from . import SCHEDULER_DROPS_MUTATION_RENAMES
 
+log = logging.getLogger(__name__)
 _LOCK = threading.Lock()
 _unfixed_recompute = None
 _unvetoed_can_fuse = None
@@ -65,22 +67,44 @@ def dragged_nodes(scheduler, node1, node2) -> list:
     have and that Inductor placed after the earlier one.  None for a horizontal fusion: Inductor keeps those within
     64 nodes (``are_long_distant_nodes``), and refusing them raised transformers Llama's peak 2.2% (RoPE tables)."""
     early, late = sorted((node1, node2), key=lambda n: n.min_order)
-    if late.min_order - early.min_order <= 1 or not (early.get_operation_names() & late.ancestors):
+    gap = range(early.min_order + 1, late.min_order)
+    if not gap or not (early.get_operation_names() & late.ancestors):
         return []
     own = early.get_operation_names() | late.get_operation_names()
+    # the nodes placed in between, or the later node's ancestors, whichever is fewer (a node's ancestors are all
+    # of the graph before it: scanning them for every candidate pair would be quadratic in a long graph)
+    names = _names_placed(scheduler, gap) if len(gap) < len(late.ancestors) else late.ancestors
     dragged: dict[str, object] = {}
-    for name in late.ancestors - early.ancestors:
+    for name in names:
+        if name in own or name not in late.ancestors or name in early.ancestors:
+            continue
         node = scheduler.name_to_fused_node.get(name)
-        if node is not None and name not in own and node.min_order > early.min_order:
+        if node is not None and node.min_order > early.min_order:
             dragged[node.get_name()] = node
     return list(dragged.values())
+
+
+def _names_placed(scheduler, places: range) -> list[str]:
+    """The names of the scheduler's original nodes at these places (``min_order``), kept on the scheduler."""
+    by_place = getattr(scheduler, "_fxremat_names_by_place", None)
+    if by_place is None:
+        by_place = {}
+        for fused in {id(n): n for n in scheduler.name_to_fused_node.values()}.values():
+            for node in fused.get_nodes():
+                by_place.setdefault(getattr(node, "min_order", None), []).append(node.get_name())
+        scheduler._fxremat_names_by_place = by_place
+    return [name for place in places for name in by_place.get(place, ())]
 
 
 def _drags_too_much(scheduler, node1, node2) -> bool:
     from ..fusion import drags_too_much  # the simulator's rule (a module-level import would be circular)
 
-    dragged = dragged_nodes(scheduler, node1, node2)
-    if not dragged:
+    try:
+        dragged = dragged_nodes(scheduler, node1, node2)
+        if not dragged:
+            return False
+        moved = sum(scheduler.dep_size_hint(w) for node in dragged for w in node.read_writes.writes)
+        return drags_too_much(moved, scheduler.score_fusion_memory(node1, node2))
+    except Exception as error:  # never fail a compile over a heuristic: Inductor's own decision stands
+        log.debug("fusion veto skipped for %s, %s: %s", node1.get_name(), node2.get_name(), error, exc_info=True)
         return False
-    moved = sum(scheduler.dep_size_hint(w) for node in dragged for w in node.read_writes.writes)
-    return drags_too_much(moved, scheduler.score_fusion_memory(node1, node2))

@@ -45,3 +45,20 @@ def test_a_fusion_saving_enough_traffic_is_never_refused():
     assert not drags_too_much(DRAG_FACTOR * 1000, 1000)
     assert drags_too_much(DRAG_FACTOR * 1000 + 1, 1000)
     assert not drags_too_much(0, 0)
+
+
+def test_the_inductor_side_of_the_veto_never_fails_a_compile():
+    """A scheduler node that does not look as the veto expects (a future Inductor) leaves Inductor's own decision."""
+    from fxremat_passes._torch_private import scheduler as hooks
+
+    class Changed:
+        def __init__(self, order: int) -> None:
+            self.min_order = order
+
+        def get_name(self) -> str:
+            return f"op{self.min_order}"
+
+        def get_operation_names(self):
+            raise AttributeError("renamed in a later torch")
+
+    assert hooks._drags_too_much(object(), Changed(0), Changed(9)) is False
