@@ -103,8 +103,23 @@ def _drags_too_much(scheduler, node1, node2) -> bool:
         dragged = dragged_nodes(scheduler, node1, node2)
         if not dragged:
             return False
-        moved = sum(scheduler.dep_size_hint(w) for node in dragged for w in node.read_writes.writes)
-        return drags_too_much(moved, scheduler.score_fusion_memory(node1, node2))
+        saved, moved = scheduler.score_fusion_memory(node1, node2), 0
+        for node in dragged:  # stop as soon as it is too much: the bytes are most of the veto's cost
+            moved += _written_bytes(scheduler, node)
+            if drags_too_much(moved, saved):
+                return True
+        return False
     except Exception as error:  # never fail a compile over a heuristic: Inductor's own decision stands
         log.debug("fusion veto skipped for %s, %s: %s", node1.get_name(), node2.get_name(), error, exc_info=True)
         return False
+
+
+def _written_bytes(scheduler, node) -> int:
+    """The bytes a scheduler node writes, kept on the scheduler by node name (a node is dragged by many pairs)."""
+    known = getattr(scheduler, "_fxremat_written_bytes", None)
+    if known is None:
+        known = scheduler._fxremat_written_bytes = {}
+    name = node.get_name()
+    if name not in known:
+        known[name] = sum(scheduler.dep_size_hint(w) for w in node.read_writes.writes)
+    return known[name]
