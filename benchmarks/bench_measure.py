@@ -44,6 +44,9 @@ PEAK_AT_SOURCES = {
     "fxremat_peak_at_pytorch_0.5": "pytorch_budget_0.5",
     "fxremat_peak_at_pytorch_0.1": "pytorch_budget_0.1",
 }
+# fxremat's default with Inductor's buffer reuse back on (fxremat's compiles turn it off: docs/DESIGN.md §6):
+# what the reuse costs in peak and saves in step time (issue #22).
+BUFFER_REUSE = {"fxremat_buffer_reuse": True}
 # The model run uncompiled (beside --checkpointed's rows: what the user's checkpointing gives in eager).
 EAGER = "eager"
 # Run order (benchmarks/run.py's plan): every PyTorch row before the fxremat rows that take its measured bytes.
@@ -55,6 +58,7 @@ CONFIGS = (
     *BUDGET_SOURCES,
     *PEAK_BUDGETS,
     *PEAK_AT_SOURCES,
+    *BUFFER_REUSE,
 )
 # The default run: PyTorch's default and budgets 0.5 / 0.1 against fxremat's default, the same knob at 0.5, and
 # fxremat at PyTorch's measured bytes.  The rest were added for the peak studies (issues #8, #15): --configs.
@@ -221,6 +225,9 @@ def make_backend(config: str, budget_bytes: int | None):
         return fxremat.backend(compare_default=False, memory_budget=FXREMAT_BUDGETS[config]), contextlib.nullcontext
     if config in PEAK_BUDGETS:
         return fxremat.backend(compare_default=False, peak_budget=PEAK_BUDGETS[config]), contextlib.nullcontext
+    if config in BUFFER_REUSE:
+        inductor = {"allow_buffer_reuse": BUFFER_REUSE[config]}
+        return fxremat.backend(compare_default=False, inductor_options=inductor), contextlib.nullcontext
     sources = {**BUDGET_SOURCES, **PEAK_AT_SOURCES}
     if config in sources:
         if budget_bytes is None:

@@ -3,6 +3,7 @@
 
     python benchmarks/step_interleaved.py --model llama_stack --size small --configs issue15 \\
         [--reference pytorch_default] [--steps 20] [--repetitions 3] [--json PATH] [--markdown PATH]
+        [--checkpointed]
 
 In one process, each configuration (``benchmarks/run.py``'s names, or a set name such as ``issue15``) compiles its
 own fresh model (``bench_models.build_workload``: the same seed, so identical weights and inputs) with its own
@@ -66,6 +67,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--json", default=None, metavar="PATH")
     parser.add_argument("--markdown", default=None, metavar="PATH")
+    parser.add_argument(
+        "--checkpointed", action="store_true", help="every block under torch.utils.checkpoint, as run.py --checkpointed"
+    )
     args = parser.parse_args(argv)
     chosen = set(bm.expand_configs(args.configs))
     if chosen - set(bm.CONFIGS):
@@ -81,7 +85,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # ---- compiling -------------------------------------------------------------------------------------------------
 
 
-def compile_one(model: str, size: str, config: str, device: str, rows: list[dict], reference) -> dict[str, Any]:
+def compile_one(
+    model: str, size: str, config: str, device: str, rows: list[dict], reference, checkpointed: bool = False
+) -> dict[str, Any]:
     """A fresh model compiled for ``config`` and its first (compiling) step: the entry holds the workload, the
     compiled callable and the row so far (saved bytes, gradients), or only the row, with an ``error``."""
     import torch
@@ -89,7 +95,7 @@ def compile_one(model: str, size: str, config: str, device: str, rows: list[dict
     budget, missing = run.budget_for(model, config, rows)
     if missing:
         return dict(row=bm.error_row(model, size, config, device, missing))
-    work = bm.build_workload(model, size, device)
+    work = bm.build_workload(model, size, device, checkpointed=checkpointed)
     backend, first_call_context = bm.make_backend(config, budget)
     compiled = work.model if backend is None else torch.compile(work.model, backend=backend)  # eager: uncompiled
     graphs_before = bm.dynamo_graph_count()
@@ -107,14 +113,14 @@ def compile_one(model: str, size: str, config: str, device: str, rows: list[dict
 
 def compile_all(args: argparse.Namespace, device: str) -> dict[str, dict[str, Any]]:
     """Every configuration compiled, in run.py's order; a failure is that configuration's error row."""
-    first = bm.build_workload(args.model, args.size, device)
+    first = bm.build_workload(args.model, args.size, device, checkpointed=args.checkpointed)
     reference = None if bm.has_dropout(first.model) else bm.eager_grads(first)
     entries: dict[str, dict[str, Any]] = {}
     for config in args.configs:
         print(f"compiling {args.model} / {config}", file=sys.stderr, flush=True)
         rows = [entry["row"] for entry in entries.values()]
         try:
-            entries[config] = compile_one(args.model, args.size, config, device, rows, reference)
+            entries[config] = compile_one(args.model, args.size, config, device, rows, reference, args.checkpointed)
         except Exception as exc:  # noqa: BLE001 - one configuration failing must never abort the others
             message = f"{type(exc).__name__}: {exc}"
             entries[config] = dict(row=bm.error_row(args.model, args.size, config, device, message))
@@ -232,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     add_step_ratios(rows, args.reference)
     settings = dict(
         model=args.model,
+        checkpointed=args.checkpointed,
         size=args.size,
         shape=SIZES[args.size],
         configs=args.configs,
@@ -244,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     result = dict(
         schema_version=1, environment=br.environment(run.THREADS), settings=settings, rows=list(rows.values())
     )
-    text = f"{args.model}, size {args.size}: {args.steps} interleaved steps x {args.repetitions} repetitions\n\n"
+    name = f"{args.model} (checkpointed)" if args.checkpointed else args.model
+    text = f"{name}, size {args.size}: {args.steps} interleaved steps x {args.repetitions} repetitions\n\n"
     text += table(rows)
     print(text, end="")
     if args.json:

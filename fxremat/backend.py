@@ -198,7 +198,9 @@ class FxrematBackend:
         # the eager reference of verify: a copy, since Inductor's pre-grad passes rewrite gm in place
         reference = tp.copy_graph_module(gm) if self.options.verify else None
         try:
-            compiled = compile_fx(gm, example_inputs, config_patches=patches)
+            # Inductor's buffer reuse off unless the options set it (_torch_private/buffer_reuse.py)
+            with tp.fxremat_buffer_reuse(self.inductor_config) as reuse:
+                compiled = compile_fx(gm, example_inputs, config_patches={**reuse, **patches})
         finally:
             self._partitioner.current_key, self._partitioner.current_regions = None, ""
             self._write_reports()
@@ -232,13 +234,20 @@ class FxrematBackend:
         self._write_report_dir(report, number)
 
 
-def backend(**options: Any) -> FxrematBackend:
+def backend(inductor_options: dict[str, Any] | None = None, **options: Any) -> FxrematBackend:
     """A configured fxremat backend: ``torch.compile(model, backend=fxremat.backend(memory_price=20))``.
 
     Options (see ``fxremat.Options``): memory_budget, peak_budget, memory_price, device, solver, compare_default,
     compare_budgets, strict, report_dir, verify.  Bad values raise ValueError/TypeError here, naming what is allowed.
+    ``inductor_options``: Inductor config patches for fxremat's compiles, as ``torch.compile``'s ``options``
+    (e.g. ``{"allow_buffer_reuse": True}``, which fxremat's compiles otherwise turn off: DESIGN §6).
     """
-    return FxrematBackend(Options.create(**options))
+    inductor = dict(inductor_options or {})
+    known = _inductor_config_names()
+    unknown = sorted(k for k in inductor if known and k not in known)
+    if unknown:
+        raise ValueError(f"inductor_options: {unknown} are not Inductor config names (torch._inductor.config)")
+    return FxrematBackend(Options.create(**options), inductor)
 
 
 _string_backends: dict[str, FxrematBackend] = {}

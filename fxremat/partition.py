@@ -168,12 +168,16 @@ def _can_simulate_later(fw_nodes) -> bool:
     return not any(n.target is CONVOLUTION for n in fw_nodes)
 
 
-def _later(compute: Callable[[], dict], names: tuple[str, ...]) -> dict:
+def _later(compute: Callable[[], dict], names: tuple[str, ...], stock: bool = False) -> dict:
     """The report fields ``names``, all filled by one ``compute()`` on the first read of any of them (informative:
-    a failure is logged and leaves them at their defaults)."""
+    a failure is logged and leaves them at their defaults).  ``stock``: they simulate PyTorch's split, which stock
+    Inductor would compile (its buffer reuse, not fxremat's)."""
+
+    # the simulation models the compile's buffer reuse, read now, inside its config patch
+    reuse_as_now = tp.buffer_reuse_as_now(stock)
 
     def run() -> dict:
-        with gc_paused():
+        with gc_paused(), reuse_as_now():
             try:
                 return compute()
             except Exception as error:
@@ -220,10 +224,13 @@ def _baseline(request: PartitionRequest, profile: DeviceProfile, compare_budgets
     # PyTorch's split is ours alone (nobody compiles it): simulated on the first read of its fields
     if _can_simulate_later(fw.graph.nodes):
         peak_fields = _later(
-            lambda: _baseline_peak_fields(simulate_step(fw, bw, request.num_fwd_outputs)), BASELINE_PEAK_FIELDS
+            lambda: _baseline_peak_fields(simulate_step(fw, bw, request.num_fwd_outputs)),
+            BASELINE_PEAK_FIELDS,
+            stock=True,
         )
     else:
-        peak_fields = _baseline_peak_fields(_simulate(fw, bw, request.num_fwd_outputs))
+        with tp.buffer_reuse_as_now(stock=True)():
+            peak_fields = _baseline_peak_fields(_simulate(fw, bw, request.num_fwd_outputs))
     budget_points = []
     for budget in PYTORCH_BUDGETS if compare_budgets else ():
         try:

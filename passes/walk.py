@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch.fx as fx
 
+from . import _torch_private as tp
 from .buffer_pool import _pool_held
 from .lowering import KERNEL_CLASSES
 
@@ -66,7 +67,10 @@ class Walk:
             if not self.grouped(k) or not self.grouped(k + 1):  # the last kernel is never grouped with a next one
                 self.release(k, deferred)
                 deferred = []
-        held = _pool_held(self.estimated, self.allocated, self.freed)
+        if tp.inductor_reuses_buffers():
+            held = _pool_held(self.estimated, self.allocated, self.freed)
+        else:  # every dead buffer freed at once (fxremat's compiles: _torch_private/buffer_reuse.py)
+            held = [0] * len(self.estimated)
         activation_peak = 0
         for k, name, moment, grads in self.points:
             moment += held[k]

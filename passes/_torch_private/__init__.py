@@ -120,6 +120,7 @@ __all__ = [
     "functorch_knob",
     "functorch_knob_default", "fx_graph_cse", "get_hash_for_files", "has_free_unbacked_symbols",
     "inductor_keeps_mutation_order", "inductor_layout_optimisation", "inductor_vetoes_dragging_fusions",
+    "buffer_reuse_as_now", "fxremat_buffer_reuse", "inductor_reuses_buffers", "simulating_buffer_reuse",
     "is_backward_state", "is_bwd_seed_offset",
     "is_fwd_seed_offset", "is_mutation_op", "is_primal", "is_script_object", "is_sym_node", "is_tangent",
     "lazy_graph_module", "lazy_graph_modules", "make_graph_module", "mark_must_save", "memory_budget_annotation",
@@ -482,4 +483,11 @@ def fresh_inductor_cache():
 
 
 # Inductor's scheduler, patched for fxremat's compiles alone (each hook gated by its caller's ``applies``)
+# Inductor's buffer reuse in fxremat's compiles (off unless the user set it)
+from .buffer_reuse import (  # noqa: E402
+    buffer_reuse_as_now,
+    fxremat_buffer_reuse,
+    inductor_reuses_buffers,
+    simulating_buffer_reuse,
+)
 from .scheduler import inductor_keeps_mutation_order, inductor_vetoes_dragging_fusions  # noqa: E402

@@ -4,7 +4,10 @@ Inductor fuses the two traversals' gradient sums of a parameter (one reads the o
 takes the earlier sum's place and runs everything the later one needs before it, so the backward of the second
 traversal's blocks runs early and their buffers pile up.  fxremat's compiles refuse a fusion that drags work ahead
 of its place (``_torch_private.inductor_vetoes_dragging_fusions``, ``fusion.drags_too_much``); the simulator applies
-the same rule.  Two cold compiles of a small B (2 blocks, width 64), about 100 s here.
+the same rule.  And Inductor's buffer reuse holds freed buffers through the peak, within an estimate that counts
+buffers fusion never allocates: fxremat's compiles run without it (``_torch_private/buffer_reuse.py``).  Issue #22
+asks the step's peak within 1.10x eager+checkpoint's.  Two cold compiles of a small B (2 blocks, width 64), about
+100 s here: fxremat as it ships, and with both guards off (Inductor as it is).
 """
 
 from __future__ import annotations
@@ -35,11 +38,12 @@ def _measured(model, inputs, run) -> tuple[int, dict]:
     return peak, grads
 
 
-def _compiled_peak(base, inputs, drag_factor: int, monkeypatch) -> tuple[int, dict, object]:
-    monkeypatch.setattr(fusion, "DRAG_FACTOR", drag_factor)
+def _compiled_peak(base, inputs, guarded: bool, monkeypatch) -> tuple[int, dict, object]:
+    monkeypatch.setattr(fusion, "DRAG_FACTOR", fusion.DRAG_FACTOR if guarded else 10**30)
     torch._dynamo.reset()
     model = copy.deepcopy(base)
-    backend = fxremat.backend(compare_default=False)
+    inductor_options = {} if guarded else {"allow_buffer_reuse": True}
+    backend = fxremat.backend(compare_default=False, inductor_options=inductor_options)
     with tp.fresh_inductor_cache():  # the factor is not in the FX graph cache's key (it is a constant of fxremat's)
         peak, grads = _measured(model, inputs, torch.compile(model, backend=backend))
     return peak, grads, backend.reports[-1]
@@ -53,11 +57,11 @@ def test_a_block_run_twice_keeps_one_blocks_backward_at_a_time(monkeypatch):
     eager_model = copy.deepcopy(base)
     eager_peak, expected = _measured(eager_model, inputs, eager_model)
 
-    vetoed, grads, report = _compiled_peak(base, inputs, fusion.DRAG_FACTOR, monkeypatch)
-    allowed, _, _ = _compiled_peak(base, inputs, 10**30, monkeypatch)  # no fusion refused: Inductor as it is
+    guarded, grads, report = _compiled_peak(base, inputs, True, monkeypatch)
+    as_is, _, _ = _compiled_peak(base, inputs, False, monkeypatch)  # every fusion, buffer reuse: Inductor as it is
 
-    assert vetoed <= 0.75 * allowed, (vetoed, allowed)  # measured here: 2.05 vs 3.57 MiB
-    assert vetoed <= 1.25 * eager_peak, (vetoed, eager_peak)
-    assert abs(report.simulated_peak_bytes - vetoed) <= 0.10 * vetoed, (report.simulated_peak_bytes, vetoed)
+    assert guarded <= 0.75 * as_is, (guarded, as_is)
+    assert guarded <= 1.10 * eager_peak, (guarded, eager_peak)
+    assert abs(report.simulated_peak_bytes - guarded) <= 0.10 * guarded, (report.simulated_peak_bytes, guarded)
     for name, grad in expected.items():
         torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-5)

@@ -70,6 +70,20 @@ def test_the_fusion_veto_reads_what_every_supported_inductor_has():
     assert "key=lambda x: x.min_order" in inspect.getsource(scheduler.Scheduler.fuse_nodes_once)
 
 
+def test_fxremats_compiles_patch_what_inductors_wrapper_reads_for_buffer_reuse():
+    """``_torch_private/buffer_reuse.py`` patches ``allow_buffer_reuse``, which Inductor's wrapper reads where it
+    pools a freed buffer (``FreeIfNotReusedLine.plan``) and hands it out (``AllocateLine.plan``) under the peak
+    estimate ``buffer_pool._pool_held`` replays (``should_reuse_buffer``)."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.codegen import wrapper
+
+    assert isinstance(inductor_config.allow_buffer_reuse, bool)
+    assert "config.allow_buffer_reuse" in inspect.getsource(wrapper.AllocateLine.plan)
+    assert "config.allow_buffer_reuse" in inspect.getsource(wrapper.FreeIfNotReusedLine.plan)
+    source = inspect.getsource(wrapper.AllocateLine.should_reuse_buffer)
+    assert "overall_peak_memory" in source and "peak_between" in source
+
+
 def test_size_hint_reads_hints_without_guards():
     """``optimization_hint`` (2.12 on) and ``size_hint`` (2.11): a SymInt's hint, the fallback for an unbacked one,
     and no guard either way."""
