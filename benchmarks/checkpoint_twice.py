@@ -1,7 +1,10 @@
 """Issue #22's model B, written here: checkpointed blocks run twice in one step (the structure of pytorch#193193).
 
-    python benchmarks/checkpoint_twice.py [--blocks 3] [--width 192] [--batch 4] [--seq 256]
+    python benchmarks/checkpoint_twice.py [--model b|a] [--blocks 3] [--width 192] [--batch 4] [--seq 256]
                                           [--configs eager inductor fxremat fxremat_peak_0.0 inductor_no_fusion]
+
+``--model a``: issue #22's model A instead (after pytorch#120381): ``--blocks`` checkpointed ``Linear -> LayerNorm
+-> GELU`` layers, run once.
 
 A stack of pre-norm transformer blocks (SDPA attention, MLP 4x), each under ``torch.utils.checkpoint``
 (non-reentrant), run over the input and then again over the first pass's output plus a context (a CoCa-style
@@ -11,7 +14,8 @@ warm-up steps, gradients set to None before; the largest gradient error against 
 Inductor's default partitioner with ``max_fusion_size=1`` (no fusion at all), the issue's diagnostic: if it meets
 eager+checkpoint's peak while the default does not, Inductor's fusion is what inflates the compiled backward.
 ``fxremat_every_fusion`` is fxremat's default with the fusion veto off (``fusion.DRAG_FACTOR`` unbounded: every
-fusion Inductor would make, as before issue #22's fix; docs/DESIGN.md §6).
+fusion Inductor would make, as before issue #22's fix; docs/DESIGN.md §6); ``fxremat_buffer_reuse`` is fxremat's
+default with Inductor's buffer reuse on (fxremat's compiles turn it off, docs/DESIGN.md §6).
 """
 
 from __future__ import annotations
@@ -27,7 +31,15 @@ from torch.utils.checkpoint import checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-CONFIGS = ("eager", "inductor", "fxremat", "fxremat_peak_0.0", "fxremat_every_fusion", "inductor_no_fusion")
+CONFIGS = (
+    "eager",
+    "inductor",
+    "fxremat",
+    "fxremat_peak_0.0",
+    "fxremat_buffer_reuse",
+    "fxremat_every_fusion",
+    "inductor_no_fusion",
+)
 
 
 class Block(torch.nn.Module):
@@ -63,6 +75,30 @@ class TwicePass(torch.nn.Module):
         return (first.square().mean() + self.run(first + context).square().mean()) * 0.5
 
 
+class Layer(torch.nn.Module):
+    """Model A's layer: Linear -> LayerNorm -> GELU."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc, self.ln = torch.nn.Linear(width, width), torch.nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.ln(self.fc(x)))
+
+
+class LayerStack(torch.nn.Module):
+    """Model A: each layer under its own checkpoint, run once."""
+
+    def __init__(self, layers: int, width: int) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(Layer(width) for _ in range(layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = checkpoint(layer, x, use_reentrant=False)
+        return x.square().mean()
+
+
 def _compiled(model: torch.nn.Module, config: str):
     """(callable, context manager for the first step)."""
     import contextlib
@@ -76,6 +112,8 @@ def _compiled(model: torch.nn.Module, config: str):
     if config == "inductor_no_fusion":
         return torch.compile(model, options={"max_fusion_size": 1}), contextlib.nullcontext()
     options = {"peak_budget": 0.0} if config == "fxremat_peak_0.0" else {}
+    if config == "fxremat_buffer_reuse":  # Inductor's buffer reuse back on (fxremat's compiles turn it off)
+        options = {"inductor_options": {"allow_buffer_reuse": True}}
     compiled = torch.compile(model, backend=fxremat.backend(compare_default=False, **options))
     return compiled, _every_fusion() if config == "fxremat_every_fusion" else contextlib.nullcontext()
 
@@ -116,6 +154,7 @@ def measure(config: str, base: torch.nn.Module, inputs: tuple, expected: dict) -
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=("b", "a"), default="b")
     parser.add_argument("--blocks", type=int, default=3)
     parser.add_argument("--width", type=int, default=192)
     parser.add_argument("--batch", type=int, default=4)
@@ -124,8 +163,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    base = TwicePass(args.blocks, args.width)
-    inputs = (torch.randn(args.batch, args.seq, args.width), torch.randn(args.batch, args.seq, args.width))
+    shape = (args.batch, args.seq, args.width)
+    if args.model == "a":
+        base, inputs = LayerStack(args.blocks, args.width), (torch.randn(shape),)
+    else:
+        base, inputs = TwicePass(args.blocks, args.width), (torch.randn(shape), torch.randn(shape))
     reference = copy.deepcopy(base)
     reference(*inputs).backward()
     expected = {k: p.grad for k, p in reference.named_parameters()}
