@@ -482,12 +482,13 @@ def fresh_inductor_cache():
     return _fresh_cache()
 
 
-# Inductor's scheduler, patched for fxremat's compiles alone (each hook gated by its caller's ``applies``)
-# Inductor's buffer reuse in fxremat's compiles (off unless the user set it)
+# Inductor's buffer reuse in fxremat's compiles (off unless the compile's Inductor options set it)
 from .buffer_reuse import (  # noqa: E402
     buffer_reuse_as_now,
     fxremat_buffer_reuse,
     inductor_reuses_buffers,
     simulating_buffer_reuse,
 )
+
+# Inductor's scheduler, patched for fxremat's compiles alone (each hook gated by its caller's ``applies``)
 from .scheduler import inductor_keeps_mutation_order, inductor_vetoes_dragging_fusions  # noqa: E402

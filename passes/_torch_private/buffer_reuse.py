@@ -6,10 +6,11 @@ estimate (``AllocateLine.should_reuse_buffer``).  That estimate (``EfficientPeak
 ``memory.estimate_peak_memory``) counts the buffers that fusion keeps inside a kernel, so it is higher than what is
 ever live, and the pooled buffers fill the difference: on a block stack run twice in one step
 (benchmarks/checkpoint_twice.py) they held 9.6 MiB at the backward's peak, 17% of the step's peak
-(``buffer_pool._pool_held`` replays the rule).  The reuse saves an allocation, not memory, so fxremat's compiles run
-without it unless the compile's options set ``allow_buffer_reuse`` (``torch.compile(..., backend="fxremat",
-options={"allow_buffer_reuse": True})``).  A global assignment of Inductor's config cannot be told from its default
-(every ``config.patch`` of the name, Inductor's own included, leaves it marked as set), so only the options count.
+(``buffer_pool._pool_held`` replays the rule).  The reuse saves an allocation (0.3-2.6% of a CPU step,
+benchmarks/RESULTS.md), not memory, so fxremat's compiles run without it unless the compile's Inductor options
+set ``allow_buffer_reuse`` (``fxremat.backend(inductor_options={"allow_buffer_reuse": True})``, or ``options=`` of
+``torch.compile``).  A global assignment of Inductor's config cannot be told from its default (every
+``config.patch`` of the name, Inductor's own included, leaves it marked as set), so only the options count.
 Tests: tests/passes/test_buffer_reuse.py, tests/passes/test_torch_versions.py."""
 
 from __future__ import annotations
