@@ -178,10 +178,21 @@ def choose_plan_for_budget(flow, roles, joint, options, profile, request, split,
         judged.add(plan_key(plan))
         return simulated.peak(plan)
 
+    segmentations: dict = {}  # plan key -> its lowest-peak segmentation (recipe, simulation, fields), or None
+
+    def segmented_peak(plan: Plan) -> float:
+        """A raised choice runs recomputing the forward segment by segment in backward where that is lower."""
+        key = plan_key(plan)
+        if key not in segmentations:
+            segmentations[key] = _segmentation(simulated, plan, request, profile)
+        found = segmentations[key]
+        return found[1].peak_bytes if found is not None else float("inf")
+
     try:
         plans = [*candidates, default, fewest]
         shortlist = budget_shortlist(plans, simulated.peak, default, fewest, PEAK_SIMULATED_CANDIDATES)
-        choice = monotone_choice(shortlist, default, target, peak_of)
+        lowered = segmented_peak if options.backward_segments is None else None
+        choice = monotone_choice(shortlist, default, target, peak_of, lowered)
         if choice.peak == float("inf"):
             raise RuntimeError("no candidate plan within the budget could be simulated")
         fw_bw_recipe, simulation = simulated.handed_on(choice.plan)
@@ -202,9 +213,11 @@ def choose_plan_for_budget(flow, roles, joint, options, profile, request, split,
     )
     if options.compare_default:  # a report-oriented run: also show the frontier
         fields["frontier"] = frontier_field(problem, options, profile, cache)
-    if choice.raised and options.backward_segments is None and fw_bw_recipe[2] is not None:
-        # the budget forces a higher peak: recomputing the forward segment by segment in backward lowers it
-        fw_bw_recipe, simulation = _segmented_if_lower(choice, fw_bw_recipe, simulation, fields, request, profile)
+    segmented = segmentations.get(plan_key(choice.plan))
+    if segmented is not None and segmented[1].peak_bytes == choice.peak < simulation.peak_bytes:
+        # the walk chose it recomputed segment by segment in backward (``segmented_peak``): built so
+        fields.update(segmented[2])
+        fw_bw_recipe, simulation = _built(segmented[0]), segmented[1]
     if fields["peak_raised_by_budget"]:
         log.info(
             "%s: memory_budget=%r leaves no plan as low as a looser budget's (%d bytes): %d bytes higher",
@@ -216,15 +229,17 @@ def choose_plan_for_budget(flow, roles, joint, options, profile, request, split,
     return choice.plan, fields, fw_bw_recipe, simulation
 
 
-def _segmented_if_lower(choice, fw_bw_recipe, simulation, fields: dict, request, profile):
-    """The chosen split, or its lowest-peak segmentation where that lowers the step's peak (then its fields go into
-    ``fields``): ((fw, bw, recipe), simulation).  The split's own simulation is one of the candidates, and graphs are
-    built only for a segmentation kept."""
-    segmented, peak, segment_fields = lowest_segmentation(fw_bw_recipe[2], request.num_fwd_outputs, profile, simulation)
-    if peak.peak_bytes >= choice.peak:
-        return fw_bw_recipe, simulation
-    fields.update(segment_fields, peak_raised_by_budget=max(0, peak.peak_bytes - choice.lowest_looser_peak))
-    return _built(segmented), peak
+def _segmentation(simulated: JudgedPlans, plan: Plan, request, profile):
+    """The plan's lowest-peak segmentation (``lowest_segmentation``: recipe, simulation, report fields), or None
+    where its split cannot be segmented or simulated (then it is not a way to run the plan)."""
+    try:
+        (_, _, recipe), simulation = simulated.handed_on(plan)
+        if recipe is None or simulation is None:  # a plan that cannot be simulated is not judged
+            return None
+        return lowest_segmentation(recipe, request.num_fwd_outputs, profile, simulation)
+    except Exception as error:
+        log.debug("segmenting a raised budget choice failed: %s", error, exc_info=True)
+        return None
 
 
 def _warn_unsimulated(graph_id: str, budget, error: Exception) -> None:

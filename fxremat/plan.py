@@ -234,10 +234,28 @@ class PeakChoice:
     raised: bool  # the budget itself forced a peak above lowest_looser_peak
 
 
-def monotone_choice(shortlist: list[Plan], default: Plan, target: int, peak_of) -> PeakChoice:
+# Plans a raised budget choice also judges run another way (``monotone_choice``'s ``lowered``): the lowest by
+# their own peak.  Each costs a split and up to ``peak_choice.SEGMENTATIONS_SIMULATED`` simulations.
+LOWERED_CANDIDATES = 3
+
+
+def _lowest(plans: list[Plan], peak_of, lowered) -> tuple[Plan, float]:
+    """(the plan of ``plans`` with the lowest peak, that peak), counting ``lowered(plan)`` for the
+    ``LOWERED_CANDIDATES`` lowest by their own peak; ties to the faster."""
+    ranked = sorted(plans, key=lambda p: (peak_of(p), p.seconds))
+    peaks = {plan_key(p): peak_of(p) for p in ranked}
+    for p in ranked[:LOWERED_CANDIDATES] if lowered is not None else ():
+        peaks[plan_key(p)] = min(peaks[plan_key(p)], lowered(p))
+    best = min(ranked, key=lambda p: (peaks[plan_key(p)], p.seconds))
+    return best, peaks[plan_key(best)]
+
+
+def monotone_choice(shortlist: list[Plan], default: Plan, target: int, peak_of, lowered=None) -> PeakChoice:
     """The fastest plan of ``shortlist`` (fastest first) within ``target`` saved bytes whose
     peak (``peak_of(plan)``, simulated on demand) is at most that of the plan chosen at every looser budget,
-    the default plan's included; where none is, the lowest-peak plan within ``target`` (``raised``).
+    the default plan's included; where none is, the lowest-peak plan within ``target`` (``raised``), a plan's peak
+    then being ``lowered(plan)`` where that is lower (the plan run another way, e.g. recomputed segment by segment,
+    as the budget's choice will run it: ``_lowest``); a tighter budget is held to that peak too.
 
     Walking the budgets from the loosest down, the chosen plan changes only where a plan stops fitting, so the
     walk visits each distinct saved-bytes level of the shortlist above ``target``, then ``target``.  The shortlist
@@ -253,9 +271,10 @@ def monotone_choice(shortlist: list[Plan], default: Plan, target: int, peak_of) 
     for cap in caps:
         fitting = [p for p in shortlist if p.saved_bytes <= cap]
         plan = next((p for p in fitting if peak_of(p) <= bound), None)
-        raised = plan is None
-        if raised:
-            plan = min(fitting, key=lambda p: (peak_of(p), p.seconds))
-        choice = PeakChoice(plan, peak_of(plan), bound, raised)
+        if plan is None:
+            plan, peak = _lowest(fitting, peak_of, lowered)
+        else:
+            peak = peak_of(plan)
+        choice = PeakChoice(plan, peak, bound, peak > bound)
         bound = min(bound, choice.peak)
     return choice
