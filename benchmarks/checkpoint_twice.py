@@ -15,7 +15,8 @@ Inductor's default partitioner with ``max_fusion_size=1`` (no fusion at all), th
 eager+checkpoint's peak while the default does not, Inductor's fusion is what inflates the compiled backward.
 ``fxremat_every_fusion`` is fxremat's default with the fusion veto off (``fusion.DRAG_FACTOR`` unbounded: every
 fusion Inductor would make, as before issue #22's fix; docs/DESIGN.md §6); ``fxremat_buffer_reuse`` is fxremat's
-default with Inductor's buffer reuse on (fxremat's compiles turn it off, docs/DESIGN.md §6).
+default without Inductor's buffer reuse; ``fxremat_stock_reuse_bound`` bounds the reuse by stock Inductor's peak
+estimate (kernel-local buffers counted) instead of by the bytes really allocated (docs/DESIGN.md §6).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ CONFIGS = (
     "inductor",
     "fxremat",
     "fxremat_peak_0.0",
-    "fxremat_buffer_reuse",
+    "fxremat_no_buffer_reuse",
+    "fxremat_stock_reuse_bound",
     "fxremat_every_fusion",
     "inductor_no_fusion",
 )
@@ -112,9 +114,13 @@ def _compiled(model: torch.nn.Module, config: str):
     if config == "inductor_no_fusion":
         return torch.compile(model, options={"max_fusion_size": 1}), contextlib.nullcontext()
     options = {"peak_budget": 0.0} if config == "fxremat_peak_0.0" else {}
-    if config == "fxremat_buffer_reuse":  # Inductor's buffer reuse back on (fxremat's compiles turn it off)
-        options = {"inductor_options": {"allow_buffer_reuse": True}}
+    if config == "fxremat_no_buffer_reuse":
+        options = {"inductor_options": {"allow_buffer_reuse": False}}
     compiled = torch.compile(model, backend=fxremat.backend(compare_default=False, **options))
+    if config == "fxremat_stock_reuse_bound":
+        from bench_measure import stock_reuse_bound
+
+        return compiled, stock_reuse_bound()
     return compiled, _every_fusion() if config == "fxremat_every_fusion" else contextlib.nullcontext()
 
 

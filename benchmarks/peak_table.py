@@ -63,7 +63,8 @@ SETTINGS = (
     Setting("peak_budget 0.0", None, "fxremat_peak_0.0"),
     Setting("peak_budget 0.0 within PyTorch 0.5's bytes", None, "fxremat_peak_at_pytorch_0.5"),
     Setting("peak_budget 0.0 within PyTorch 0.1's bytes", None, "fxremat_peak_at_pytorch_0.1"),
-    Setting("default, Inductor's buffer reuse on", None, "fxremat_buffer_reuse"),
+    Setting("default, no buffer reuse", None, "fxremat_no_buffer_reuse"),
+    Setting("default, reuse bounded by stock Inductor's estimate", None, "fxremat_stock_reuse_bound"),
 )
 MONOTONE_CHAIN = ("fxremat_default", "fxremat_budget_0.5", "fxremat_budget_0.2")  # memory_budget 1.0, 0.5, 0.2
 

@@ -143,6 +143,7 @@ class FxrematBackend:
         # looked up at each call, so that a test can tell the fix which compiles to mend
         tp.inductor_keeps_mutation_order(lambda: _compiling_for_fxremat())
         tp.inductor_vetoes_dragging_fusions(lambda: _compiling_for_fxremat())
+        tp.inductor_bounds_reuse_by_allocated_buffers(lambda: _compiling_for_fxremat())
         self._verifier = Verifier()
 
     def __repr__(self) -> str:
@@ -198,9 +199,9 @@ class FxrematBackend:
         # the eager reference of verify: a copy, since Inductor's pre-grad passes rewrite gm in place
         reference = tp.copy_graph_module(gm) if self.options.verify else None
         try:
-            # Inductor's buffer reuse off unless the options set it (_torch_private/buffer_reuse.py)
-            with tp.fxremat_buffer_reuse(self.inductor_config) as reuse:
-                compiled = compile_fx(gm, example_inputs, config_patches={**reuse, **patches})
+            # what the simulator must replay of Inductor's buffer reuse (_torch_private/buffer_reuse.py)
+            with tp.fxremat_buffer_reuse(self.inductor_config):
+                compiled = compile_fx(gm, example_inputs, config_patches=patches)
         finally:
             self._partitioner.current_key, self._partitioner.current_regions = None, ""
             self._write_reports()
@@ -240,7 +241,7 @@ def backend(inductor_options: dict[str, Any] | None = None, **options: Any) -> F
     Options (see ``fxremat.Options``): memory_budget, peak_budget, memory_price, device, solver, compare_default,
     compare_budgets, strict, report_dir, verify.  Bad values raise ValueError/TypeError here, naming what is allowed.
     ``inductor_options``: Inductor config patches for fxremat's compiles, as ``torch.compile``'s ``options``
-    (e.g. ``{"allow_buffer_reuse": True}``, which fxremat's compiles otherwise turn off: DESIGN §6).
+    (e.g. ``{"max_autotune": True}``; the simulator follows ``allow_buffer_reuse`` set here: DESIGN §6).
     """
     inductor = dict(inductor_options or {})
     known = _inductor_config_names()

@@ -45,6 +45,7 @@ import torch
 import torch.fx as fx
 
 from .buffer_pool import _pool_held  # noqa: F401  (re-exported: tests)
+from .costs import alias_root
 from .fusion import FUSION_DISTANCE  # noqa: F401  (re-exported)
 from .layout import channels_last_copies, layout_optimised
 from .lowering import (  # noqa: F401  (re-exported: plan_memory, tests)
@@ -93,6 +94,16 @@ class PeakEstimate:
 # It counts every other input of backward as freed after its last reader, saved views of parameters (a transposed
 # weight) included, at the view's size, although their storage outlives the graph.
 NONFREEABLE_INPUTS = ("primals_", "arg", "fwd_rng_state", "bwd_rng_state", "tangents")
+
+
+def saved_views_of_inputs(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) -> frozenset[str]:
+    """The backward's inputs that are saved views of forward inputs (a transposed weight): their storage outlives
+    the backward, which Inductor's memory estimate cannot see (``_torch_private.mark_inputs_never_freed``).
+    Forward returns saved tensors then saved SymInts; backward takes the SymInts first, then the tensors."""
+    saved = list(fw.graph.output_node().args[0][num_fwd_outputs:])
+    tensors = [n for n in saved if isinstance(n, fx.Node) and isinstance(n.meta.get("val"), torch.Tensor)]
+    placeholders = [n for n in bw.graph.nodes if n.op == "placeholder"][len(saved) - len(tensors) :]
+    return frozenset(p.name for p, value in zip(placeholders, tensors) if alias_root(value).op == "placeholder")
 
 
 def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) -> PeakEstimate:
@@ -169,6 +180,7 @@ def _backward_phase(fw: PhaseGraph, bw: PhaseGraph, saved: list, live: dict, use
     for placeholder in bw_placeholders[num_symbols + len(saved_tensors) :]:
         carried[placeholder.name] = _tensor_storage_bytes(placeholder)
     gradients = {phase_root(a, bw).name for a in bw.returned}
+    fw_inputs = set(fw.inputs)
     return _Phase(
         bw,
         keep=gradients,
@@ -181,5 +193,8 @@ def _backward_phase(fw: PhaseGraph, bw: PhaseGraph, saved: list, live: dict, use
         # AOTAutograd donates backward's saved tensors (``bw_donated_idxs``) but not those a forward output aliases
         donated=frozenset(
             p.name for p, v in zip(tensor_placeholders, saved_tensors) if phase_root(v, fw).name not in user_roots
+        ),
+        never_freed=frozenset(
+            p.name for p, v in zip(tensor_placeholders, saved_tensors) if phase_root(v, fw) in fw_inputs
         ),
     )

@@ -134,6 +134,7 @@ class _Phase:
         channels_last: bool = False,
         estimated_inputs: dict[str, int] | None = None,
         donated: frozenset | None = None,
+        never_freed: frozenset = frozenset(),
     ):
         self.view = view = graph if isinstance(graph, PhaseGraph) else graph_view(graph)
         self.facts = facts = view.facts or NodeFacts()  # shared by the views of one joint graph's nodes
@@ -156,6 +157,9 @@ class _Phase:
         # carried storages a kernel may write over (Inductor's in-place update takes a graph input only when it is
         # donated: backward's saved tensors, never its tangents), by default all of them
         self.donated = frozenset(self.carried) if donated is None else donated
+        # carried storages that outlive this graph although Inductor's estimate would free them (saved views of a
+        # forward input): fxremat's compiles leave them out of the estimate (_torch_private/buffer_reuse.py)
+        self.never_freed = never_freed
         self.activation_peak = 0
         self._find_units()
         self.workspace = {u: workspace_bytes(u, channels_last) for u in self.units}

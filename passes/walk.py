@@ -55,8 +55,13 @@ class Walk:
         peak = self.total
         for name in [n for n in self.live if last_use.get(n, -1) < 0 and n not in phase.keep]:
             self.free(name)  # carried in, never read here
+        self.reuse = tp.inductor_buffer_reuse()
+        # fxremat's compiles leave saved views of forward inputs out of the estimate (_torch_private/buffer_reuse.py)
+        never_freed = phase.never_freed if self.reuse == tp.ALLOCATED else frozenset()
         self.counted.update(
-            (n, b) for n, b in phase.estimated_inputs.items() if last_use.get(n, -1) >= 0 or n in phase.keep
+            (n, b)
+            for n, b in phase.estimated_inputs.items()
+            if (last_use.get(n, -1) >= 0 or n in phase.keep) and n not in never_freed
         )
         self.estimate = sum(self.counted.values())
         deferred: list[str] = []
@@ -67,9 +72,9 @@ class Walk:
             if not self.grouped(k) or not self.grouped(k + 1):  # the last kernel is never grouped with a next one
                 self.release(k, deferred)
                 deferred = []
-        if tp.inductor_reuses_buffers():
+        if self.reuse is not None:
             held = _pool_held(self.estimated, self.allocated, self.freed)
-        else:  # every dead buffer freed at once (fxremat's compiles: _torch_private/buffer_reuse.py)
+        else:  # every dead buffer freed at once (allow_buffer_reuse=False)
             held = [0] * len(self.estimated)
         activation_peak = 0
         for k, name, moment, grads in self.points:
@@ -89,15 +94,21 @@ class Walk:
         for u in kernel:
             for node in phase.owned[u]:
                 nbytes = phase.facts.nbytes(node)
-                self.counted[node.name] = nbytes  # the estimate has no in-place updates, counts kernel-local buffers
-                self.estimate += nbytes
-                if node.name not in phase.keep and self.last_use.get(node.name, -1) == k and node not in phase.returned:
-                    continue  # read only inside its own kernel: never leaves it
+                local = node.name not in phase.keep and self.last_use.get(node.name, -1) == k
+                local = local and node not in phase.returned  # read only inside its own kernel: never leaves it
+                if local:  # stock Inductor's estimate counts kernel-local buffers, fxremat's compiles' does not
+                    if self.reuse == tp.ESTIMATED:
+                        self.count(node.name, nbytes)
+                    continue
                 reused = None
                 if phase.inplace_allowed(u):
                     reused = phase._inplace_candidate(u, nbytes, live, self.remaining, kernel)
                     if reused is not None:
                         self.free(reused)  # Inductor writes the result over an input only this kernel still reads
+                if reused is not None and self.reuse == tp.ALLOCATED and reused in self.counted:
+                    self.counted[node.name] = self.counted.pop(reused)  # the same storage lives on
+                else:  # stock Inductor's estimate has no in-place updates
+                    self.count(node.name, nbytes)
                 key = phase._reuse_key(u, node)
                 if key is not None:
                     self.poolable[node.name] = key
@@ -109,6 +120,11 @@ class Walk:
                     self.gradients += nbytes
             self.points.append((k, u.name, self.total + phase.workspace[u], self.gradients))  # workspace: freed
             # before it returns
+
+    def count(self, name: str, nbytes: int) -> None:
+        """A storage allocated, in Inductor's estimate of the memory each kernel runs with."""
+        self.counted[name] = nbytes
+        self.estimate += nbytes
 
     def grouped(self, k: int) -> bool:
         """Whether kernel ``k`` is a generated C++ kernel that Inductor emits in one call with its generated

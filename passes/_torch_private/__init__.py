@@ -120,7 +120,9 @@ __all__ = [
     "functorch_knob",
     "functorch_knob_default", "fx_graph_cse", "get_hash_for_files", "has_free_unbacked_symbols",
     "inductor_keeps_mutation_order", "inductor_layout_optimisation", "inductor_vetoes_dragging_fusions",
-    "buffer_reuse_as_now", "fxremat_buffer_reuse", "inductor_reuses_buffers", "simulating_buffer_reuse",
+    "buffer_reuse_as_now", "fxremat_buffer_reuse", "inductor_buffer_reuse", "simulating_buffer_reuse",
+    "inductor_bounds_reuse_by_allocated_buffers", "stock_buffer_reuse", "mark_inputs_never_freed",
+    "ALLOCATED", "ESTIMATED",
     "is_backward_state", "is_bwd_seed_offset",
     "is_fwd_seed_offset", "is_mutation_op", "is_primal", "is_script_object", "is_sym_node", "is_tangent",
     "lazy_graph_module", "lazy_graph_modules", "make_graph_module", "mark_must_save", "memory_budget_annotation",
@@ -482,12 +484,17 @@ def fresh_inductor_cache():
     return _fresh_cache()
 
 
-# Inductor's buffer reuse in fxremat's compiles (off unless the compile's Inductor options set it)
+# Inductor's buffer reuse in fxremat's compiles (bounded by the bytes really allocated)
 from .buffer_reuse import (  # noqa: E402
+    ALLOCATED,
+    ESTIMATED,
     buffer_reuse_as_now,
     fxremat_buffer_reuse,
-    inductor_reuses_buffers,
+    inductor_bounds_reuse_by_allocated_buffers,
+    inductor_buffer_reuse,
+    mark_inputs_never_freed,
     simulating_buffer_reuse,
+    stock_buffer_reuse,
 )
 
 # Inductor's scheduler, patched for fxremat's compiles alone (each hook gated by its caller's ``applies``)

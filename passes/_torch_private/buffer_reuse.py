@@ -2,15 +2,15 @@
 
 Inductor's wrapper does not free a dead buffer at once: it pools it and hands it to a later allocation of the same
 size and dtype, while the peak over the range between them plus the buffer stays within the graph's peak by its own
-estimate (``AllocateLine.should_reuse_buffer``).  That estimate (``EfficientPeakEstimate``, from
-``memory.estimate_peak_memory``) counts the buffers that fusion keeps inside a kernel, so it is higher than what is
-ever live, and the pooled buffers fill the difference: on a block stack run twice in one step
-(benchmarks/checkpoint_twice.py) they held 9.6 MiB at the backward's peak, 17% of the step's peak
-(``buffer_pool._pool_held`` replays the rule).  The reuse saves an allocation (0.3-2.6% of a CPU step,
-benchmarks/RESULTS.md), not memory, so fxremat's compiles run without it unless the compile's Inductor options
-set ``allow_buffer_reuse`` (``fxremat.backend(inductor_options={"allow_buffer_reuse": True})``, or ``options=`` of
-``torch.compile``).  A global assignment of Inductor's config cannot be told from its default (every
-``config.patch`` of the name, Inductor's own included, leaves it marked as set), so only the options count.
+estimate (``AllocateLine.should_reuse_buffer``).  Stock Inductor's estimate (``EfficientPeakEstimate``, from
+``memory.estimate_peak_memory``) counts the buffers that fusion keeps inside a kernel (never allocated), so it is
+higher than what is ever live, and the pooled buffers fill the difference: on a block stack run twice in one step
+(benchmarks/checkpoint_twice.py) they held 9.6 MiB at the backward's peak, 17% of the step's peak.  In fxremat's
+compiles the estimate leaves out the buffers Inductor removed (``V.graph.removed_buffers``: kernel-local, never
+allocated), so a pooled buffer is held only where the bytes really allocated leave room for it
+(``inductor_bounds_reuse_by_allocated_buffers``).  The reuse stays on, as the user's config or the compile's
+options set it: it saves an allocation per reused buffer (up to 2.6% of a CPU step, benchmarks/RESULTS.md).
+The simulator replays whichever rule the compile follows (``buffer_pool._pool_held``, ``walk.Walk``).
 Tests: tests/passes/test_buffer_reuse.py, tests/passes/test_torch_versions.py."""
 
 from __future__ import annotations
@@ -18,55 +18,147 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import operator
+import threading
 
 import torch._inductor.config as inductor_config
 
 CONFIG_NAME = "allow_buffer_reuse"
-# fxremat's own setting where the compile's options name none
-FXREMAT_REUSES_BUFFERS = False
-# (whether the compile running now reuses buffers, whether stock Inductor would): set around fxremat's compiles and
-# by ``simulating_buffer_reuse``; unset, the simulator models fxremat's default compile
+# What the wrapper of the graph being simulated does with a dead buffer: frees it (None), or pools it within
+# an estimate of the buffers really allocated (fxremat's compiles) or within stock Inductor's estimate.
+ALLOCATED, ESTIMATED = "allocated", "estimated"
+# (the compile's mode, stock Inductor's mode): set around fxremat's compiles and by ``simulating_buffer_reuse``;
+# unset, the simulator models fxremat's compile under the global config
 _REUSE = contextvars.ContextVar("fxremat_buffer_reuse", default=None)
+# The estimate fxremat's compiles bound the reuse by (``ESTIMATED``: stock Inductor's; benchmarks compare the two)
+FXREMAT_ESTIMATE = ALLOCATED
+_LOCK = threading.Lock()
+_stock_estimate_init = None
+
+
+def _reuses(options: dict) -> bool:
+    return bool(options.get(CONFIG_NAME, getattr(inductor_config, CONFIG_NAME)))
 
 
 @contextlib.contextmanager
 def fxremat_buffer_reuse(options: dict):
-    """Around fxremat's ``compile_fx`` call: yields the Inductor config patch for buffer reuse (fxremat's setting,
-    or none where ``options``, the compile's Inductor options, name it), and tells the simulator what the compile
-    does and what stock Inductor (the global config, for the report's baseline) would do."""
-    reuse = bool(options.get(CONFIG_NAME, FXREMAT_REUSES_BUFFERS))
-    token = _REUSE.set((reuse, bool(getattr(inductor_config, CONFIG_NAME))))
-    try:
-        yield {} if CONFIG_NAME in options else {CONFIG_NAME: reuse}
-    finally:
-        _REUSE.reset(token)
-
-
-@contextlib.contextmanager
-def simulating_buffer_reuse(reuse: bool):
-    """The simulator models Inductor's wrapper with (``True``) or without buffer reuse inside this context."""
-    token = _REUSE.set((reuse, reuse))
+    """Around fxremat's ``compile_fx`` call: tells the simulator what the compile does with dead buffers (the
+    compile's Inductor ``options``, else the config) and what stock Inductor (the config, for the report's
+    baseline) would do."""
+    token = _REUSE.set((FXREMAT_ESTIMATE if _reuses(options) else None, ESTIMATED if _reuses({}) else None))
     try:
         yield
     finally:
         _REUSE.reset(token)
 
 
-def inductor_reuses_buffers() -> bool:
-    """Whether the wrapper of the graph being simulated reuses buffers (``walk.Walk.run``): the compile's, else
-    fxremat's default."""
-    now = _REUSE.get()
-    return FXREMAT_REUSES_BUFFERS if now is None else now[0]
+@contextlib.contextmanager
+def simulating_buffer_reuse(mode: str | None):
+    """The simulator models Inductor's wrapper with ``mode`` (None: no reuse, ``ALLOCATED``, ``ESTIMATED``)."""
+    if mode not in (None, ALLOCATED, ESTIMATED):
+        raise ValueError(f"buffer reuse mode {mode!r}: expected None, {ALLOCATED!r} or {ESTIMATED!r}")
+    token = _REUSE.set((mode, mode))
+    try:
+        yield
+    finally:
+        _REUSE.reset(token)
 
 
-def stock_reuses_buffers() -> bool:
-    """Whether Inductor without fxremat reuses buffers (PyTorch's split, the report's baseline): the global config
-    as it was when fxremat's compile began."""
+def inductor_buffer_reuse() -> str | None:
+    """The buffer reuse of the graph being simulated (``walk.Walk.run``): the compile's, else fxremat's under the
+    global config."""
     now = _REUSE.get()
-    return bool(getattr(inductor_config, CONFIG_NAME)) if now is None else now[1]
+    return (FXREMAT_ESTIMATE if _reuses({}) else None) if now is None else now[0]
+
+
+def stock_buffer_reuse() -> str | None:
+    """Stock Inductor's buffer reuse (PyTorch's split, the report's baseline), under the config as it was when
+    fxremat's compile began."""
+    now = _REUSE.get()
+    return (ESTIMATED if _reuses({}) else None) if now is None else now[1]
 
 
 def buffer_reuse_as_now(stock: bool = False):
     """A context factory that puts back, later, the buffer reuse of the compile running now (``stock``: the one
     stock Inductor would use): for what fxremat computes after the compile (a report's deferred simulation)."""
-    return functools.partial(simulating_buffer_reuse, stock_reuses_buffers() if stock else inductor_reuses_buffers())
+    return functools.partial(simulating_buffer_reuse, stock_buffer_reuse() if stock else inductor_buffer_reuse())
+
+
+# backward graph module meta: the names of its inputs whose storage outlives it (``mark_inputs_never_freed``)
+NEVER_FREED_KEY = "fxremat_inputs_never_freed"
+
+
+def mark_inputs_never_freed(gm, names: frozenset[str]) -> None:
+    """Tell the estimate of fxremat's compiles which of ``gm``'s inputs keep their storage (views of a forward
+    input, saved for backward: Inductor counts them as freed after their last use)."""
+    gm.meta[NEVER_FREED_KEY] = frozenset(names)
+
+
+def inductor_bounds_reuse_by_allocated_buffers(applies) -> None:
+    """In the compiles for which ``applies()`` is true, the wrapper's peak estimate (``EfficientPeakEstimate``)
+    counts only the buffers it allocates: not those Inductor removed (``V.graph.removed_buffers``, complete once
+    every kernel is generated, before the memory planning that builds the estimate).  Installed once."""
+    from torch._inductor.codegen import wrapper
+
+    global _stock_estimate_init
+    with _LOCK:
+        if _stock_estimate_init is not None:
+            return
+        stock = wrapper.EfficientPeakEstimate.__init__
+
+        def estimate(self):
+            if FXREMAT_ESTIMATE != ALLOCATED or not applies():
+                return stock(self)
+            _estimate_allocated(self)
+
+        _stock_estimate_init = stock
+        wrapper.EfficientPeakEstimate.__init__ = estimate
+
+
+def _estimate_allocated(estimate) -> None:
+    """``EfficientPeakEstimate``'s fields from the storages the wrapper allocates: the memory timeline of
+    ``memory.compute_memory_timeline`` less the removed buffers, an in-place result (the wrapper's ``reuses``, made
+    by ``codegen_inplace_reuse`` before the memory planning) counted as its input's storage living on."""
+    from torch._inductor.codegen.segmented_tree import SegmentedTree
+    from torch._inductor.memory import compute_memory_timeline, get_freeable_input_buf
+    from torch._inductor.virtualized import V
+    from torch.utils._ordered_set import OrderedSet
+
+    nodes = V.graph.scheduler.nodes
+    freeable = get_freeable_input_buf(nodes, OrderedSet(V.graph.graph_inputs.keys()))
+    infos = compute_memory_timeline(nodes, freeable, OrderedSet(V.graph.get_output_names()))[0]
+    # kernel-local buffers, and inputs whose storage lives on (Inductor would count them as freed at last use)
+    removed = V.graph.removed_buffers | getattr(V.graph.module, "meta", {}).get(NEVER_FREED_KEY, frozenset())
+    kept = [(info.buffer.get_name(), info) for info in infos if info.buffer.get_name() not in removed]
+    reuses = getattr(V.graph.wrapper_code, "reuses", {})
+    names = {name for name, _ in kept}
+    change = [0] * (len(nodes) + 1)
+    for name, info in kept:
+        if reuses.get(name) not in names:  # an in-place result allocates nothing
+            change[info.start_step] += info.size_alloc
+    for root, end in _storage_ends(kept, reuses):
+        if end != -1:  # a graph output is never freed here
+            change[end + 1] -= root.size_free
+    by_node, now = [], 0
+    for delta in change:
+        now += delta
+        by_node.append(now)
+    estimate.overall_peak_memory = max([0, *by_node])
+    estimate.segmented_tree = SegmentedTree(by_node, operator.add, max, 0)
+
+
+def _storage_ends(kept: list, reuses: dict) -> list:
+    """[(the buffer info of each storage allocated, the last step any buffer written in place over it is used, or
+    -1 where one is a graph output)]."""
+    info_of = dict(kept)
+    ends: dict = {}
+    for name, info in kept:
+        root = name
+        for _ in range(len(reuses)):  # follow in-place writes back to the storage allocated
+            if root not in reuses or reuses[root] not in info_of:
+                break
+            root = reuses[root]
+        holder = info_of[root]
+        before = ends.get(id(holder), (holder, info.end_step))[1]
+        ends[id(holder)] = (holder, -1 if -1 in (before, info.end_step) else max(before, info.end_step))
+    return list(ends.values())

@@ -1,5 +1,6 @@
-"""fxremat's compiles run without Inductor's buffer reuse unless the user set it (passes/_torch_private/
-buffer_reuse.py); the simulator counts the reuse pool's held bytes only where the reuse is on (passes/walk.py)."""
+"""fxremat's compiles bound Inductor's buffer reuse by the bytes really allocated (passes/_torch_private/
+buffer_reuse.py); the simulator replays the pool as the compile runs it: stock Inductor's bound, fxremat's, or none
+(passes/walk.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import fxremat
 from fxremat.backend import backend_from_compile_args
 from fxremat.options import Options
 from fxremat_passes import _torch_private as tp
+from fxremat_passes._torch_private import buffer_reuse
 from fxremat_passes.liveness import simulate_step
 
 
@@ -46,15 +48,17 @@ def _split(**options):
     return splits[0], reports[0]
 
 
-def test_the_simulated_pool_holds_bytes_only_where_inductor_reuses_buffers():
+def test_the_simulated_pool_holds_fewer_bytes_under_fxremats_bound():
     (fw, bw, n), report = _split(memory_budget=0.0)
-    with tp.simulating_buffer_reuse(True):
-        with_reuse = simulate_step(fw, bw, n).peak_bytes
-    with tp.simulating_buffer_reuse(False):
-        without = simulate_step(fw, bw, n).peak_bytes
-    assert with_reuse > without
-    # outside a compile, the simulator models fxremat's default compile (no reuse), the report too
-    assert simulate_step(fw, bw, n).peak_bytes == without == report.simulated_peak_bytes
+    peaks = {}
+    for mode in (tp.ESTIMATED, tp.ALLOCATED, None):
+        with tp.simulating_buffer_reuse(mode):
+            peaks[mode] = simulate_step(fw, bw, n).peak_bytes
+    assert peaks[tp.ESTIMATED] > peaks[tp.ALLOCATED] >= peaks[None]
+    # outside a compile, the simulator models fxremat's compile under the global config (reuse on), the report too
+    assert simulate_step(fw, bw, n).peak_bytes == peaks[tp.ALLOCATED] == report.simulated_peak_bytes
+    with pytest.raises(ValueError, match="buffer reuse mode"):
+        tp.simulating_buffer_reuse(True).__enter__()
 
 
 def test_the_reports_baseline_is_simulated_with_stock_inductors_reuse(monkeypatch):
@@ -67,42 +71,54 @@ def test_the_reports_baseline_is_simulated_with_stock_inductors_reuse(monkeypatc
     real = partition.simulate_step
 
     def recording(*args, **kwargs):
-        seen.append(tp.inductor_reuses_buffers())
+        seen.append(tp.inductor_buffer_reuse())
         return real(*args, **kwargs)
 
     monkeypatch.setattr(partition, "simulate_step", recording)
     _, report = _split()
-    assert report.baseline_simulated_peak_bytes > 0 and seen[-1] is True
-    assert report.simulated_peak_bytes > 0 and seen[-2:] in ([True, False], [False, True])
-    assert set(seen) == {True, False}
+    assert report.baseline_simulated_peak_bytes > 0 and seen[-1] == tp.ESTIMATED
+    assert report.simulated_peak_bytes > 0 and seen[-2:] in ([tp.ESTIMATED, tp.ALLOCATED], [tp.ALLOCATED, tp.ESTIMATED])
+    assert set(seen) == {tp.ESTIMATED, tp.ALLOCATED}
 
 
-def test_the_compiles_buffer_reuse_is_fxremats_unless_its_options_set_it(monkeypatch):
-    """The patch fxremat hands ``compile_fx``: reuse off by default, the options' setting where they name it (a
-    user's settings are a contract), in both ways of configuring the backend; and what the simulator sees meanwhile
-    (the compile's setting, and stock Inductor's for the report's baseline)."""
+def test_the_simulator_follows_the_compiles_buffer_reuse_setting(monkeypatch):
+    """What the simulator replays during fxremat's compile: fxremat's bound where the compile reuses buffers, no
+    pool where the options turn the reuse off (a user's settings are a contract), in both ways of configuring the
+    backend; stock Inductor's bound for the report's baseline.  fxremat patches the reuse only as the options say."""
     import torch._inductor.compile_fx as compile_fx_module
-
-    from fxremat_passes._torch_private import buffer_reuse
 
     seen = []
 
     def recording_compile_fx(gm, example_inputs, config_patches=None, **kwargs):
         patch = {k: v for k, v in (config_patches or {}).items() if k == "allow_buffer_reuse"}
-        seen.append((patch, tp.inductor_reuses_buffers(), buffer_reuse.stock_reuses_buffers()))
+        seen.append((patch, tp.inductor_buffer_reuse(), tp.stock_buffer_reuse()))
         return gm.forward
 
     monkeypatch.setattr(compile_fx_module, "compile_fx", recording_compile_fx)
     model, x = nn.Linear(4, 4), torch.randn(2, 4)
     for backend in (
         fxremat.backend(),
-        fxremat.backend(inductor_options={"allow_buffer_reuse": True}),
-        backend_from_compile_args(options={"allow_buffer_reuse": True}),
+        fxremat.backend(inductor_options={"allow_buffer_reuse": False}),
+        backend_from_compile_args(options={"allow_buffer_reuse": False}),
     ):
         torch._dynamo.reset()
         torch.compile(model, backend=backend)(x)
     torch._dynamo.reset()
-    off, on = {"allow_buffer_reuse": False}, {"allow_buffer_reuse": True}
-    assert seen == [(off, False, True), (on, True, True), (on, True, True)]
+    off = {"allow_buffer_reuse": False}
+    assert seen == [({}, tp.ALLOCATED, tp.ESTIMATED), (off, None, tp.ESTIMATED), (off, None, tp.ESTIMATED)]
     with pytest.raises(ValueError, match="not Inductor config names"):
         fxremat.backend(inductor_options={"allow_buffer_reuses": True})
+
+
+def test_saved_weights_and_their_views_are_marked_as_never_freed_for_inductor():
+    """A weight (or a transposed weight) saved for backward keeps its storage after its last use there: Inductor's
+    estimate would count it freed; fxremat marks it on the backward graph module (``mark_inputs_never_freed``), and
+    nothing else."""
+    from fxremat_passes.costs import alias_root
+
+    (fw, bw, n), _ = _split()
+    marked = bw.meta[buffer_reuse.NEVER_FREED_KEY]
+    saved = {node.name: node for node in fw.graph.output_node().args[0][n:]}
+    outliving = {name for name, node in saved.items() if alias_root(node).op == "placeholder"}
+    assert marked and marked == outliving
+    assert {p.name for p in bw.graph.nodes if p.op == "placeholder"} >= marked

@@ -70,18 +70,38 @@ def test_the_fusion_veto_reads_what_every_supported_inductor_has():
     assert "key=lambda x: x.min_order" in inspect.getsource(scheduler.Scheduler.fuse_nodes_once)
 
 
-def test_fxremats_compiles_patch_what_inductors_wrapper_reads_for_buffer_reuse():
-    """``_torch_private/buffer_reuse.py`` patches ``allow_buffer_reuse``, which Inductor's wrapper reads where it
-    pools a freed buffer (``FreeIfNotReusedLine.plan``) and hands it out (``AllocateLine.plan``) under the peak
-    estimate ``buffer_pool._pool_held`` replays (``should_reuse_buffer``)."""
+def test_fxremats_compiles_replace_the_estimate_inductors_wrapper_bounds_buffer_reuse_by():
+    """``_torch_private/buffer_reuse.py`` replaces the fields of ``EfficientPeakEstimate`` that
+    ``should_reuse_buffer`` reads (``buffer_pool._pool_held`` replays the rule), from the memory timeline Inductor
+    builds them from, less the buffers the wrapper never allocates (``removed_buffers``, in-place ``reuses``)."""
+    import dataclasses
+
     import torch._inductor.config as inductor_config
-    from torch._inductor.codegen import wrapper
+    from torch._inductor import graph, memory
+    from torch._inductor.codegen import segmented_tree, wrapper
+
+    from fxremat_passes._torch_private import buffer_reuse
 
     assert isinstance(inductor_config.allow_buffer_reuse, bool)
     assert "config.allow_buffer_reuse" in inspect.getsource(wrapper.AllocateLine.plan)
-    assert "config.allow_buffer_reuse" in inspect.getsource(wrapper.FreeIfNotReusedLine.plan)
     source = inspect.getsource(wrapper.AllocateLine.should_reuse_buffer)
     assert "overall_peak_memory" in source and "peak_between" in source
+    stock = inspect.getsource(buffer_reuse._stock_estimate_init or wrapper.EfficientPeakEstimate.__init__)
+    for name in ("self.overall_peak_memory", "self.segmented_tree", "SegmentedTree(", "get_freeable_input_buf"):
+        assert name in stock, name
+    assert "self.segmented_tree.summarize_range" in inspect.getsource(wrapper.EfficientPeakEstimate.peak_between)
+    assert list(inspect.signature(memory.compute_memory_timeline).parameters) == [
+        "nodes",
+        "name_to_freeable_input_buf",
+        "graph_outputs",
+    ]
+    fields = [f.name for f in dataclasses.fields(memory.BufferInfo)]
+    assert fields == ["buffer", "size_alloc", "size_free", "start_step", "end_step"]
+    assert callable(segmented_tree.SegmentedTree.summarize_range)
+    assert "self.reuses[output_buffer.get_name()] = input_buffer.get_name()" in inspect.getsource(
+        wrapper.PythonWrapperCodegen.codegen_inplace_reuse
+    )
+    assert "self.removed_buffers" in inspect.getsource(graph.GraphLowering.__init__)
 
 
 def test_size_hint_reads_hints_without_guards():
