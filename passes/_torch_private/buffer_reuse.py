@@ -3,14 +3,15 @@
 Inductor's wrapper does not free a dead buffer at once: it pools it and hands it to a later allocation of the same
 size and dtype, while the peak over the range between them plus the buffer stays within the graph's peak by its own
 estimate (``AllocateLine.should_reuse_buffer``).  Stock Inductor's estimate (``EfficientPeakEstimate``, from
-``memory.estimate_peak_memory``) counts the buffers that fusion keeps inside a kernel (never allocated), so it is
-higher than what is ever live, and the pooled buffers fill the difference: on a block stack run twice in one step
-(benchmarks/checkpoint_twice.py) they held 9.6 MiB at the backward's peak, 17% of the step's peak.  In fxremat's
-compiles the estimate leaves out the buffers Inductor removed (``V.graph.removed_buffers``: kernel-local, never
-allocated), so a pooled buffer is held only where the bytes really allocated leave room for it
-(``inductor_bounds_reuse_by_allocated_buffers``).  The reuse stays on, as the user's config or the compile's
-options set it: it saves an allocation per reused buffer (up to 2.6% of a CPU step, benchmarks/RESULTS.md).
-The simulator replays whichever rule the compile follows (``buffer_pool._pool_held``, ``walk.Walk``).
+``memory.compute_memory_timeline``) counts storages that are never allocated: a result a kernel writes in place over
+its input, beside that input, and backward inputs that are saved views of parameters (a transposed weight), as if
+freed after their last use.  So it is higher than what is ever live, and the pooled buffers fill the difference: on
+a block stack run twice in one step (benchmarks/checkpoint_twice.py) the estimate peaked at 29.5 MiB where 21.6 were
+live, and pooled buffers raised the measured peak from 21.6 to 25.3 MiB.  In fxremat's compiles the estimate counts
+what the wrapper allocates (``inductor_bounds_reuse_by_allocated_buffers``; the saved views are marked by
+``mark_inputs_never_freed``): 21.7 MiB there, with the reuse on, as the user's config or the compile's options set
+it (it saves an allocation per reused buffer: 1-1.5% of a CPU step, benchmarks/RESULTS.md).  The simulator replays
+whichever bound the compile uses (``buffer_pool._pool_held``, ``walk.Walk``).
 Tests: tests/passes/test_buffer_reuse.py, tests/passes/test_torch_versions.py."""
 
 from __future__ import annotations
