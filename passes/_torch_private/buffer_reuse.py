@@ -97,8 +97,10 @@ def mark_inputs_never_freed(gm, names: frozenset[str]) -> None:
 
 def inductor_bounds_reuse_by_allocated_buffers(applies) -> None:
     """In the compiles for which ``applies()`` is true, the wrapper's peak estimate (``EfficientPeakEstimate``)
-    counts only the buffers it allocates: not those Inductor removed (``V.graph.removed_buffers``, complete once
-    every kernel is generated, before the memory planning that builds the estimate).  Installed once."""
+    counts only the storages it allocates (``_estimate_allocated``): not the buffers Inductor removed, not an
+    in-place result beside its input, not the backward inputs fxremat marked never freed.  Everything it reads is
+    complete once every kernel is generated, before the memory planning that builds the estimate.  Installed
+    once."""
     from torch._inductor.codegen import wrapper
 
     global _stock_estimate_init
