@@ -140,7 +140,10 @@ class Walk:
 
     def release(self, k: int, names: list[str]) -> None:
         """Free ``names`` (storages that died at or before kernel ``k``) after kernel ``k``; a pooled buffer enters
-        Inductor's reuse pool there (``_pool_held``)."""
+        Inductor's reuse pool there (``_pool_held``); fxremat's compiles bound the pool by an estimate that frees
+        them here too (_torch_private/buffer_reuse.py)."""
+        if self.reuse == tp.ALLOCATED:
+            self.uncount(names)
         for name in names:
             if name in self.live:
                 self.free(name)
@@ -149,7 +152,7 @@ class Walk:
 
     def retire(self, k: int, kernel: list[fx.Node]) -> list[str]:
         """What dies after kernel ``k``: storages past their last reader, and its own outputs nobody reads later.
-        Inductor's estimate drops them at once; the caller frees them (``release``) when the kernel's code is
+        Stock Inductor's estimate drops them at once; the caller frees them (``release``) when the kernel's code is
         flushed."""
         phase = self.phase
         gone: list[str] = []
@@ -161,7 +164,11 @@ class Walk:
                     gone.append(node.name)
         gone += self.dies.get(k, ())
         dying = [name for name in gone if name not in phase.keep]
-        for name in dying:
+        if self.reuse != tp.ALLOCATED:  # stock Inductor's estimate frees at the last read; fxremat's at ``release``
+            self.uncount(dying)
+        return dying
+
+    def uncount(self, names: list[str]) -> None:
+        for name in names:
             if name in self.counted:
                 self.estimate -= self.counted.pop(name)
-        return dying

@@ -97,10 +97,10 @@ def mark_inputs_never_freed(gm, names: frozenset[str]) -> None:
 
 def inductor_bounds_reuse_by_allocated_buffers(applies) -> None:
     """In the compiles for which ``applies()`` is true, the wrapper's peak estimate (``EfficientPeakEstimate``)
-    counts only the storages it allocates (``_estimate_allocated``): not the buffers Inductor removed, not an
-    in-place result beside its input, not the backward inputs fxremat marked never freed.  Everything it reads is
-    complete once every kernel is generated, before the memory planning that builds the estimate.  Installed
-    once."""
+    counts only the storages it allocates, until it frees them (``_estimate_allocated``): not the buffers Inductor
+    removed, not an in-place result beside its input, not the backward inputs fxremat marked never freed.
+    Everything it reads is complete once every kernel is generated, before the memory planning that builds the
+    estimate.  Installed once."""
     from torch._inductor.codegen import wrapper
 
     global _stock_estimate_init
@@ -119,9 +119,10 @@ def inductor_bounds_reuse_by_allocated_buffers(applies) -> None:
 
 
 def _estimate_allocated(estimate) -> None:
-    """``EfficientPeakEstimate``'s fields from the storages the wrapper allocates: the memory timeline of
-    ``memory.compute_memory_timeline`` less the removed buffers, an in-place result (the wrapper's ``reuses``, made
-    by ``codegen_inplace_reuse`` before the memory planning) counted as its input's storage living on."""
+    """``EfficientPeakEstimate``'s fields from the storages the wrapper allocates, until it frees them: the memory
+    timeline of ``memory.compute_memory_timeline`` less the removed buffers, an in-place result (the wrapper's
+    ``reuses``, made by ``codegen_inplace_reuse`` before the memory planning) counted as its input's storage living
+    on, and a CPU kernel group's reads freed when the group is (``_flushed_after``)."""
     from torch._inductor.codegen.segmented_tree import SegmentedTree
     from torch._inductor.memory import compute_memory_timeline, get_freeable_input_buf
     from torch._inductor.virtualized import V
@@ -139,15 +140,35 @@ def _estimate_allocated(estimate) -> None:
     for name, info in kept:
         if reuses.get(name) not in names:  # an in-place result allocates nothing
             change[info.start_step] += info.size_alloc
+    freed_after = _flushed_after(nodes)
     for root, end in _storage_ends(kept, reuses):
         if end != -1:  # a graph output is never freed here
-            change[end + 1] -= root.size_free
+            change[freed_after[end] + 1] -= root.size_free
     by_node, now = [], 0
     for delta in change:
         now += delta
         by_node.append(now)
     estimate.overall_peak_memory = max([0, *by_node])
     estimate.segmented_tree = SegmentedTree(by_node, operator.add, max, 0)
+
+
+def _flushed_after(nodes: list) -> list[int]:
+    """For each step, the step after which a buffer last read there is really freed.  On CPU the scheduler adds
+    each generated kernel to the backend's kernel group and frees what the group read only when it is flushed:
+    before an extern kernel or a template, or at the graph's end (``Scheduler.codegen``); passes/walk.py's
+    ``Walk.grouped`` models the same.  A kernel on another device frees after itself."""
+    after = [0] * len(nodes)
+    flush = len(nodes) - 1
+    for step in range(len(nodes) - 1, -1, -1):
+        node = nodes[step]
+        device = node.get_device()
+        if node.is_extern() or node.is_template():
+            after[step], flush = step, step - 1
+        elif device is not None and device.type != "cpu":
+            after[step] = step
+        else:
+            after[step] = max(step, flush)
+    return after
 
 
 def _storage_ends(kept: list, reuses: dict) -> list:

@@ -102,6 +102,12 @@ def test_fxremats_compiles_replace_the_estimate_inductors_wrapper_bounds_buffer_
         wrapper.PythonWrapperCodegen.codegen_inplace_reuse
     )
     assert "self.removed_buffers" in inspect.getsource(graph.GraphLowering.__init__)
+    # _flushed_after: what ends a CPU kernel group (``Scheduler.codegen`` flushes before an extern or template)
+    from torch._inductor import scheduler
+
+    for name in ("is_extern", "is_template", "get_device"):
+        assert callable(getattr(scheduler.BaseSchedulerNode, name)), name
+    assert "node.is_extern()" in inspect.getsource(scheduler.Scheduler._codegen)
 
 
 def test_size_hint_reads_hints_without_guards():
