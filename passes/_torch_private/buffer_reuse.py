@@ -10,7 +10,7 @@ a block stack run twice in one step (benchmarks/checkpoint_twice.py) the estimat
 live, and pooled buffers raised the measured peak from 21.6 to 25.3 MiB.  In fxremat's compiles the estimate counts
 what the wrapper allocates (``inductor_bounds_reuse_by_allocated_buffers``; the saved views are marked by
 ``mark_inputs_never_freed``): 21.7 MiB there, with the reuse on, as the user's config or the compile's options set
-it (it saves an allocation per reused buffer: 1-1.5% of a CPU step, benchmarks/RESULTS.md).  The simulator replays
+it (it saves an allocation per reused buffer: 0.3-2.7% of a CPU step, benchmarks/RESULTS.md).  The simulator replays
 whichever bound the compile uses (``buffer_pool._pool_held``, ``walk.Walk``).
 Tests: tests/passes/test_buffer_reuse.py, tests/passes/test_torch_versions.py."""
 

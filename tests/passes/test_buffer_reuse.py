@@ -122,3 +122,43 @@ def test_saved_weights_and_their_views_are_marked_as_never_freed_for_inductor():
     outliving = {name for name, node in saved.items() if alias_root(node).op == "placeholder"}
     assert marked and marked == outliving
     assert {p.name for p in bw.graph.nodes if p.op == "placeholder"} >= marked
+
+
+class _Node:
+    """A scheduler node as ``_flushed_after`` reads it."""
+
+    def __init__(self, kind: str, device: str | None = "cpu"):
+        self.kind, self.device = kind, device
+
+    def is_extern(self):
+        return self.kind == "extern"
+
+    def is_template(self):
+        return self.kind == "template"
+
+    def get_device(self):
+        return None if self.device is None else torch.device(self.device)
+
+
+def test_a_cpu_kernel_groups_reads_are_freed_when_the_group_is_flushed():
+    """Inductor's C++ backend frees what a group of generated kernels read only before the next extern kernel (or
+    template, or at the end); an extern kernel frees its reads after itself, a kernel on another device too."""
+    nodes = [_Node("kernel"), _Node("kernel"), _Node("nop", None), _Node("extern"), _Node("kernel"), _Node("template")]
+    nodes += [_Node("kernel", "cuda"), _Node("kernel")]
+    assert buffer_reuse._flushed_after(nodes) == [2, 2, 2, 3, 4, 5, 6, 7]
+
+
+class _Info:
+    def __init__(self, end_step: int):
+        self.end_step = end_step
+
+
+def test_a_result_written_in_place_keeps_its_inputs_storage_alive_to_its_own_end():
+    """``buf2`` is written over ``buf1``, itself over ``buf0``: one storage, freed after the last of the three; a
+    graph output among them is never freed (-1); a write over a buffer the estimate does not hold is its own."""
+    infos = {name: _Info(end) for name, end in (("buf0", 3), ("buf1", 5), ("buf2", 9), ("buf3", 4), ("buf4", -1))}
+    infos["buf5"], infos["buf6"] = _Info(2), _Info(7)
+    kept = list(infos.items())
+    reuses = {"buf1": "buf0", "buf2": "buf1", "buf4": "buf3", "buf6": "removed_buf"}
+    ends = {id(info): end for info, end in buffer_reuse._storage_ends(kept, reuses)}
+    assert ends == {id(infos["buf0"]): 9, id(infos["buf3"]): -1, id(infos["buf5"]): 2, id(infos["buf6"]): 7}
