@@ -25,6 +25,7 @@ from fxremat_passes.segments import lowest_peak_segments, segment_recompute_flop
 
 from .contract import CONTRACT_FIELDS, contract_plan, user_contract
 from .plan import (
+    LOWERED_CANDIDATES,
     FxrematBudgetWarning,
     budget_shortlist,
     budget_target_bytes,
@@ -306,9 +307,12 @@ def choose_plan_for_peak(flow, roles, joint, options, profile, request, split, c
     lowest = min(shortlist, key=lambda p: (real[plan_key(p)], p.seconds))
     budget = options.peak_budget
     chosen = None if isinstance(budget, float) else next((p for p in shortlist if real[plan_key(p)] <= budget), None)
-    # the fewest-bytes plan recomputed segment by segment in backward (memory_budget=0.0's plan) can be lower than
-    # every shortlisted plan, but slower than all of them: the last resort, and the bottom of a float budget's scale
-    segmented = None if chosen is not None else _segmented_fewest(candidates, simulated, options, request, profile)
+    # a plan recomputed segment by segment in backward (memory_budget=0.0's plan is the fewest-bytes one) can be lower
+    # than every shortlisted plan, but slower than all of them: the last resort, and the bottom of a float budget's
+    # scale
+    segmented = None
+    if chosen is None:
+        segmented = _segmented_lowest(candidates, shortlist, real, simulated, options, request, profile)
     floor = real[plan_key(lowest)]
     if segmented is not None and segmented[2].peak_bytes < floor:
         floor = segmented[2].peak_bytes
@@ -321,10 +325,10 @@ def choose_plan_for_peak(flow, roles, joint, options, profile, request, split, c
     )
     chosen = next((p for p in shortlist if real[plan_key(p)] <= target), None)
     if chosen is None and segmented is not None:  # the segmented plan: it meets the target, or it is the lowest
-        fewest, recipe, peak, segment_fields = segmented
+        segmented_plan, recipe, peak, segment_fields = segmented
         fields.update(segment_fields, peak_budget_met=peak.peak_bytes <= target)
         if peak.peak_bytes <= target:
-            return fewest, fields, _built(recipe), peak
+            return segmented_plan, fields, _built(recipe), peak
     if chosen is None:
         warnings.warn(
             f"fxremat: {request.graph_id} cannot keep its simulated step peak within {target} bytes "
@@ -333,7 +337,7 @@ def choose_plan_for_peak(flow, roles, joint, options, profile, request, split, c
             stacklevel=4,
         )
         if segmented is not None:
-            return fewest, fields, _built(recipe), peak
+            return segmented_plan, fields, _built(recipe), peak
     plan = chosen if chosen is not None else lowest
     return plan, dict(fields, peak_budget_met=chosen is not None), *simulated.handed_on(plan)
 
@@ -358,18 +362,18 @@ def _within_contract(flow, options, profile, request, contract, simulated, defau
     return default_plan, candidates, simulated.peak(user)
 
 
-def _segmented_fewest(candidates, simulated, options, request, profile):
-    """(the fewest-bytes candidate, its lowest-peak segmented recipe, that recipe's simulation, report fields), or
-    None: where ``backward_segments=False``, or the split cannot be segmented or simulated."""
+def _segmented_lowest(candidates, shortlist, real, simulated, options, request, profile):
+    """(plan, its lowest-peak segmented recipe, that recipe's simulation, report fields) with the lowest segmented
+    peak among the fewest-bytes candidate and the ``LOWERED_CANDIDATES`` lowest-peak shortlisted plans (``real``: plan
+    key -> simulated peak), or None: where ``backward_segments=False``, or no such split can be segmented or
+    simulated.  The lowest plan unsegmented often segments lowest too: a plan keeping more bytes recomputes less."""
     if options.backward_segments is False:
         return None
     fewest = min(candidates, key=lambda p: (p.saved_bytes, p.seconds))
-    try:
-        recipe = simulated.handed_on(fewest)[0][2]
-        if recipe is None:
-            return None
-        segmented = lowest_segmentation(recipe, request.num_fwd_outputs, profile, simulated.simulation(fewest))
-    except Exception as error:  # a plan that cannot be segmented is not a candidate
-        log.debug("segmenting the fewest-bytes plan failed: %s", error, exc_info=True)
-        return None
-    return (fewest, *segmented)
+    lowest = sorted(shortlist, key=lambda p: (real[plan_key(p)], p.seconds))[:LOWERED_CANDIDATES]
+    found = []
+    for plan in {plan_key(p): p for p in (fewest, *lowest)}.values():
+        segmentation = _segmentation(simulated, plan, request, profile)
+        if segmentation is not None:
+            found.append((plan, *segmentation))
+    return min(found, key=lambda f: (f[2].peak_bytes, f[0].seconds), default=None)

@@ -20,19 +20,28 @@ FUSION_DISTANCE = 64
 # (``_torch_private.inductor_vetoes_dragging_fusions``); 32 is Inductor's own trade of extra memory for bytes moved
 # (``Scheduler.can_fusion_increase_peak_memory``).
 DRAG_FACTOR = 32
+# In a backward recomputed segment by segment (``segments.py``), a horizontal fusion (two kernels sharing a read,
+# neither reading the other) that drags more bytes than it saves is refused too: fusing two segments' recomputed
+# norms of one input (a block run twice) would run the later segment's recompute at the earlier one's place, all
+# of it live at once, which is what segmenting avoids (issue #15's model B: 20.87 MiB measured, 17.40 without).
+HORIZONTAL_DRAG_FACTOR = 1
 
 
-def drags_too_much(moved_bytes: int, shared_bytes: int) -> bool:
-    """Whether a vertical fusion that saves ``shared_bytes`` of memory traffic but makes work writing
-    ``moved_bytes`` run earlier than it would (``scheduler.dragged_nodes``) is refused in fxremat's compiles."""
-    return moved_bytes > DRAG_FACTOR * max(shared_bytes, 1)
+def drags_too_much(moved_bytes: int, shared_bytes: int, vertical: bool = True) -> bool:
+    """Whether a fusion that saves ``shared_bytes`` of memory traffic but makes work writing ``moved_bytes`` run
+    earlier than it would (``scheduler.dragged_nodes``) is refused in fxremat's compiles."""
+    factor = DRAG_FACTOR if vertical else HORIZONTAL_DRAG_FACTOR
+    return moved_bytes > factor * max(shared_bytes, 1)
 
 
 class Fusion:
     """Union-find over ``units`` (in graph order), with the unit DAG kept up to date as groups merge."""
 
-    def __init__(self, units: list[fx.Node], unit_reads: dict, unit: dict, index: dict, access: dict) -> None:
+    def __init__(
+        self, units: list[fx.Node], unit_reads: dict, unit: dict, index: dict, access: dict, segmented: bool = False
+    ) -> None:
         self.units, self.unit_reads, self.unit, self.index = units, unit_reads, unit, index
+        self.segmented = segmented  # a backward recomputed segment by segment: horizontal drags are refused too
         self.access = access  # unit -> storage read -> its access paths (``access.py``)
         self.group = {u: u for u in units}
         self.succ: dict[fx.Node, set[fx.Node]] = {u: set() for u in units}
@@ -112,18 +121,28 @@ class Fusion:
         vertical = gb in self.succ[ga] or ga in self.succ[gb]
         return not vertical and max(abs(first[ga] - last[gb]), abs(first[gb] - last[ga])) > FUSION_DISTANCE
 
-    def dragged_bytes(self, ga, gb, nbytes) -> int:
-        """The bytes written by the kernels that fusing ``ga`` and ``gb`` runs earlier than their place, where the
-        later group depends on the earlier (a vertical fusion): the later group's ancestors placed after the earlier
-        group, less those the earlier one already has (``_torch_private.scheduler.dragged_nodes``, where fxremat's
-        compiles refuse such a fusion); 0 for a horizontal one."""
+    def dragged_bytes(self, ga, gb, nbytes, horizontal: bool = False) -> int:
+        """The bytes written by the kernels that fusing ``ga`` and ``gb`` runs earlier than their place: the later
+        group's ancestors placed after the earlier group, less those the earlier one already has
+        (``_torch_private.scheduler.dragged_nodes``, where fxremat's compiles refuse such a fusion).  Where the later
+        group does not depend on the earlier (a horizontal fusion), 0 unless ``horizontal``."""
+        return self._dragged(ga, gb, nbytes, horizontal)[0]
+
+    def refused(self, ga, gb, shared_bytes: int, nbytes) -> bool:
+        """fxremat's compiles refuse this fusion for the work it would drag ahead (``drags_too_much``)."""
+        moved, vertical = self._dragged(ga, gb, nbytes, horizontal=self.segmented)
+        return drags_too_much(moved, shared_bytes, vertical=vertical)
+
+    def _dragged(self, ga, gb, nbytes, horizontal: bool) -> tuple[int, bool]:
+        """(bytes dragged, whether the fusion is vertical); a horizontal one drags 0 unless ``horizontal``."""
         early, late = (ga, gb) if self.lo[ga] <= self.lo[gb] else (gb, ga)
         start = self.lo[early]
         reached = self._ancestors_after(late, start - 1)
-        if early not in reached:
-            return 0  # horizontal: Inductor's 64-node limit bounds those (``too_far``), and the veto leaves them
+        vertical = early in reached
+        if not (vertical or horizontal):
+            return 0, False  # Inductor's 64-node limit bounds horizontal ones (``too_far``), and the veto leaves them
         moved = {g for g in reached if self.lo[g] > start} - self._ancestors_after(early, start)
-        return sum(nbytes(u) for g in moved for u in self.members[g])
+        return sum(nbytes(u) for g in moved for u in self.members[g]), vertical
 
     def _ancestors_after(self, group, start: int) -> set:
         pred, lo = self.pred, self.lo
@@ -174,7 +193,7 @@ class Fusion:
             ga, gb = self.find(a), self.find(b)
             if ga is gb or self.too_far(ga, gb) or self.creates_cycle(ga, gb):
                 continue
-            if drags_too_much(self.dragged_bytes(ga, gb, nbytes), score[0]):
+            if self.refused(ga, gb, score[0], nbytes):
                 continue
             self.merge(ga, gb)
         kernels: dict[fx.Node, list[fx.Node]] = {}

@@ -174,10 +174,11 @@ class _Phase:
         known = self.facts.computations if self.view.facts is not None else None
         key = None
         if known is not None:
-            key = ("fused", *((u, self.index[u], id(self.summaries[u]), self.classes[u]) for u in self.units))
+            units = ((u, self.index[u], id(self.summaries[u]), self.classes[u]) for u in self.units)
+            key = ("fused", self.view.segmented, *units)
             if key in known:
                 return known[key]
-        fusion = Fusion(self.units, self.unit_reads, self.unit, self.index, self.access)
+        fusion = Fusion(self.units, self.unit_reads, self.unit, self.index, self.access, self.view.segmented)
         kernels = fusion.fuse(self.classes, self._loop, self.facts.nbytes)
         found = (kernels, fusion.succ, fusion.pred, fusion.lo)
         if known is not None:

@@ -23,6 +23,15 @@ from .ops import OpClass
 # ``kMinBlockSize``, ``round_size``), and ``torch.cuda.max_memory_allocated`` counts the rounded blocks.  The CPU
 # allocator's sizes are the tensors' own, as the profiler's memory events show them.
 CUDA_BLOCK_BYTES = 512
+# A backward GraphModule's ``meta`` key: its forward is recomputed segment by segment (``split.SplitRecipe`` with
+# backward checkpoints, ``segments.py``), and fxremat's compiles refuse horizontal fusions dragging work across
+# segments (``fusion.HORIZONTAL_DRAG_FACTOR``); the simulator and Inductor's scheduler hook read it alike.
+SEGMENTED_BACKWARD_KEY = "fxremat_backward_segments"
+
+
+def is_segmented_backward(module) -> bool:
+    """Whether ``module`` (a GraphModule, or None) is a backward recomputed segment by segment."""
+    return bool(getattr(module, "meta", {}).get(SEGMENTED_BACKWARD_KEY, False))
 
 
 def allocated_bytes(nbytes: int, device_type: str) -> int:
@@ -50,6 +59,7 @@ class PhaseGraph:
     users_of: dict[fx.Node, list[fx.Node]]  # the nodes reading a node in this graph (the output included)
     inputs_of: dict[fx.Node, list[fx.Node]]  # what a node reads (nothing for an input)
     facts: object = None  # a ``node_facts.NodeFacts`` shared with other views of the same nodes, or None (a new one)
+    segmented: bool = False  # a backward recomputed segment by segment (``SEGMENTED_BACKWARD_KEY``)
 
     def users(self, node: fx.Node) -> list[fx.Node]:
         return self.users_of.get(node, ())
@@ -76,6 +86,7 @@ def graph_view(graph: fx.Graph) -> PhaseGraph:
         returned_args=[a for a in _items(output.args[0]) if isinstance(a, fx.Node)],
         users_of={n: list(n.users) for n in nodes},
         inputs_of={n: n.all_input_nodes for n in nodes},
+        segmented=is_segmented_backward(graph.owning_module),
     )
 
 

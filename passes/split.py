@@ -39,6 +39,7 @@ import torch.fx as fx
 
 from . import _torch_private as tp
 from .cse import impurity_test, subgraph_node
+from .phase_graph import SEGMENTED_BACKWARD_KEY
 
 log = logging.getLogger(__name__)
 
@@ -383,7 +384,10 @@ class SplitRecipe:
         parts = (self.bw_inputs, self.bw_order, self.bw_outputs, self.bw_descs)
         marked, meta = tp.BACKWARD_OPS_MARKED, self.bw_copy_input_meta
         graph = _build(*parts, copy_input_meta=meta, mark_backward=marked, checkpoints=self.bw_checkpoints)
-        return (tp.lazy_graph_module if lazy else tp.make_graph_module)(self.joint, graph)
+        module = (tp.lazy_graph_module if lazy else tp.make_graph_module)(self.joint, graph)
+        if self.bw_checkpoints:  # read by the simulator and by fxremat's compiles alike (fusion.py)
+            module.meta[SEGMENTED_BACKWARD_KEY] = True
+        return module
 
 
 def joint_facts(joint: fx.GraphModule, num_fwd_outputs: int) -> _Joint:

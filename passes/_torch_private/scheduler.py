@@ -10,6 +10,7 @@ import threading
 
 from torch._inductor.choices import InductorChoices
 from torch._inductor.scheduler import SchedulerNode
+from torch._inductor.virtualized import V
 
 from . import SCHEDULER_DROPS_MUTATION_RENAMES
 
@@ -61,14 +62,15 @@ def inductor_vetoes_dragging_fusions(applies) -> None:
         InductorChoices.can_fuse = staticmethod(can_fuse_without_dragging)
 
 
-def dragged_nodes(scheduler, node1, node2) -> list:
-    """The scheduler nodes that fusing ``node1`` and ``node2`` would move ahead of the fused node, where the later
-    one depends on the earlier (a vertical fusion): the later one's ancestors that the earlier one does not already
-    have and that Inductor placed after the earlier one.  None for a horizontal fusion: Inductor keeps those within
-    64 nodes (``are_long_distant_nodes``), and refusing them raised transformers Llama's peak 2.2% (RoPE tables)."""
+def dragged_nodes(scheduler, node1, node2, horizontal: bool = False) -> list:
+    """The scheduler nodes that fusing ``node1`` and ``node2`` would move ahead of the fused node: the later one's
+    ancestors that the earlier one does not already have and that Inductor placed after the earlier one.  Where the
+    later one does not depend on the earlier (a horizontal fusion), none unless ``horizontal``: Inductor keeps those
+    within 64 nodes (``are_long_distant_nodes``), and refusing them everywhere raised transformers Llama's peak 2.2%
+    (RoPE tables); fxremat's compiles refuse them in a backward recomputed segment by segment alone."""
     early, late = sorted((node1, node2), key=lambda n: n.min_order)
     gap = range(early.min_order + 1, late.min_order)
-    if not gap or not (early.get_operation_names() & late.ancestors):
+    if not gap or not (horizontal or early.get_operation_names() & late.ancestors):
         return []
     own = early.get_operation_names() | late.get_operation_names()
     # the nodes placed in between, or the later node's ancestors, whichever is fewer (a node's ancestors are all
@@ -97,16 +99,20 @@ def _names_placed(scheduler, places: range) -> list[str]:
 
 
 def _drags_too_much(scheduler, node1, node2) -> bool:
-    from ..fusion import drags_too_much  # the simulator's rule (a module-level import would be circular)
+    # the simulator's rule (a module-level import would be circular)
+    from ..fusion import drags_too_much
+    from ..phase_graph import is_segmented_backward
 
     try:
-        dragged = dragged_nodes(scheduler, node1, node2)
+        vertical = bool(node1.get_operation_names() & node2.ancestors or node2.get_operation_names() & node1.ancestors)
+        segmented = not vertical and is_segmented_backward(getattr(V.graph, "module", None))
+        dragged = dragged_nodes(scheduler, node1, node2, horizontal=segmented)
         if not dragged:
             return False
         saved, moved = scheduler.score_fusion_memory(node1, node2), 0
         for node in dragged:  # stop as soon as it is too much: the bytes are most of the veto's cost
             moved += _written_bytes(scheduler, node)
-            if drags_too_much(moved, saved):
+            if drags_too_much(moved, saved, vertical=vertical):
                 return True
         return False
     except Exception as error:  # never fail a compile over a heuristic: Inductor's own decision stands

@@ -147,3 +147,47 @@ def test_checkpoints_option_is_validated_and_keyed():
         fxremat.backend(checkpoints="keep")
     keys = {Options.create(checkpoints=mode).cache_key() for mode in ("honour", "replan")}
     assert len(keys) == 2
+
+
+class TwicePass(nn.Module):
+    """Issue #22's model B, small: the same checkpointed blocks over ``x``, then over their output plus ``context``."""
+
+    def __init__(self, blocks: int, width: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(width) for _ in range(blocks))
+
+    def run(self, x):
+        for block in self.blocks:
+            x = checkpoint(block, x, use_reentrant=False)
+        return x
+
+    def forward(self, x, context):
+        first = self.run(x)
+        return first.square().mean() + self.run(first + context).square().mean()
+
+
+def test_peak_budget_zero_is_the_lowest_setting_on_blocks_run_twice():
+    """``peak_budget=0.0`` segments the lowest shortlisted plans too, not only the fewest-bytes one: on model B the
+    lowest is a plan keeping more bytes, recomputed segment by segment (before: above ``memory_budget=0.2``'s)."""
+    model, inputs = TwicePass(2, 64), (torch.randn(2, 64, 64), torch.randn(2, 64, 64))
+    _, expected = eager_grads(model, inputs, loss=lambda out: out)
+    peaks = {}
+    for options in (
+        {},
+        dict(memory_budget=0.5),
+        dict(memory_budget=0.2),
+        dict(memory_budget=0.0),
+        dict(peak_budget=0.5),
+        dict(peak_budget=0.0),
+    ):
+        torch._dynamo.reset()
+        reports: list = []
+        partition = fxremat.make_partition_fn(Options.create(strict=True, **options), reports)
+        model.zero_grad(set_to_none=True)
+        torch.compile(model, backend=aot_eager(partition))(*inputs).backward()
+        assert_grads_close({n: p.grad for n, p in model.named_parameters()}, expected)
+        (report,) = reports
+        peaks[tuple(options.items())] = report.simulated_peak_bytes
+    lowest = peaks[(("peak_budget", 0.0),)]
+    assert lowest <= min(peaks.values()), peaks
+    assert lowest < peaks[(("memory_budget", 0.0),)], peaks

@@ -9,14 +9,14 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from fxremat_passes.fusion import DRAG_FACTOR, Fusion, drags_too_much
 
 
-def _fusion_of(fn, *inputs) -> tuple[Fusion, dict]:
+def _fusion_of(fn, *inputs, segmented: bool = False) -> tuple[Fusion, dict]:
     """A ``Fusion`` whose units are the graph's computations, each reading its node arguments."""
     graph = make_fx(fn)(*inputs).graph
     units = [n for n in graph.nodes if n.op == "call_function"]
     unit = {u: u for u in units}
     reads = {u: {a for a in u.all_input_nodes} for u in units}
     index = {n: i for i, n in enumerate(graph.nodes)}
-    return Fusion(units, reads, unit, index, access={}), {u.name: u for u in units}
+    return Fusion(units, reads, unit, index, access={}, segmented=segmented), {u.name: u for u in units}
 
 
 def _nbytes(node) -> int:
@@ -39,6 +39,27 @@ def test_fusing_an_early_sum_with_a_late_reader_drags_the_work_between():
     assert fusion.dragged_bytes(late, node["add"], _nbytes) == 0
     # nor do two sums neither of which reads the other (a horizontal fusion: never refused)
     assert fusion.dragged_bytes(node["sum_1"], late, _nbytes) == 0
+
+
+def test_a_segmented_backward_refuses_a_horizontal_fusion_dragging_more_than_it_shares():
+    """Two readers of ``x``, the later also reading a matmul placed between them: fused, the matmul and its relu run
+    at the first reader's place.  Left alone elsewhere (Inductor's 64-node limit bounds those); refused where the
+    backward is recomputed segment by segment, where it would run a later segment's recompute early."""
+
+    def two_readers(x, y, w):
+        early = x.sum(0)
+        late = (x * torch.mm(y, w).relu()).sum(0)
+        return early + late
+
+    inputs = torch.randn(64, 16), torch.randn(64, 32), torch.randn(32, 16)
+    for segmented in (False, True):
+        fusion, node = _fusion_of(two_readers, *inputs, segmented=segmented)
+        early, late, shared = node["sum_1"], node["sum_2"], _nbytes(node["sum_1"].args[0])
+        assert fusion.dragged_bytes(early, late, _nbytes) == 0  # horizontal
+        dragged = fusion.dragged_bytes(early, late, _nbytes, horizontal=True)
+        assert dragged == _nbytes(node["mm"]) + _nbytes(node["relu"]) + _nbytes(node["mul"]) > shared
+        assert fusion.refused(early, late, shared, _nbytes) is segmented
+        assert not fusion.refused(early, late, dragged, _nbytes)  # sharing as many bytes as it drags: fused
 
 
 def test_a_fusion_saving_enough_traffic_is_never_refused():

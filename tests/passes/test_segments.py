@@ -16,6 +16,7 @@ from fxremat.options import Options
 from fxremat.partition import PartitionRequest, partition
 from fxremat_passes.liveness import simulate_step
 from fxremat_passes.ops import NEVER_RECOMPUTE, OpClass, op_class
+from fxremat_passes.phase_graph import graph_view
 from fxremat_passes.segments import segment_backward
 from fxremat_passes.split import FIRST_PASS_SUFFIX
 
@@ -102,6 +103,8 @@ def test_random_ops_are_never_copied():
     _, plain_bw = recipe.build()
     _, bw = segment_backward(recipe).build()
     assert _first_pass(bw), "the dropout stack still has segments to cut"
+    # marked, for the simulator and fxremat's compiles alike (``fusion.HORIZONTAL_DRAG_FACTOR``)
+    assert graph_view(bw.graph).segmented and not graph_view(plain_bw.graph).segmented
     assert not [n for n in _first_pass(bw) if op_class(n) in NEVER_RECOMPUTE]
 
     def random_nodes(gm):
