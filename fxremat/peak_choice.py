@@ -11,17 +11,19 @@ estimate is its report's simulation.  A plan whose estimate fails is split and s
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fxremat_passes import _torch_private as tp
-from fxremat_passes.budget import Plan, SolveCache
+from fxremat_passes.budget import Plan, SolveCache, solve_at
 from fxremat_passes.liveness import PeakEstimate, simulate_step
 from fxremat_passes.plan_memory import build_joint_memory, estimate_peak
 from fxremat_passes.roles import Role
 from fxremat_passes.segments import lowest_peak_segments, segment_recompute_flops
+from fxremat_passes.stored_sums import block_sums, reads_only
 
 from .contract import CONTRACT_FIELDS, contract_plan, user_contract
 from .plan import (
@@ -152,7 +154,29 @@ def choose(flow, roles, joint, options, profile, request, split, regions=None):
         plan, fields = contract_plan(flow, options, profile, request.graph_id, contract, judged)
         return plan, fields, *judged.handed_on(plan)
     plan, fields = choose_plan(flow.parametric, options, profile, request.graph_id)
+    if options.solver == "mincut":
+        plan = block_sums_plan(plan, flow, roles, joint, options, profile, request)
     return plan, fields, None, None
+
+
+def block_sums_plan(plan: Plan, flow, roles, joint, options, profile, request) -> Plan:
+    """The default plan, or the one that saves the block sums (``stored_sums.py``) in its place where that saves
+    no more bytes and its simulated step peak is no higher: memory first, then the fewer distinct kernels.  The
+    simulations run only where the two plans differ."""
+    sums = block_sums(roles, flow.nodes)
+    if not sums:
+        return plan
+    price = prices(options, profile)[0]
+    other = solve_at(reads_only(flow.parametric, sums, profile.mem_bandwidth), price)
+    if set(other.saved) == set(plan.saved) or other.saved_bytes > plan.saved_bytes:
+        return plan
+    estimate, _ = _plan_estimator(flow, roles, joint, request)
+    if estimate(other).peak_bytes > estimate(plan).peak_bytes:
+        return plan
+    log.debug("%s: the plan that saves the block sums (%d)", request.graph_id, len(sums))
+    # its seconds by the problem's own prices, as every other plan's
+    problem = flow.parametric
+    return dataclasses.replace(other, seconds=problem.seconds(other.saved, other.recomputed))
 
 
 def choose_plan_for_budget(flow, roles, joint, options, profile, request, split, contract=None):
