@@ -154,15 +154,15 @@ def choose(flow, roles, joint, options, profile, request, split, regions=None):
         plan, fields = contract_plan(flow, options, profile, request.graph_id, contract, judged)
         return plan, fields, *judged.handed_on(plan)
     plan, fields = choose_plan(flow.parametric, options, profile, request.graph_id)
-    if options.solver == "mincut":
-        plan = block_sums_plan(plan, flow, roles, joint, options, profile, request)
-    return plan, fields, None, None
+    return block_sums_plan(plan, flow, roles, joint, options, profile, request), fields, None, None
 
 
 def block_sums_plan(plan: Plan, flow, roles, joint, options, profile, request) -> Plan:
     """The default plan, or the one that saves the block sums (``stored_sums.py``) in its place where that saves
     no more bytes and its simulated step peak is no higher: memory first, then the fewer distinct kernels.  The
-    simulations run only where the two plans differ."""
+    simulations run only where the two plans differ.  Every choice starts from it (the budgets' 1.0 end)."""
+    if options.solver != "mincut":
+        return plan
     sums = block_sums(roles, flow.nodes)
     if not sums:
         return plan
@@ -185,7 +185,10 @@ def choose_plan_for_budget(flow, roles, joint, options, profile, request, split,
     problem = flow.parametric
     price, max_price = prices(options, profile)
     cache = SolveCache(problem)
-    default, fewest = cache.at(price), cache.at(max_price)
+    default, fewest = (
+        block_sums_plan(cache.at(price), flow, roles, joint, options, profile, request),
+        cache.at(max_price),
+    )
     candidates, estimate, exact = _ranked_candidates(flow, roles, joint, options, profile, request, None, cache)
     simulated = JudgedPlans(split, estimate, request.num_fwd_outputs, required={plan_key(default)}, exact=exact)
     contract_fields = {}
@@ -308,6 +311,8 @@ def choose_plan_for_peak(flow, roles, joint, options, profile, request, split, c
     plan's (1.0).  Under a checkpoint ``contract`` the plan also keeps within the user's plan's saved bytes and
     simulated peak (``_within_contract``).  Returns as ``choose_plan_for_budget``."""
     default_plan, fields = choose_plan(flow.parametric, options, profile, request.graph_id)  # memory_budget's plan
+    if "budget_bytes" not in fields:  # the default plan, as every choice starts from it
+        default_plan = block_sums_plan(default_plan, flow, roles, joint, options, profile, request)
     budget_bytes = fields.get("budget_bytes")
     candidates, estimate, exact = _ranked_candidates(flow, roles, joint, options, profile, request, budget_bytes)
     if "budget_bytes" in fields:
