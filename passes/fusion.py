@@ -21,10 +21,12 @@ FUSION_DISTANCE = 64
 # (``Scheduler.can_fusion_increase_peak_memory``).
 DRAG_FACTOR = 32
 # In a backward recomputed segment by segment (``segments.py``), a horizontal fusion (two kernels sharing a read,
-# neither reading the other) that drags more bytes than it saves is refused too: fusing two segments' recomputed
-# norms of one input (a block run twice) would run the later segment's recompute at the earlier one's place, all
-# of it live at once, which is what segmenting avoids (issue #15's model B: 20.87 MiB measured, 17.40 without).
-HORIZONTAL_DRAG_FACTOR = 1
+# neither reading the other) that drags more than 4 times the bytes it saves is refused too: fusing two segments'
+# recomputed norms of one input (a block run twice) would run the later segment's recompute at the earlier one's
+# place, all of it live at once, which is what segmenting avoids (issue #15's model B: 20.87 MiB measured, 17.40
+# without; its refused pairs drag 5-8x).  Not 1: unfused, the shared read stays live until the later kernel, and
+# refusing pairs that drag 2-3x raised BERT's and a block stack's memory_budget=0.0 peak 2.5% (RESULTS.md).
+HORIZONTAL_DRAG_FACTOR = 4
 
 
 def drags_too_much(moved_bytes: int, shared_bytes: int, vertical: bool = True) -> bool:
