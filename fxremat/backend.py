@@ -32,7 +32,9 @@ from .verify import Verifier
 
 log = logging.getLogger(__name__)
 
-_PACKAGE_DIRS = (Path(__file__).resolve().parent, Path(tp.__file__).resolve().parent)
+# fxremat/, passes/ and passes/_torch_private/: every source file a partition runs (issue #19: passes/ itself was
+# missing, and a changed pass reused the partitions cached before the change)
+_PACKAGE_DIRS = (Path(__file__).resolve().parent, *Path(tp.__file__).resolve().parents[:2])
 _graph_counter = itertools.count()
 _warned_unsupported = False
 
