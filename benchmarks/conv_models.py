@@ -96,6 +96,33 @@ class SmallResNet(nn.Module):
         return self.fc(self.blocks(self.stem(x)).mean((2, 3)))
 
 
+class ResNet18(nn.Module):
+    """torchvision's ResNet-18 layout (7x7 stem, max pool, BasicBlocks [2, 2, 2, 2] of widths 64-512, 1000
+    classes), defined here: torchvision's wheel does not import on this CPU torch (issue #19)."""
+
+    def __init__(self, widths: tuple[int, ...] = (64, 128, 256, 512), classes: int = 1000) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 7, 2, padding=3, bias=False), nn.BatchNorm2d(widths[0]),
+                                  nn.ReLU(), nn.MaxPool2d(3, 2, padding=1))
+        blocks, cin = [], widths[0]
+        for i, width in enumerate(widths):
+            blocks += [BasicBlock(cin, width, stride=1 if i == 0 else 2), BasicBlock(width, width)]
+            cin = width
+        self.blocks = nn.Sequential(*blocks)
+        self.fc = nn.Linear(cin, classes)
+
+    def forward(self, x):
+        return self.fc(self.blocks(self.stem(x)).mean((2, 3)))
+
+
+def resnet18() -> Workload:
+    """Issue #19's workload: 2 x 3 x 64 x 64 images (the other conv nets here take 32 x 32), 11.7 M parameters."""
+    torch.manual_seed(0)
+    net = ResNet18()
+    x = torch.randn(BATCH, 3, 64, 64)
+    return Workload(net, args=(x,), loss=_cross_entropy_to(torch.randint(0, 1000, (BATCH,))))
+
+
 # ---- a MobileNetV2-style net: inverted residuals, depthwise separable convs, ReLU6 -----------------------------
 
 
@@ -225,6 +252,7 @@ BUILDERS: dict[str, Callable[[], Workload]] = {
     "resnet": _classifier(SmallResNet),
     "mobilenet": _classifier(MobileNet),
     "convnext": _classifier(ConvNeXt),
+    "resnet18": resnet18,
 }
 CONV_MODELS = tuple(BUILDERS)
 

@@ -32,7 +32,9 @@ from .verify import Verifier
 
 log = logging.getLogger(__name__)
 
-_PACKAGE_DIRS = (Path(__file__).resolve().parent, Path(tp.__file__).resolve().parent)
+# fxremat/, passes/ and passes/_torch_private/: every source file a partition runs (issue #19: passes/ itself was
+# missing, and a changed pass reused the partitions cached before the change)
+_PACKAGE_DIRS = (Path(__file__).resolve().parent, *Path(tp.__file__).resolve().parents[:2])
 _graph_counter = itertools.count()
 _warned_unsupported = False
 
@@ -53,9 +55,11 @@ def report_store_dir() -> Path:
 class FxrematPartitioner(tp.CustomPartitionerFn):
     """What Inductor calls with each joint graph."""
 
-    def __init__(self, options: Options, on_report) -> None:
+    def __init__(self, options: Options, on_report, as_inductor: bool = False) -> None:
         self.options = options
         self._on_report = on_report
+        # split as for Inductor even where Inductor is not the compiler (tests that emulate it)
+        self.as_inductor = as_inductor
         self.current_key: str | None = None
         # the region budgets of the Dynamo graph being compiled (``region_budget.annotation_key``): AOTAutograd's
         # cache key reads the first node's budget only (one budget per graph in PyTorch), and meta is not hashed
@@ -82,6 +86,7 @@ class FxrematPartitioner(tp.CustomPartitionerFn):
             num_fwd_outputs=kwargs["num_fwd_outputs"],
             static_lifetime_input_indices=kwargs.get("static_lifetime_input_indices"),
             graph_id=f"graph_{next(_graph_counter)}",
+            inductor=self.as_inductor or _compiling_for_fxremat(),
         )
         fw, bw, report = partition(request, self.options)
         self._on_report(report, self.current_key)
@@ -100,9 +105,10 @@ def _rebuild_partitioner(options: Options) -> FxrematPartitioner:
     return FxrematPartitioner(options, lambda report, key: None)
 
 
-def make_partition_fn(options: Options, sink: list[CutReport]):
-    """A plain ``partition_fn`` for ``aot_function``/``aot_module`` (tests, tools): no Inductor involved."""
-    partitioner = FxrematPartitioner(options, lambda report, key: sink.append(report))
+def make_partition_fn(options: Options, sink: list[CutReport], as_inductor: bool = False):
+    """A plain ``partition_fn`` for ``aot_function``/``aot_module`` (tests, tools): no Inductor involved, unless
+    ``as_inductor`` (the split Inductor would get, for compilers that emulate it)."""
+    partitioner = FxrematPartitioner(options, lambda report, key: sink.append(report), as_inductor)
 
     def partition_fn(gm, joint_inputs, **kwargs):
         return partitioner(gm, joint_inputs, **kwargs)

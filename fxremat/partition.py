@@ -28,7 +28,7 @@ from fxremat_passes.costs import DeviceProfile, annotate_costs
 from fxremat_passes.cse import MetaSnapshot, prepare_joint_graph
 from fxremat_passes.describe import describe_split
 from fxremat_passes.flow_problem import VALUE_ROLES, build_flow_problem
-from fxremat_passes.layout import CONVOLUTION, pin_as_strided_inputs
+from fxremat_passes.layout import CONVOLUTION, pin_as_strided_inputs, saved_inputs_as_views
 from fxremat_passes.liveness import PeakEstimate, saved_views_of_inputs, simulate_step
 from fxremat_passes.phase_copies import copy_gathers_per_phase
 from fxremat_passes.region_budget import annotations_hidden
@@ -83,6 +83,7 @@ class PartitionRequest:
     num_fwd_outputs: int
     static_lifetime_input_indices: list[int] | None
     graph_id: str
+    inductor: bool = False  # Inductor compiles the split (not aot_eager, not no-op compilers): its layout rules apply
 
 
 def graph_device(joint: fx.GraphModule) -> tuple[str | None, str | None]:
@@ -417,6 +418,8 @@ def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphMod
         with annotations_hidden(request.joint, hide=regions is not None):  # not applied, and the warning says so
             fw, bw, described, peak_fields = _fallback(request, profile, fallback_reason, torch_budget, regions)
     pin_as_strided_inputs(bw)  # ours or PyTorch's: as_strided reads independent of saved layouts (issue #20)
+    if request.inductor:  # parameters saved, not Inductor's layout copies of them (issue #19)
+        saved_inputs_as_views(fw, bw, request.num_fwd_outputs)
     tp.mark_inputs_never_freed(bw, saved_views_of_inputs(fw, bw, request.num_fwd_outputs))
     report = CutReport(
         **common,

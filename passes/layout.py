@@ -101,12 +101,12 @@ def _restridable_inputs(bw: fx.GraphModule) -> list[fx.Node]:
     ]
 
 
-def _contiguous_like(val: torch.Tensor) -> torch.Tensor:
+def _like(val: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
     mode = getattr(val, "fake_mode", None)
     if mode is None:
-        return torch.empty_like(val, memory_format=torch.contiguous_format)
+        return torch.empty_like(val, memory_format=memory_format)
     with mode:
-        return torch.empty_like(val, memory_format=torch.contiguous_format)
+        return torch.empty_like(val, memory_format=memory_format)
 
 
 def pin_as_strided_inputs(bw: fx.GraphModule) -> int:
@@ -158,7 +158,7 @@ def _pin(graph: fx.Graph, node: fx.Node) -> int:
         return 0  # a symbolic offset into a view: left as traced
     with graph.inserting_before(node):
         clone = graph.call_function(CLONE, (source,), {"memory_format": torch.contiguous_format})
-    clone.meta = {**source.meta, "val": _contiguous_like(val)}
+    clone.meta = {**source.meta, "val": _like(val, torch.contiguous_format)}
     args[0] = clone
     if offset is not None and base_offset != 0:
         # relative to the traced input's first element, which is the clone's storage offset 0
@@ -168,3 +168,82 @@ def _pin(graph: fx.Graph, node: fx.Node) -> int:
             node.kwargs = {**node.kwargs, "storage_offset": offset - base_offset}
     node.args = tuple(args)
     return 1
+
+
+VIEW = torch.ops.aten.view.default
+# meta key of the flat views ``saved_inputs_as_views`` adds to forward (no plan chose to save them)
+SAVED_INPUT_VIEW = "fxremat_saved_input_view"
+
+
+def saved_inputs_as_views(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) -> int:
+    """Make forward save a flat view of each input Inductor would otherwise save as its channels-last copy, and
+    backward view it back; returns how many.
+
+    Why (issue #19): under layout optimisation Inductor wants every 4-D value read by a convolution in channels-last
+    (``GraphLowering.find_nodes_prefer_channels_last``, which includes the placeholders of weights and images), and
+    a graph output of such a value gets channels-last strides (``GraphLowering.run_node``: ``is_output`` and ``n in
+    self.nodes_prefer_channels_last``).  A placeholder has fixed strides, so a saved weight is returned as a copy,
+    made once at forward's start, and the copy is kept until backward: on ResNet-18 (2x3x64x64) 44 MB of weight
+    copies beside 1.8 MB of activations.  A saved flat view is no value a convolution reads: its strides stay
+    ``(1,)``, Inductor returns ``reinterpret_tensor(primals_k, ...)``, and autograd keeps the parameter's own
+    storage.  Forward's convolutions still read channels-last copies, made beside each one and freed after it;
+    backward makes its own copy before its first reader (``_view_back``).  Inductor removes a view that keeps the
+    shape (``post_grad.py``: ``remove_noop_ops``), hence the flat one.  Symbolic shapes: left alone.
+
+    Only for graphs Inductor compiles: eager kernels (aot_eager, no-op compilers) get no copies to avoid, and the
+    channels-last weight would make channels-last gradients meet contiguous saved activations there (measured on
+    example("groupnorm_convnet") with no-op compilers: every gradient from the first GroupNorm backward on wrong)."""
+    copies = channels_last_copies(fw)
+    if not copies:
+        return 0
+    outputs = list(fw.graph.output_node().args[0])
+    saved = outputs[num_fwd_outputs:]
+    tensors = [i for i, n in enumerate(saved) if isinstance(n, fx.Node) and isinstance(n.meta.get("val"), torch.Tensor)]
+    placeholders = [n for n in bw.graph.nodes if n.op == "placeholder"][len(saved) - len(tensors) :]
+    order = {node: i for i, node in enumerate(bw.graph.nodes)}
+    done = 0
+    for index, bw_input in zip(tensors, placeholders):
+        value = saved[index]
+        if value.op != "placeholder" or value.name not in copies or not _flat_viewable(value.meta["val"]):
+            continue
+        outputs[num_fwd_outputs + index] = _flat_view(fw.graph, value)
+        _view_back(bw.graph, bw_input, order)
+        done += 1
+    if done:
+        fw.graph.output_node().args = (tuple(outputs),)
+        fw.recompile()
+        bw.recompile()
+    return done
+
+
+def _flat_viewable(val: torch.Tensor) -> bool:
+    return val.is_contiguous() and all(isinstance(s, int) for s in val.shape)
+
+
+def _flat_view(graph: fx.Graph, value: fx.Node) -> fx.Node:
+    """``view(value, [numel])``, just before forward's output."""
+    val = value.meta["val"]
+    with graph.inserting_before(graph.output_node()):
+        flat = graph.call_function(VIEW, (value, [val.numel()]))
+    flat.meta = {**value.meta, "val": val.view(-1), SAVED_INPUT_VIEW: True}
+    return flat
+
+
+def _view_back(graph: fx.Graph, placeholder: fx.Node, order: dict[fx.Node, int]) -> None:
+    """Backward's ``placeholder`` becomes the flat view; its readers read it viewed back to its traced shape and
+    copied to channels-last, just before the first of them: the layout the forward's copy had, so backward computes
+    as it did (a convolution it recomputes, and what follows it, stay channels-last: read contiguous, they went
+    contiguous and took an activation-sized copy more on example("convnet")), and the copy is made where it is
+    needed, not kept from forward."""
+    val = placeholder.meta["val"]
+    placeholder.meta = {**placeholder.meta, "val": val.view(-1)}
+    if not placeholder.users:
+        return
+    with graph.inserting_before(min(placeholder.users, key=order.__getitem__)):
+        shaped = graph.call_function(VIEW, (placeholder, list(val.shape)))
+        copy = graph.call_function(CLONE, (shaped,), {"memory_format": torch.channels_last})
+    placeholder.replace_all_uses_with(copy, delete_user_cb=lambda user: user is not shaped)
+    shaped.meta = {**placeholder.meta, "val": val}
+    copy.meta = {**placeholder.meta, "val": _like(val, torch.channels_last)}
+
+

@@ -105,3 +105,29 @@ def test_scheduler_keeps_a_scatter_before_its_readers(fixed, monkeypatch, tmp_pa
         assert wrong == []
     else:
         assert len(wrong) > 4, "Inductor no longer reorders the scatter: drop inductor_keeps_mutation_order"
+
+
+def test_saved_weights_are_parameters_not_layout_copies():
+    """Issue #19 under real Inductor: a saved convolution weight is the parameter itself (before: its channels-last
+    copy, made by forward and kept until backward), so the saved bytes autograd keeps are the report's, and the
+    gradients are eager's."""
+    from fxremat.measure import max_relative_error, measure_saved
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1, bias=False), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 32, 3, padding=1, bias=False), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 8, 3, padding=1),
+    )
+    x = torch.randn(2, 3, 8, 8)
+    eager = copy.deepcopy(model)
+    eager(x).square().mean().backward()
+    backend = fxremat.backend(compare_default=False, strict=True)
+    compiled = torch.compile(model, backend=backend)
+    out, saved = measure_saved(lambda: compiled(x), [*model.parameters(), *model.buffers(), x])
+    out.square().mean().backward()
+    # before: 47680 bytes kept against the report's 16768 (the image's and the three weights' copies)
+    assert saved.nbytes == backend.reports[0].saved_bytes
+    for name, p in eager.named_parameters():
+        assert max_relative_error(model.get_parameter(name).grad, p.grad) < 1e-4, name

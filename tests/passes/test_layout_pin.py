@@ -80,11 +80,15 @@ def _budget_step(budget, **options):
 
 
 def _saved_views_of_inputs(forward) -> list[str]:
+    """The views of inputs a plan saved (not the flat views of saved weights added after it, issue #19)."""
     outputs = forward.graph.find_nodes(op="output")[0].args[0]
     return [
         o.name
         for o in outputs
-        if isinstance(o, torch.fx.Node) and o.op != "placeholder" and costs.alias_root(o).op == "placeholder"
+        if isinstance(o, torch.fx.Node)
+        and o.op != "placeholder"
+        and costs.alias_root(o).op == "placeholder"
+        and not o.meta.get(layout.SAVED_INPUT_VIEW)
     ]
 
 

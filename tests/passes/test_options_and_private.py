@@ -282,3 +282,19 @@ def test_functorch_knobs_and_region_annotation_are_readable():
     assert tp.memory_budget_annotation(node) is None
     node.meta["custom"] = {tp.MEMORY_BUDGET_ANNOTATION_KEY: 0.25}
     assert tp.memory_budget_annotation(node) == 0.25
+
+
+def test_cache_key_hashes_every_pass_source():
+    """The partitioner's uuid (AOTAutograd's and Inductor's cache keys) hashes passes/ too: a changed pass must not
+    reuse partitions cached before it (issue #19: passes/layout.py's edits did)."""
+    import importlib
+    from pathlib import Path
+
+    import fxremat_passes
+
+    backend_module = importlib.import_module("fxremat.backend")  # fxremat.backend is also the function
+
+    hashed = {p.resolve() for d in backend_module._PACKAGE_DIRS for p in d.glob("*.py")}
+    passes = Path(fxremat_passes.__file__).resolve().parent
+    assert passes / "layout.py" in hashed and passes / "_torch_private" / "__init__.py" in hashed
+    assert Path(backend_module.__file__).resolve() in hashed
