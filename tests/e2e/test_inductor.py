@@ -90,13 +90,13 @@ def test_report_against_default_and_measurement(compiled, name):
     assert report.saved_bytes <= report.baseline_saved_bytes
     # What autograd really keeps from each compiled forward, measured apart from our report.
     assert c.saved.nbytes <= c.default_saved.nbytes
+    # exact on conv nets too: fxremat saves a conv's input as itself, not as Inductor's channels-last copy (issue
+    # #19, passes/layout.py ``saved_inputs_as_views``); PyTorch's cut still keeps the copies, which its graph
+    # does not show
+    assert report.saved_bytes == c.saved.nbytes
     if name == "convnet":
-        # Inductor's layout optimisation saves channels-last copies of the conv input and weights after the
-        # partitioner has run (TORCH_NOTES); the partitioner cannot see them, for PyTorch's cut as for ours.
-        assert report.saved_bytes < c.saved.nbytes
-        assert c.saved.nbytes - report.saved_bytes == c.default_saved.nbytes - report.baseline_saved_bytes
+        assert report.baseline_saved_bytes < c.default_saved.nbytes
     else:
-        assert report.saved_bytes == c.saved.nbytes
         assert report.baseline_saved_bytes == c.default_saved.nbytes
     data = report.to_dict()
     assert data["schema_version"] == 1 and data["saved_bytes"] == report.saved_bytes
