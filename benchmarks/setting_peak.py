@@ -1,0 +1,73 @@
+"""One row of issue #15's table: a benchmark model under fxremat at one setting, measured and simulated.
+
+    python benchmarks/setting_peak.py MODEL SETTING     # SETTING: default, mbX (memory_budget=X), pbX (peak_budget=X)
+
+``bench_models.build_workload(MODEL, "small")`` compiled with ``fxremat.backend(<setting>, compare_default=False)``
+under real Inductor, in this process (run one row per process, with a ``TORCHINDUCTOR_CACHE_DIR`` of its own or
+shared by one model's rows): gradients of the first step against eager (``grad_rule.relative_errors``), two warm-up
+steps, then one step's peak above what it starts with (CPU profiler memory events, ``fxremat.measure``).  Prints
+one JSON line: measured and simulated peak bytes, saved bytes, the backward checkpoints of a segmented plan,
+``peak_raised_by_budget`` and the worst gradient error.  RESULTS.md "Session 13" ran it for 11 models x 6 settings;
+PyTorch's rows come from ``run.py`` (its partitioner does not depend on fxremat).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def options_of(setting: str) -> dict:
+    if setting == "default":
+        return {}
+    return {{"mb": "memory_budget", "pb": "peak_budget"}[setting[:2]]: float(setting[2:])}
+
+
+def row(name: str, setting: str) -> dict:
+    import bench_models
+    import grad_rule
+
+    import fxremat
+    from fxremat.measure import step_peak_bytes
+
+    work = bench_models.build_workload(name, "small")
+    reference = copy.deepcopy(work.model)
+    work.loss(work.forward(reference)).backward()
+    expected = {k: p.grad for k, p in reference.named_parameters() if p.grad is not None}
+    backend = fxremat.backend(compare_default=False, **options_of(setting))
+    compiled = torch.compile(work.model, backend=backend)
+
+    def step():
+        work.loss(work.forward(compiled)).backward()
+
+    step()
+    grads = {k: p.grad for k, p in work.model.named_parameters() if p.grad is not None}
+    errors, _ = grad_rule.relative_errors(grads, expected)
+    for _ in range(2):
+        work.model.zero_grad(set_to_none=True)
+        step()
+    work.model.zero_grad(set_to_none=True)
+    peak, _ = step_peak_bytes(step, "cpu")
+    reports = backend.reports
+    return dict(
+        model=name,
+        setting=setting,
+        graphs=len(reports),
+        measured=peak,
+        simulated=sum(r.simulated_peak_bytes or 0 for r in reports),
+        saved=sum(r.saved_bytes for r in reports),
+        segments=sum(len(r.backward_checkpoints or ()) for r in reports),
+        raised=sum(r.peak_raised_by_budget or 0 for r in reports),
+        grad=max(errors.values()) if errors else 0.0,
+    )
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    print(json.dumps(row(sys.argv[1], sys.argv[2])), flush=True)
