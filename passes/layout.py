@@ -206,6 +206,8 @@ def saved_inputs_as_views(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_output
         value = saved[index]
         if value.op != "placeholder" or value.name not in copies or not _flat_viewable(value.meta["val"]):
             continue
+        if any(user.target not in (CONVOLUTION, CONVOLUTION_BACKWARD) for user in bw_input.users):
+            continue  # backward reads it otherwise too (an ``as_strided`` would read the channels-last copy's order)
         outputs[num_fwd_outputs + index] = _flat_view(fw.graph, value)
         _view_back(bw.graph, bw_input, order)
         done += 1
@@ -245,5 +247,3 @@ def _view_back(graph: fx.Graph, placeholder: fx.Node, order: dict[fx.Node, int])
     placeholder.replace_all_uses_with(copy, delete_user_cb=lambda user: user is not shaped)
     shaped.meta = {**placeholder.meta, "val": val}
     copy.meta = {**placeholder.meta, "val": _like(val, torch.channels_last)}
-
-
