@@ -227,6 +227,123 @@ def _classifier(build: Callable[[], nn.Module]) -> Callable[[], Workload]:
     return workload
 
 
+# ---- torchvision's layouts at full width (issue #19): MobileNetV3-Small, EfficientNet-B0, ConvNeXt-Tiny ----------
+# Defined here from torchvision's configurations (its wheel does not import on this CPU torch).  Random ops are off:
+# dropout p=0 and no stochastic depth, so a compiled step can be compared with eager's (Inductor draws its own
+# random numbers).  2 x 3 x 64 x 64 images and 1000 classes, as ResNet-18's workload.
+
+
+def _make_divisible(value: float, divisor: int = 8) -> int:
+    """torchvision's channel rounding (``_make_divisible``): to a multiple of 8, never 10% below ``value``."""
+    rounded = max(divisor, int(value + divisor / 2) // divisor * divisor)
+    return rounded + divisor if rounded < 0.9 * value else rounded
+
+
+def _conv_norm_act(cin: int, cout: int, kernel: int, stride: int = 1, groups: int = 1, act=nn.ReLU):
+    layers = [nn.Conv2d(cin, cout, kernel, stride, padding=(kernel - 1) // 2, groups=groups, bias=False),
+              nn.BatchNorm2d(cout)]
+    return nn.Sequential(*layers, *([act()] if act is not None else []))
+
+
+class SqueezeExcitation(nn.Module):
+    """Channel attention: a global average, two 1x1 convolutions, a gate that scales the input."""
+
+    def __init__(self, channels: int, squeeze: int, act=nn.ReLU, gate=nn.Hardsigmoid) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Conv2d(channels, squeeze, 1), nn.Conv2d(squeeze, channels, 1)
+        self.act, self.gate = act(), gate()
+
+    def forward(self, x):
+        return x * self.gate(self.fc2(self.act(self.fc1(x.mean((2, 3), keepdim=True)))))
+
+
+class MBConv(nn.Module):
+    """An inverted residual with squeeze-excitation (MobileNetV3's block; EfficientNet's MBConv)."""
+
+    def __init__(self, cin, kernel, hidden, cout, stride, act, squeeze: int | None, gate) -> None:
+        super().__init__()
+        self.residual = stride == 1 and cin == cout
+        layers = [] if hidden == cin else [_conv_norm_act(cin, hidden, 1, act=act)]
+        layers.append(_conv_norm_act(hidden, hidden, kernel, stride, groups=hidden, act=act))
+        if squeeze:
+            layers.append(SqueezeExcitation(hidden, squeeze, nn.ReLU if act is nn.ReLU else act, gate))
+        layers.append(_conv_norm_act(hidden, cout, 1, act=None))
+        self.body = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return x + self.body(x) if self.residual else self.body(x)
+
+
+class MobileNetV3Small(nn.Module):
+    # torchvision's mobilenet_v3_small: (in, kernel, expanded, out, squeeze-excitation, hardswish, stride)
+    BLOCKS = ((16, 3, 16, 16, True, False, 2), (16, 3, 72, 24, False, False, 2), (24, 3, 88, 24, False, False, 1),
+              (24, 5, 96, 40, True, True, 2), (40, 5, 240, 40, True, True, 1), (40, 5, 240, 40, True, True, 1),
+              (40, 5, 120, 48, True, True, 1), (48, 5, 144, 48, True, True, 1), (48, 5, 288, 96, True, True, 2),
+              (96, 5, 576, 96, True, True, 1), (96, 5, 576, 96, True, True, 1))
+
+    def __init__(self, classes: int = 1000) -> None:
+        super().__init__()
+        layers = [_conv_norm_act(3, 16, 3, 2, act=nn.Hardswish)]
+        for cin, kernel, hidden, cout, se, hardswish, stride in self.BLOCKS:
+            act = nn.Hardswish if hardswish else nn.ReLU
+            squeeze = _make_divisible(hidden // 4) if se else None
+            layers.append(MBConv(cin, kernel, hidden, cout, stride, act, squeeze, nn.Hardsigmoid))
+        self.features = nn.Sequential(*layers, _conv_norm_act(96, 576, 1, act=nn.Hardswish))
+        self.head = nn.Sequential(nn.Linear(576, 1024), nn.Hardswish(), nn.Linear(1024, classes))
+
+    def forward(self, x):
+        return self.head(self.features(x).mean((2, 3)))
+
+
+class EfficientNetB0(nn.Module):
+    # torchvision's efficientnet_b0 stages: (expansion, kernel, stride, in, out, blocks)
+    STAGES = ((1, 3, 1, 32, 16, 1), (6, 3, 2, 16, 24, 2), (6, 5, 2, 24, 40, 2), (6, 3, 2, 40, 80, 3),
+              (6, 5, 1, 80, 112, 3), (6, 5, 2, 112, 192, 4), (6, 3, 1, 192, 320, 1))
+
+    def __init__(self, classes: int = 1000) -> None:
+        super().__init__()
+        layers = [_conv_norm_act(3, 32, 3, 2, act=nn.SiLU)]
+        for expand, kernel, stride, cin, cout, blocks in self.STAGES:
+            for i in range(blocks):
+                block_in = cin if i == 0 else cout
+                squeeze = max(1, block_in // 4)  # of the block's input channels, as torchvision's MBConv
+                layers.append(MBConv(block_in, kernel, block_in * expand, cout, stride if i == 0 else 1, nn.SiLU,
+                                     squeeze, nn.Sigmoid))
+        self.features = nn.Sequential(*layers, _conv_norm_act(320, 1280, 1, act=nn.SiLU))
+        self.fc = nn.Linear(1280, classes)
+
+    def forward(self, x):
+        return self.fc(self.features(x).mean((2, 3)))
+
+
+class ConvNeXtTiny(ConvNeXt):
+    """torchvision's convnext_tiny: widths 96-768, depths (3, 3, 9, 3); the blocks are ``ConvNeXtBlock`` (layer
+    scale 0.1, not 1e-6, for the gradient check's sake), the head a LayerNorm and a 1000-class Linear."""
+
+    def __init__(self, widths=(96, 192, 384, 768), depths=(3, 3, 9, 3), classes: int = 1000) -> None:
+        nn.Module.__init__(self)
+        layers = [nn.Conv2d(3, widths[0], 4, stride=4), ChannelsLayerNorm(widths[0])]
+        for i, (width, depth) in enumerate(zip(widths, depths)):
+            if i:
+                layers += [ChannelsLayerNorm(widths[i - 1]), nn.Conv2d(widths[i - 1], width, 2, stride=2)]
+            layers += [ConvNeXtBlock(width) for _ in range(depth)]
+        self.features = nn.Sequential(*layers)
+        self.norm = nn.LayerNorm(widths[-1], eps=1e-6)
+        self.fc = nn.Linear(widths[-1], classes)
+
+
+def _imagenet_like(build: Callable[[], nn.Module]) -> Callable[[], Workload]:
+    """ResNet-18's workload for another net: 2 x 3 x 64 x 64 images, 1000 classes."""
+
+    def workload() -> Workload:
+        torch.manual_seed(0)
+        net = build()
+        x = torch.randn(BATCH, 3, 64, 64)
+        return Workload(net, args=(x,), loss=_cross_entropy_to(torch.randint(0, 1000, (BATCH,))))
+
+    return workload
+
+
 # ---- diffusers UNets ---------------------------------------------------------------------------------------------
 
 
@@ -253,6 +370,9 @@ BUILDERS: dict[str, Callable[[], Workload]] = {
     "mobilenet": _classifier(MobileNet),
     "convnext": _classifier(ConvNeXt),
     "resnet18": resnet18,
+    "mobilenet_v3_small": _imagenet_like(MobileNetV3Small),
+    "efficientnet_b0": _imagenet_like(EfficientNetB0),
+    "convnext_tiny": _imagenet_like(ConvNeXtTiny),
 }
 CONV_MODELS = tuple(BUILDERS)
 

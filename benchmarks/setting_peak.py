@@ -2,11 +2,12 @@
 
     python benchmarks/setting_peak.py MODEL SETTING     # SETTING: default, mbX (memory_budget=X), pbX (peak_budget=X)
 
-``bench_models.build_workload(MODEL, "small")`` compiled with ``fxremat.backend(<setting>, compare_default=False)``
+``bench_models.build_workload(MODEL, "small")`` (or a conv net of ``conv_models.py``) compiled with ``fxremat.backend(<setting>, compare_default=False)``
 under real Inductor, in this process (run one row per process, with a ``TORCHINDUCTOR_CACHE_DIR`` of its own or
 shared by one model's rows): gradients of the first step against eager (``grad_rule.relative_errors``), two warm-up
 steps, then one step's peak above what it starts with (CPU profiler memory events, ``fxremat.measure``).  Prints
-one JSON line: measured and simulated peak bytes, saved bytes, the backward checkpoints of a segmented plan,
+one JSON line: measured and simulated peak bytes, saved bytes (the report's, and what autograd keeps by
+``saved_tensors_hooks``: distinct storages, parameters, buffers and inputs excluded), the backward checkpoints of a segmented plan,
 ``peak_raised_by_budget`` and the worst gradient error.  RESULTS.md "Session 13" ran it for 11 models x 6 settings;
 PyTorch's rows come from ``run.py`` (its partitioner does not depend on fxremat).
 """
@@ -31,12 +32,16 @@ def options_of(setting: str) -> dict:
 
 def row(name: str, setting: str) -> dict:
     import bench_models
+    import conv_models
     import grad_rule
 
     import fxremat
-    from fxremat.measure import step_peak_bytes
+    from fxremat.measure import measure_saved, step_peak_bytes
 
-    work = bench_models.build_workload(name, "small")
+    if name in conv_models.CONV_MODELS:
+        work = conv_models.build_conv_workload(name)
+    else:
+        work = bench_models.build_workload(name, "small")
     reference = copy.deepcopy(work.model)
     work.loss(work.forward(reference)).backward()
     expected = {k: p.grad for k, p in reference.named_parameters() if p.grad is not None}
@@ -54,6 +59,10 @@ def row(name: str, setting: str) -> dict:
         step()
     work.model.zero_grad(set_to_none=True)
     peak, _ = step_peak_bytes(step, "cpu")
+    work.model.zero_grad(set_to_none=True)
+    inputs = [*work.model.parameters(), *work.model.buffers(), *work.args, *work.kwargs.values()]
+    out, kept = measure_saved(lambda: work.forward(compiled), inputs)  # what autograd keeps (saved_tensors_hooks)
+    work.loss(out).backward()
     reports = backend.reports
     return dict(
         model=name,
@@ -62,6 +71,7 @@ def row(name: str, setting: str) -> dict:
         measured=peak,
         simulated=sum(r.simulated_peak_bytes or 0 for r in reports),
         saved=sum(r.saved_bytes for r in reports),
+        saved_hooks=kept.nbytes,
         segments=sum(len(r.backward_checkpoints or ()) for r in reports),
         raised=sum(r.peak_raised_by_budget or 0 for r in reports),
         grad=max(errors.values()) if errors else 0.0,

@@ -122,10 +122,10 @@ def _plan_fields(plan: Plan, flow, roles, options: Options) -> dict:
 TIMELINE_POINTS = 400
 
 
-def _simulate(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) -> PeakEstimate | None:
+def _simulate(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, recopy: bool = True) -> PeakEstimate | None:
     """The liveness simulation of a split; informative, so a failure is logged, never raised."""
     try:
-        return simulate_step(fw, bw, num_fwd_outputs)
+        return simulate_step(fw, bw, num_fwd_outputs, recopy)
     except Exception as error:
         log.debug("memory simulation failed: %s", error, exc_info=True)
         return None
@@ -225,13 +225,14 @@ def _baseline(request: PartitionRequest, profile: DeviceProfile, compare_budgets
     # PyTorch's split is ours alone (nobody compiles it): simulated on the first read of its fields
     if _can_simulate_later(fw.graph.nodes):
         peak_fields = _later(
-            lambda: _baseline_peak_fields(simulate_step(fw, bw, request.num_fwd_outputs)),
+            # as stock Inductor compiles it: saved inputs stay its channels-last copies (``recopy=False``)
+            lambda: _baseline_peak_fields(simulate_step(fw, bw, request.num_fwd_outputs, recopy=False)),
             BASELINE_PEAK_FIELDS,
             stock=True,
         )
     else:
         with tp.buffer_reuse_as_now(stock=True)():
-            peak_fields = _baseline_peak_fields(_simulate(fw, bw, request.num_fwd_outputs))
+            peak_fields = _baseline_peak_fields(_simulate(fw, bw, request.num_fwd_outputs, recopy=False))
     budget_points = []
     for budget in PYTORCH_BUDGETS if compare_budgets else ():
         try:

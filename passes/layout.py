@@ -29,6 +29,7 @@ import torch.fx as fx
 
 from . import _torch_private as tp
 from .costs import value_nbytes
+from .phase_graph import PhaseGraph
 
 CONVOLUTION = torch.ops.aten.convolution.default
 CONVOLUTION_BACKWARD = torch.ops.aten.convolution_backward.default
@@ -216,6 +217,30 @@ def saved_inputs_as_views(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_output
         fw.recompile()
         bw.recompile()
     return done
+
+
+def recopied_saved_inputs(fw: PhaseGraph, bw: PhaseGraph, num_fwd_outputs: int, copies: dict[str, int]) -> tuple:
+    """What ``saved_inputs_as_views`` does (or did) to a split, for the simulator: (forward's saved values that keep
+    no channels-last copy alive for backward, {backward input: bytes of the copy backward makes before its first
+    reader}).  A built split already rewritten saves flat views (``SAVED_INPUT_VIEW``) and makes its copies in its
+    own graph (no backward entries); a split not yet rewritten (a plan's, before the compile) is read as it will be."""
+    saved = fw.returned_args[num_fwd_outputs:]
+    tensors = [n for n in saved if isinstance(n.meta.get("val"), torch.Tensor)]
+    bw_inputs = [n for n in bw.nodes if n in bw.inputs][len(saved) - len(tensors) :]
+    recopied: set[fx.Node] = set()
+    arrivals: dict[str, int] = {}
+    for value, bw_input in zip(tensors, bw_inputs):
+        if value.meta.get(SAVED_INPUT_VIEW):
+            recopied.add(value)
+        elif value in fw.inputs and value.name in copies and _recopiable(value, bw.users(bw_input)):
+            recopied.add(value)
+            arrivals[bw_input.name] = copies[value.name]
+    return frozenset(recopied), arrivals
+
+
+def _recopiable(value: fx.Node, bw_readers) -> bool:
+    """The condition ``saved_inputs_as_views`` rewrites a saved input under."""
+    return _flat_viewable(value.meta["val"]) and all(r.target in (CONVOLUTION, CONVOLUTION_BACKWARD) for r in bw_readers)
 
 
 def _flat_viewable(val: torch.Tensor) -> bool:

@@ -47,7 +47,7 @@ import torch.fx as fx
 from .buffer_pool import _pool_held  # noqa: F401  (re-exported: tests)
 from .costs import alias_root
 from .fusion import FUSION_DISTANCE  # noqa: F401  (re-exported)
-from .layout import channels_last_copies, layout_optimised
+from .layout import channels_last_copies, layout_optimised, recopied_saved_inputs
 from .lowering import (  # noqa: F401  (re-exported: plan_memory, tests)
     FUSED_LOADS,
     HEAVY_OPS,
@@ -106,19 +106,24 @@ def saved_views_of_inputs(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_output
     return frozenset(p.name for p, value in zip(placeholders, tensors) if alias_root(value).op == "placeholder")
 
 
-def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) -> PeakEstimate:
-    return next(simulate_backwards(fw, [bw], num_fwd_outputs))
+def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, recopy: bool = True) -> PeakEstimate:
+    return next(simulate_backwards(fw, [bw], num_fwd_outputs, recopy))
 
 
-def simulate_backwards(fw: fx.GraphModule, bws, num_fwd_outputs: int):
+def simulate_backwards(fw: fx.GraphModule, bws, num_fwd_outputs: int, recopy: bool = True):
     """``simulate_step(fw, bw)`` for each backward of ``bws`` (an iterable), in turn: backwards of one forward (a
-    split's segmentations, ``segments.lowest_peak_segments``) share its simulation, which no backward changes."""
+    split's segmentations, ``segments.lowest_peak_segments``) share its simulation, which no backward changes.
+    ``recopy``: the split is compiled by fxremat, which saves inputs instead of their channels-last copies
+    (``layout.saved_inputs_as_views``); False for PyTorch's split as stock Inductor compiles it."""
     # Channels-last copies of graph inputs (Inductor's layout optimisation) are allocated as forward starts and
     # stand in for their placeholder from then on: freed after its last reader, or carried into backward if saved.
-    forward = _ForwardRun(graph_view(fw.graph), num_fwd_outputs, channels_last_copies(fw))
-    channels_last = layout_optimised(fw)
+    fw_view, copies, channels_last = graph_view(fw.graph), channels_last_copies(fw), layout_optimised(fw)
+    forward = None
     for bw in bws:
-        yield forward.step(graph_view(bw.graph), channels_last)
+        bw_view = graph_view(bw.graph)
+        if forward is None:  # which copies forward keeps depends on backward's readers, the same in every backward
+            forward = _ForwardRun(fw_view, num_fwd_outputs, copies, bw_view if recopy else None)
+        yield forward.step(bw_view, channels_last)
 
 
 def simulate_phases(
@@ -127,24 +132,29 @@ def simulate_phases(
     """``simulate_step`` over the two graphs' views (``phase_graph.py``): built, or a plan's that were never built.
     ``channels_last``: whether Inductor optimises their layout; ``copies``: the channels-last copies of forward's
     inputs (``layout.py``)."""
-    return _ForwardRun(fw, num_fwd_outputs, copies).step(bw, channels_last)
+    return _ForwardRun(fw, num_fwd_outputs, copies, bw).step(bw, channels_last)
 
 
 class _ForwardRun:
-    """The forward's simulation, and the step with a backward after it (``step``, as often as asked)."""
+    """The forward's simulation, and the step with a backward after it (``step``, as often as asked).  ``bw``: a
+    backward whose readers decide which saved inputs fxremat's compile recopies in backward (None: none)."""
 
-    def __init__(self, fw: PhaseGraph, num_fwd_outputs: int, copies: dict[str, int]) -> None:
-        self.fw, self.timeline = fw, []
+    def __init__(self, fw: PhaseGraph, num_fwd_outputs: int, copies: dict[str, int], bw: PhaseGraph | None) -> None:
+        self.fw, self.timeline, self.num_fwd_outputs, self.copies = fw, [], num_fwd_outputs, copies
         fw_returns = fw.returned_args  # with repeats: forward's outputs, then saved values, by position
         self.saved = fw_returns[num_fwd_outputs:]
-        saved_roots = {phase_root(n, fw).name for n in self.saved}
+        self.recopy = bw is not None and bool(copies)
+        recopied = recopied_saved_inputs(fw, bw, num_fwd_outputs, copies)[0] if self.recopy else frozenset()
+        # a recopied input's copy is not kept for backward (the input itself is the caller's)
+        saved_roots = {phase_root(n, fw).name for n in self.saved if n not in recopied}
         self.user_roots = {phase_root(n, fw).name for n in fw_returns[:num_fwd_outputs]}
         self.phase = _Phase(fw, keep=saved_roots | self.user_roots, carried=copies)
         self.peak = self.phase.run("forward", self.timeline)
 
     def step(self, bw: PhaseGraph, channels_last: bool) -> PeakEstimate:
         forward, timeline = self.phase, list(self.timeline)
-        backward = _backward_phase(self.fw, bw, self.saved, forward.live, self.user_roots, channels_last)
+        arrivals = recopied_saved_inputs(self.fw, bw, self.num_fwd_outputs, self.copies)[1] if self.recopy else {}
+        backward = _backward_phase(self.fw, bw, self.saved, forward.live, self.user_roots, channels_last, arrivals)
         backward_peak = backward.run("backward", timeline)
         gradient_bytes = sum(_tensor_storage_bytes(a) for a in bw.returned if phase_root(a, bw) not in bw.inputs)
         peak_phase, peak_node, peak = "forward", "", 0
@@ -163,9 +173,10 @@ class _ForwardRun:
         )
 
 
-def _backward_phase(fw: PhaseGraph, bw: PhaseGraph, saved: list, live: dict, user_roots: set, channels_last: bool):
+def _backward_phase(fw, bw, saved: list, live: dict, user_roots: set, channels_last: bool, arrivals: dict):
     """Into backward: saved storages plus the tangents autograd allocates.  Forward returns saved tensors, then saved
-    SymInts; backward takes the SymInts first, then the tensors (in the same order), then the tangents."""
+    SymInts; backward takes the SymInts first, then the tensors (in the same order), then the tangents.
+    ``arrivals``: backward inputs allocated before their first reader (``layout.recopied_saved_inputs``)."""
     saved_tensors = [n for n in saved if isinstance(n.meta.get("val"), torch.Tensor)]
     num_symbols = len(saved) - len(saved_tensors)
     bw_placeholders = [n for n in bw.nodes if n in bw.inputs]
@@ -197,4 +208,5 @@ def _backward_phase(fw: PhaseGraph, bw: PhaseGraph, saved: list, live: dict, use
         never_freed=frozenset(
             p.name for p, v in zip(tensor_placeholders, saved_tensors) if phase_root(v, fw) in fw_inputs
         ),
+        arrivals=arrivals,
     )

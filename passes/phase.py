@@ -135,6 +135,7 @@ class _Phase:
         estimated_inputs: dict[str, int] | None = None,
         donated: frozenset | None = None,
         never_freed: frozenset = frozenset(),
+        arrivals: dict[str, int] | None = None,
     ):
         self.view = view = graph if isinstance(graph, PhaseGraph) else graph_view(graph)
         self.facts = facts = view.facts or NodeFacts()  # shared by the views of one joint graph's nodes
@@ -160,6 +161,9 @@ class _Phase:
         # carried storages that outlive this graph although Inductor's estimate would free them (saved views of a
         # forward input): fxremat's compiles leave them out of the estimate (_torch_private/buffer_reuse.py)
         self.never_freed = never_freed
+        # storages read here that are allocated just before their first reader, not carried in (name -> bytes): the
+        # channels-last copies of saved inputs that fxremat's compile makes in backward (``layout.py``)
+        self.arrivals = arrivals or {}
         self.activation_peak = 0
         self._find_units()
         self.workspace = {u: workspace_bytes(u, channels_last) for u in self.units}

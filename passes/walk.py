@@ -28,6 +28,10 @@ class Walk:
             for r in unit_reads[u]:
                 name = r.name
                 remaining[name] = remaining.get(name, 0) + 1
+        self.arrive: dict[int, list[str]] = {}  # kernel -> storages allocated just before it (``phase.arrivals``)
+        for name in phase.arrivals:
+            if name in last_use:
+                self.arrive.setdefault(self._first_use(name), []).append(name)
         self.live = dict(phase.carried)
         # running sums instead of summing every live storage at every unit (linear in the graph)
         self.total = sum(self.live.values())
@@ -43,6 +47,10 @@ class Walk:
         self.freed: list[list[object]] = []  # per kernel: reuse keys of the buffers it frees into the pool
         self.poolable: dict[str, object] = {}  # storage name -> reuse key, for buffers whose free enters the pool
         self.points: list[tuple[int, str, int, int]] = []  # (kernel, unit, bytes live while it runs, of them grads)
+
+    def _first_use(self, name: str) -> int:
+        kernels, unit_reads = self.phase.kernels, self.phase.unit_reads
+        return next(k for k, head in enumerate(self.order) if any(r.name == name for u in kernels[head] for r in unit_reads[u]))
 
     def free(self, name: str) -> None:
         nbytes = self.live.pop(name)
@@ -91,6 +99,11 @@ class Walk:
         phase, live = self.phase, self.live
         self.allocated.append([])
         self.freed.append([])
+        for name in self.arrive.get(k, ()):
+            nbytes = phase.arrivals[name]
+            self.count(name, nbytes)
+            live[name] = nbytes
+            self.total += nbytes
         for u in kernel:
             for node in phase.owned[u]:
                 nbytes = phase.facts.nbytes(node)

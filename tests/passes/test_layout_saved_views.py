@@ -103,3 +103,39 @@ def test_only_saved_conv_inputs_become_views():
     view = torch.ops.aten.view.default
     views_back = [n for n in bw.graph.nodes if n.target is view and n.args[0].op == "placeholder"]
     assert len(views_back) == 4 and all(n.meta["val"].dim() == 4 for n in views_back)
+
+
+def test_the_simulator_reads_a_split_as_fxremats_compile_will_rewrite_it():
+    """``simulate_step`` of a split not yet rewritten (a plan's, as the planner ranks it) counts what the compile's
+    rewrite leaves: no copy kept from forward, one made in backward before its first reader; so it equals the
+    simulation of the rewritten split.  PyTorch's split as stock Inductor compiles it (``recopy=False``) keeps the
+    copies (the report's baseline)."""
+    from fxremat_passes.liveness import simulate_step
+
+    torch._dynamo.reset()
+    graphs: list = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    def partition_fn(joint, inputs, **kwargs):
+        return tp.pytorch_default_partition(joint, inputs, **kwargs)
+
+    model, x = _net(), torch.randn(2, 3, 8, 8)
+    torch.compile(model, backend=tp.aot_autograd_as_inductor(partition_fn, keep))(x).sum().backward()
+    fw, bw = graphs
+    stock = simulate_step(fw, bw, 1, recopy=False)
+    planned = simulate_step(fw, bw, 1)
+    assert saved_inputs_as_views(fw, bw, 1) == 4
+    rewritten = simulate_step(fw, bw, 1)
+    assert planned.peak_bytes == rewritten.peak_bytes
+    # as backward's first kernel (the last convolution's backward) runs, the stock split still holds the copies of
+    # the three weights and the image from forward; fxremat's compile holds only the last weight's, just made
+    copies = 4 * (3 * 3 * 3 * 16 + 3 * 3 * 16 * 32 + 3 * 3 * 32 * 8) + 4 * 2 * 3 * 8 * 8
+    last_weight = 4 * 3 * 3 * 32 * 8
+
+    def backward_start(peak):
+        return next(total for phase, _, total in peak.timeline if phase == "backward")
+
+    assert backward_start(stock) - backward_start(planned) == copies - last_weight
