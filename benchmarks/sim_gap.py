@@ -8,7 +8,7 @@ eager, warm up twice, measure one step's peak (CPU profiler memory events, ``fxr
 the report's ``simulated_peak_bytes``.  ``--explain`` also prints, per graph, the profiler's running total at each
 line of Inductor's output code (the line's kernel call, ``empty_strided``, ``del``) next to the simulated timeline
 around its peak, and the output code's path.  Settings: ``default``, ``mbX`` (``memory_budget=X``), ``pbX``
-(``peak_budget=X``).  Set ``TORCHINDUCTOR_CACHE_DIR`` per experiment: a re-run then skips Inductor's C++ compile (the
+(``peak_budget=X``).  MODEL: an example, a ``bench_models`` model (at ``--hf-size``) or a ``conv_models`` net.  Set ``TORCHINDUCTOR_CACHE_DIR`` per experiment: a re-run then skips Inductor's C++ compile (the
 AOTAutograd cache is off and our source hash fixed here, so the partitioner, and so the simulator, runs each time).
 """
 
@@ -36,7 +36,10 @@ def _options(setting: str) -> dict:
 
 def _workload(args):
     import bench_models
+    import conv_models
 
+    if args.model in conv_models.CONV_MODELS:
+        return conv_models.build_conv_workload(args.model)
     if args.model in EXAMPLES:
         from fxremat.examples import example
 

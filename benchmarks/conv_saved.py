@@ -1,0 +1,157 @@
+"""Issue #19's table for one conv net: what a compiled training step keeps for backward, its peak and its step time,
+under eager, Inductor with PyTorch's partitioner, fxremat without its saved-input views, and fxremat.
+
+    python benchmarks/conv_saved.py MODEL [--steps 20] [--repetitions 3] [--json PATH]
+
+MODEL: a ``conv_models.py`` builder (``resnet18``, ``mobilenet_v3_small``, ``efficientnet_b0``, ``convnext_tiny``,
+...).  One process, one empty Inductor cache made for the run; each configuration compiles its own copy of the
+model (same seed, so the same weights and inputs).  Per configuration: the gradients of its first step against
+eager's (``grad_rule.relative_errors``); after two warm-up steps, what autograd keeps (``saved_tensors_hooks``:
+distinct storages, parameters, buffers and the input excluded: ``fxremat.measure.measure_saved``) and the weight
+copies among them (saved tensors shaped like a 4-D parameter and not contiguous), one step's peak above what it
+starts with (CPU profiler memory events); then step times, interleaved as ``step_interleaved.py`` times them (one
+step of each configuration in turn, the first rotating, ``--steps`` rounds, medians per repetition).
+
+``fxremat_no_views`` is an ablation, for the before/after comparison only: fxremat with
+``layout.saved_inputs_as_views`` skipped while it compiles (so its saved weights are Inductor's channels-last
+copies, as before issue #19's fix).  Only on a quiet machine do the times mean anything; bytes are exact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import conv_models  # noqa: E402
+import grad_rule  # noqa: E402
+
+CONFIGS = ("eager", "inductor", "fxremat_no_views", "fxremat")
+
+
+@contextlib.contextmanager
+def _views_skipped(skip: bool):
+    import fxremat.partition as partition
+
+    original = partition.saved_inputs_as_views
+    if skip:
+        partition.saved_inputs_as_views = lambda *args: 0
+    try:
+        yield
+    finally:
+        partition.saved_inputs_as_views = original
+
+
+def _compiled(config: str, model: torch.nn.Module):
+    import fxremat
+
+    if config == "eager":
+        return model, None
+    if config == "inductor":
+        return torch.compile(model, backend="inductor"), None
+    backend = fxremat.backend(compare_default=False)
+    return torch.compile(model, backend=backend), backend
+
+
+def _weight_copies(model: torch.nn.Module):
+    shapes = {tuple(p.shape) for p in model.parameters() if p.dim() == 4}
+    found: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        if t.dim() == 4 and tuple(t.shape) in shapes and not t.is_contiguous():
+            found[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    return found, pack
+
+
+def measure(name: str, config: str, expected: dict) -> dict:
+    from fxremat.measure import measure_saved, step_peak_bytes
+
+    work = conv_models.build_conv_workload(name)
+    model, backend = _compiled(config, work.model)
+
+    def step():
+        work.loss(work.forward(model)).backward()
+
+    with _views_skipped(config == "fxremat_no_views"):
+        step()  # compiles
+    grads = {k: p.grad for k, p in work.model.named_parameters() if p.grad is not None}
+    errors, _ = grad_rule.relative_errors(grads, expected)
+    for _ in range(2):
+        work.model.zero_grad(set_to_none=True)
+        step()
+    work.model.zero_grad(set_to_none=True)
+    peak, _ = step_peak_bytes(step, "cpu")
+    work.model.zero_grad(set_to_none=True)
+    inputs = [*work.model.parameters(), *work.model.buffers(), *work.args]
+    copies, pack = _weight_copies(work.model)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out, kept = measure_saved(lambda: work.forward(model), inputs)
+    work.loss(out).backward()
+    report_saved = sum(r.saved_bytes for r in backend.reports) if backend is not None else None
+    return dict(model=name, config=config, saved_hooks=kept.nbytes, weight_copies=sum(copies.values()),
+                weight_copy_count=len(copies), report_saved=report_saved, peak=peak,
+                grad=max(errors.values()) if errors else 0.0, step=step)
+
+
+def time_interleaved(rows: list[dict], steps: int, repetitions: int) -> None:
+    for row in rows:
+        row["seconds"] = []
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(repetitions):
+            times: dict[str, list[float]] = {r["config"]: [] for r in rows}
+            for i in range(steps):
+                for row in rows[i % len(rows):] + rows[: i % len(rows)]:
+                    start = time.perf_counter()
+                    row["step"]()
+                    times[row["config"]].append(time.perf_counter() - start)
+            for row in rows:
+                row["seconds"].append(statistics.median(times[row["config"]]))
+    finally:
+        gc.enable()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", choices=conv_models.CONV_MODELS)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
+    parser.add_argument("--json", default=None, metavar="PATH")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="conv_saved_"))
+    torch._dynamo.config.cache_size_limit = 64
+    reference = conv_models.build_conv_workload(args.model)
+    reference.loss(reference.forward(reference.model)).backward()
+    expected = {k: p.grad.clone() for k, p in reference.model.named_parameters() if p.grad is not None}
+    rows = [measure(args.model, config, copy.deepcopy(expected)) for config in args.configs]
+    time_interleaved(rows, args.steps, args.repetitions)
+    base = next((r for r in rows if r["config"] == "fxremat_no_views"), None)
+    for row in rows:
+        row.pop("step")
+        if base is not None:
+            row["step_vs_no_views"] = [s / b for s, b in zip(row["seconds"], base["seconds"])]
+        print(json.dumps(row), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
