@@ -1,6 +1,6 @@
 """One row of issue #15's table: a benchmark model under fxremat at one setting, measured and simulated.
 
-    python benchmarks/setting_peak.py MODEL SETTING     # SETTING: default, mbX (memory_budget=X), pbX (peak_budget=X)
+    python benchmarks/setting_peak.py MODEL SETTING     # SETTING: default, mbX (memory_budget=X), pbX (peak_budget=X); X > 1: bytes
 
 ``bench_models.build_workload(MODEL, "small")`` (or a conv net of ``conv_models.py``) compiled with ``fxremat.backend(<setting>, compare_default=False)``
 under real Inductor, in this process (run one row per process, with a ``TORCHINDUCTOR_CACHE_DIR`` of its own or
@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def options_of(setting: str) -> dict:
     if setting == "default":
         return {}
-    return {{"mb": "memory_budget", "pb": "peak_budget"}[setting[:2]]: float(setting[2:])}
+    value = float(setting[2:])  # a fraction, or bytes (``mb1000000``: an absolute budget of 1,000,000 B)
+    return {{"mb": "memory_budget", "pb": "peak_budget"}[setting[:2]]: value if value <= 1 else int(value)}
 
 
 def row(name: str, setting: str) -> dict:

@@ -240,7 +240,8 @@ def recopied_saved_inputs(fw: PhaseGraph, bw: PhaseGraph, num_fwd_outputs: int, 
 
 def _recopiable(value: fx.Node, bw_readers) -> bool:
     """The condition ``saved_inputs_as_views`` rewrites a saved input under."""
-    return _flat_viewable(value.meta["val"]) and all(r.target in (CONVOLUTION, CONVOLUTION_BACKWARD) for r in bw_readers)
+    convolutions = (CONVOLUTION, CONVOLUTION_BACKWARD)
+    return _flat_viewable(value.meta["val"]) and all(r.target in convolutions for r in bw_readers)
 
 
 def _flat_viewable(val: torch.Tensor) -> bool:

@@ -35,8 +35,9 @@ What it models (all in one place, so the rule can be checked against measurement
   graph inputs read by a convolution are allocated when forward starts and, when saved, held until their last use
   in backward, unless fxremat compiles the split: it saves such an input as itself (``layout.saved_inputs_as_views``),
   so forward frees the copy after its last reader there and backward makes its own before its first reader
-  (``recopied_saved_inputs``; ``recopy=False`` simulates stock Inductor's compile of PyTorch's split); mkldnn's ``convolution_backward`` holds two extra weight-sized buffers while it returns the weight
-  gradient (``workspace_bytes``: counted while the op runs, gone after it).
+  (``recopied_saved_inputs``; ``recopy=False`` simulates stock Inductor's compile of PyTorch's split); mkldnn's
+  ``convolution_backward`` holds two extra weight-sized buffers while it returns the weight gradient
+  (``workspace_bytes``: counted while the op runs, gone after it).
 """
 
 from __future__ import annotations

@@ -50,7 +50,8 @@ class Walk:
 
     def _first_use(self, name: str) -> int:
         kernels, unit_reads = self.phase.kernels, self.phase.unit_reads
-        return next(k for k, head in enumerate(self.order) if any(r.name == name for u in kernels[head] for r in unit_reads[u]))
+        reads = (any(r.name == name for u in kernels[head] for r in unit_reads[u]) for head in self.order)
+        return next(k for k, read in enumerate(reads) if read)
 
     def free(self, name: str) -> None:
         nbytes = self.live.pop(name)

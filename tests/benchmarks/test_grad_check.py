@@ -56,7 +56,7 @@ def test_verdict_judges_the_loss_too_and_gives_none_for_a_dropout_model():
 def test_defaults_are_every_model_and_setting_and_subsets_keep_their_order():
     args = gc.parse_args([])
     assert args.models == list(gc.MODELS) and args.settings == list(gc.SETTINGS) and args.out is None
-    assert len(gc.plan(args.models, args.settings)) == len(gc.MODELS) * len(gc.SETTINGS) == 17 * 8
+    assert len(gc.plan(args.models, args.settings)) == len(gc.MODELS) * len(gc.SETTINGS) == 20 * 8
     args = gc.parse_args(["--models", "unet", "mlp", "--settings", "pytorch_default", "fxremat_budget_0.5"])
     assert gc.plan(args.models, args.settings) == [
         ("unet", "fxremat_budget_0.5"), ("unet", "pytorch_default"),
