@@ -44,14 +44,16 @@ CONFIGS = ("eager", "inductor", "fxremat_no_views", "fxremat")
 @contextlib.contextmanager
 def _views_skipped(skip: bool):
     import fxremat.partition as partition
+    from fxremat.backend import FxrematPartitioner
 
-    original = partition.saved_inputs_as_views
-    if skip:
+    original, uuid = partition.saved_inputs_as_views, FxrematPartitioner.uuid
+    if skip:  # and a cache key of its own: the compile caches would hand it fxremat's partition, or the reverse
         partition.saved_inputs_as_views = lambda *args: 0
+        FxrematPartitioner.uuid = lambda self: uuid(self) + "-no-views"
     try:
         yield
     finally:
-        partition.saved_inputs_as_views = original
+        partition.saved_inputs_as_views, FxrematPartitioner.uuid = original, uuid
 
 
 def _compiled(config: str, model: torch.nn.Module):
@@ -97,9 +99,12 @@ def measure(name: str, config: str, expected: dict) -> dict:
     peak, _ = step_peak_bytes(step, "cpu")
     work.model.zero_grad(set_to_none=True)
     inputs = [*work.model.parameters(), *work.model.buffers(), *work.args]
-    copies, pack = _weight_copies(work.model)
+    out, kept = measure_saved(lambda: work.forward(model), inputs)
+    work.loss(out).backward()
+    work.model.zero_grad(set_to_none=True)
+    copies, pack = _weight_copies(work.model)  # hooks do not nest: a step of its own
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out, kept = measure_saved(lambda: work.forward(model), inputs)
+        out = work.forward(model)
     work.loss(out).backward()
     report_saved = sum(r.saved_bytes for r in backend.reports) if backend is not None else None
     return dict(model=name, config=config, saved_hooks=kept.nbytes, weight_copies=sum(copies.values()),
