@@ -51,6 +51,23 @@ def _net() -> nn.Module:
                          nn.Conv2d(32, 8, 3, padding=1))
 
 
+def _pytorch_split():
+    """(forward, backward) of ``_net`` as PyTorch's partitioner splits it for Inductor, before any rewrite."""
+    torch._dynamo.reset()
+    graphs: list = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    def partition_fn(joint, inputs, **kwargs):
+        return tp.pytorch_default_partition(joint, inputs, **kwargs)
+
+    model, x = _net(), torch.randn(2, 3, 8, 8)
+    torch.compile(model, backend=tp.aot_autograd_as_inductor(partition_fn, keep))(x).sum().backward()
+    return graphs
+
+
 def _step(model, x, backend):
     compiled = torch.compile(model, backend=backend)
     exclude = [*model.parameters(), *model.buffers(), x]
@@ -77,19 +94,7 @@ def test_saved_weights_are_the_parameters_not_their_layout_copies():
 def test_only_saved_conv_inputs_become_views():
     """The rewrite on a split: saved placeholders read by a convolution become flat views (forward) viewed back
     (backward); other saved values and the user's outputs stay as they were."""
-    torch._dynamo.reset()
-    graphs: list = []
-
-    def keep(gm, example_inputs):
-        graphs.append(gm)
-        return make_boxed_func(gm.forward)
-
-    def partition_fn(joint, inputs, **kwargs):
-        return tp.pytorch_default_partition(joint, inputs, **kwargs)
-
-    model, x = _net(), torch.randn(2, 3, 8, 8)
-    torch.compile(model, backend=tp.aot_autograd_as_inductor(partition_fn, keep))(x).sum().backward()
-    fw, bw = graphs
+    fw, bw = _pytorch_split()
     outputs = list(fw.graph.output_node().args[0])
     read = _conv_read_placeholders(fw)
     before = [o for o in outputs[1:] if o in read]
@@ -112,19 +117,7 @@ def test_the_simulator_reads_a_split_as_fxremats_compile_will_rewrite_it():
     copies (the report's baseline)."""
     from fxremat_passes.liveness import simulate_step
 
-    torch._dynamo.reset()
-    graphs: list = []
-
-    def keep(gm, example_inputs):
-        graphs.append(gm)
-        return make_boxed_func(gm.forward)
-
-    def partition_fn(joint, inputs, **kwargs):
-        return tp.pytorch_default_partition(joint, inputs, **kwargs)
-
-    model, x = _net(), torch.randn(2, 3, 8, 8)
-    torch.compile(model, backend=tp.aot_autograd_as_inductor(partition_fn, keep))(x).sum().backward()
-    fw, bw = graphs
+    fw, bw = _pytorch_split()
     stock = simulate_step(fw, bw, 1, recopy=False)
     planned = simulate_step(fw, bw, 1)
     assert saved_inputs_as_views(fw, bw, 1) == 4
