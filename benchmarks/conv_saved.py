@@ -1,7 +1,7 @@
 """Issue #19's table for one conv net: what a compiled training step keeps for backward, its peak and its step time,
 under eager, Inductor with PyTorch's partitioner, fxremat without its saved-input views, and fxremat.
 
-    python benchmarks/conv_saved.py MODEL [--steps 20] [--repetitions 3] [--json PATH]
+    python benchmarks/conv_saved.py MODEL [--steps 20] [--repetitions 3] [--batch 2] [--json PATH]
 
 MODEL: a ``conv_models.py`` builder (``resnet18``, ``mobilenet_v3_small``, ``efficientnet_b0``, ``convnext_tiny``,
 ...).  One process, one empty Inductor cache made for the run; each configuration compiles its own copy of the
@@ -12,9 +12,10 @@ copies among them (saved tensors shaped like a 4-D parameter and not contiguous)
 starts with (CPU profiler memory events); then step times, interleaved as ``step_interleaved.py`` times them (one
 step of each configuration in turn, the first rotating, ``--steps`` rounds, medians per repetition).
 
-``fxremat_no_views`` is an ablation, for the before/after comparison only: fxremat with
-``layout.saved_inputs_as_views`` skipped while it compiles (so its saved weights are Inductor's channels-last
-copies, as before issue #19's fix).  Only on a quiet machine do the times mean anything; bytes are exact.
+``fxremat_before`` is an ablation, for the before/after comparison only: fxremat with issue #19's two rules
+skipped while it compiles: ``layout.saved_inputs_as_views`` (so its saved weights are Inductor's channels-last
+copies) and ``layout.convolutions_kept_for_depthwise`` (so backward may recompute convolutions).  Only on a quiet machine do the times mean
+anything; bytes are exact.
 """
 
 from __future__ import annotations
@@ -38,22 +39,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import conv_models  # noqa: E402
 import grad_rule  # noqa: E402
 
-CONFIGS = ("eager", "inductor", "fxremat_no_views", "fxremat")
+CONFIGS = ("eager", "inductor", "fxremat_before", "fxremat")
 
 
 @contextlib.contextmanager
-def _views_skipped(skip: bool):
+def _issue19_rules_skipped(skip: bool):
     import fxremat.partition as partition
     from fxremat.backend import FxrematPartitioner
 
-    original, uuid = partition.saved_inputs_as_views, FxrematPartitioner.uuid
+    rules = ("saved_inputs_as_views", "convolutions_kept_for_depthwise")
+    original, uuid = [getattr(partition, name) for name in rules], FxrematPartitioner.uuid
     if skip:  # and a cache key of its own: the compile caches would hand it fxremat's partition, or the reverse
         partition.saved_inputs_as_views = lambda *args: 0
-        FxrematPartitioner.uuid = lambda self: uuid(self) + "-no-views"
+        partition.convolutions_kept_for_depthwise = lambda *args: {}
+        FxrematPartitioner.uuid = lambda self: uuid(self) + "-before-issue-19"
     try:
         yield
     finally:
-        partition.saved_inputs_as_views, FxrematPartitioner.uuid = original, uuid
+        for name, value in zip(rules, original):
+            setattr(partition, name, value)
+        FxrematPartitioner.uuid = uuid
 
 
 def _compiled(config: str, model: torch.nn.Module):
@@ -88,7 +93,7 @@ def measure(name: str, config: str, expected: dict) -> dict:
     def step():
         work.loss(work.forward(model)).backward()
 
-    with _views_skipped(config == "fxremat_no_views"):
+    with _issue19_rules_skipped(config == "fxremat_before"):
         step()  # compiles
     grads = {k: p.grad for k, p in work.model.named_parameters() if p.grad is not None}
     errors, _ = grad_rule.relative_errors(grads, expected)
@@ -107,8 +112,8 @@ def measure(name: str, config: str, expected: dict) -> dict:
         out = work.forward(model)
     work.loss(out).backward()
     report_saved = sum(r.saved_bytes for r in backend.reports) if backend is not None else None
-    return dict(model=name, config=config, saved_hooks=kept.nbytes, weight_copies=sum(copies.values()),
-                weight_copy_count=len(copies), report_saved=report_saved, peak=peak,
+    return dict(model=name, batch=conv_models.BATCH, config=config, saved_hooks=kept.nbytes,
+                weight_copies=sum(copies.values()), weight_copy_count=len(copies), report_saved=report_saved, peak=peak,
                 grad=max(errors.values()) if errors else 0.0, step=step)
 
 
@@ -138,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
     parser.add_argument("--json", default=None, metavar="PATH")
+    parser.add_argument("--batch", type=int, default=conv_models.BATCH, help="images per step (default 2)")
     args = parser.parse_args(argv)
+    conv_models.BATCH = args.batch
     torch.set_num_threads(1)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="conv_saved_"))
     torch._dynamo.config.cache_size_limit = 64
@@ -147,11 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     expected = {k: p.grad.clone() for k, p in reference.model.named_parameters() if p.grad is not None}
     rows = [measure(args.model, config, copy.deepcopy(expected)) for config in args.configs]
     time_interleaved(rows, args.steps, args.repetitions)
-    base = next((r for r in rows if r["config"] == "fxremat_no_views"), None)
+    base = next((r for r in rows if r["config"] == "fxremat_before"), None)
     for row in rows:
         row.pop("step")
         if base is not None:
-            row["step_vs_no_views"] = [s / b for s, b in zip(row["seconds"], base["seconds"])]
+            row["step_vs_before"] = [s / b for s, b in zip(row["seconds"], base["seconds"])]
         print(json.dumps(row), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

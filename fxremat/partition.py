@@ -28,7 +28,12 @@ from fxremat_passes.costs import DeviceProfile, annotate_costs
 from fxremat_passes.cse import MetaSnapshot, prepare_joint_graph
 from fxremat_passes.describe import describe_split
 from fxremat_passes.flow_problem import VALUE_ROLES, build_flow_problem
-from fxremat_passes.layout import CONVOLUTION, pin_as_strided_inputs, saved_inputs_as_views
+from fxremat_passes.layout import (
+    CONVOLUTION,
+    convolutions_kept_for_depthwise,
+    pin_as_strided_inputs,
+    saved_inputs_as_views,
+)
 from fxremat_passes.liveness import PeakEstimate, saved_views_of_inputs, simulate_step
 from fxremat_passes.phase_copies import copy_gathers_per_phase
 from fxremat_passes.region_budget import annotations_hidden
@@ -282,6 +287,10 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
         num_fwd_outputs=request.num_fwd_outputs,
         static_lifetime_input_indices=request.static_lifetime_input_indices,
     )
+    if request.inductor:  # a convolution recomputed in backward costs mkldnn's depthwise buffer (issue #19)
+        untagged = [n for n, r in roles.role.items() if r is Role.FORWARD and recompute_tag(n) is None]
+        for node, why in convolutions_kept_for_depthwise(joint, untagged).items():
+            roles.no_recompute.setdefault(node, why)
     fields: dict = dict(
         never_recomputed=never_recomputed_counts(
             {n: r for n, r in roles.no_recompute.items() if roles.role[n] is not Role.INPUT}

@@ -91,6 +91,64 @@ def workspace_bytes(node: fx.Node, channels_last: bool) -> int:
     return 2 * value_nbytes(weight) if weight.device.type == "cpu" else 0
 
 
+def depthwise_buffer_bytes(node: fx.Node) -> int:
+    """The buffer mkldnn allocates while it computes a depthwise weight gradient with a kernel above 3x3 from a
+    channels-last input: out channels x kh x kw x 1 KiB, at any batch, image size or thread count (576 x 5 x 5:
+    14,745,600 B; 64 x 7 x 7: 3,211,264 B; none for 3x3, none from a contiguous input; benchmarks/RESULTS.md,
+    session 15).  Inductor hands that op a channels-last input whenever the graph is layout-optimised
+    (``kernel/conv.py``: ``convolution_backward`` lowering, ``require_channels_last`` when the weight gradient is
+    asked), i.e. when backward recomputes a convolution."""
+    if not _mkldnn_depthwise_weight_gradient(node):
+        return 0
+    channels, _, kh, kw = _weight(node).shape
+    return int(channels * kh * kw) * 1024
+
+
+def _mkldnn_depthwise_weight_gradient(node: fx.Node) -> bool:
+    """A CPU ``convolution_backward`` that asks for the weight gradient of a 2-D depthwise convolution with a kernel
+    larger than 3x3: the one mkldnn computes through a large buffer when its input is channels-last."""
+    if node.target is not CONVOLUTION_BACKWARD or not _is_2d_convolution(node) or len(node.args) < 11:
+        return False
+    weight, groups, output_mask = _weight(node), node.args[9], node.args[10]
+    channels, per_group, kh, kw = weight.shape
+    return (
+        weight.device.type == "cpu"
+        and bool(output_mask[1])
+        and per_group == 1
+        and groups == channels
+        and isinstance(kh * kw, int)
+        and kh * kw > 9
+    )
+
+
+def convolutions_kept_for_depthwise(joint: fx.GraphModule, candidates) -> dict[fx.Node, str]:
+    """The forward convolutions no plan may recompute in a CPU joint graph Inductor will layout-optimise that has an
+    mkldnn depthwise weight gradient with a kernel above 3x3, each with the reason (``candidates``: the untagged
+    forward nodes the cut decides on).
+
+    Why (issue #19, MobileNetV3, EfficientNet): Inductor decides layout optimisation per graph, on whether it has a
+    ``convolution`` (``GraphLowering.decide_layout_opt``).  A backward that recomputes one is layout-optimised, so
+    its depthwise weight gradients read channels-last inputs and mkldnn allocates ``depthwise_buffer_bytes`` for
+    each: 14.7 MB on MobileNetV3-Small's 576-channel 5x5 convolution, 1.9x the step's peak.  A backward with no
+    convolution is not layout-optimised and allocates nothing of the kind (PyTorch's split saves every
+    convolution's output).  Saving a convolution's output costs its bytes; the buffer costs more than any
+    activation of these nets."""
+    if not any(_mkldnn_depthwise_weight_gradient(n) for n in joint.graph.nodes) or not layout_optimised(joint):
+        return {}
+    reason = "a convolution: recomputed in backward it would make mkldnn's depthwise weight gradients allocate"
+    return {n: f"{reason} {_mib(_largest_depthwise_buffer(joint))}" for n in candidates if n.target is CONVOLUTION}
+
+
+def _largest_depthwise_buffer(joint: fx.GraphModule) -> int:
+    return max(depthwise_buffer_bytes(n) for n in joint.graph.nodes)
+
+
+def _mib(nbytes: int) -> str:
+    return f"up to {nbytes / 2**20:.1f} MiB (issue #19)"
+
+
+
+
 def _restridable_inputs(bw: fx.GraphModule) -> list[fx.Node]:
     """Backward's saved-tensor placeholders: the inputs whose strides AOTAutograd replaces with the strides the
     compiled forward actually returned (``graph_compile.py``: ``_aot_stage2b_bw_compile`` restrides them from

@@ -13,7 +13,7 @@ from . import _torch_private as tp
 from .access import add_paths
 from .costs import alias_root, hinted_numel
 from .fusion import Fusion, fusion_order
-from .layout import workspace_bytes
+from .layout import CONVOLUTION, depthwise_buffer_bytes, workspace_bytes
 from .lowering import (
     KERNEL_CLASSES,
     MAX_READS,
@@ -167,6 +167,9 @@ class _Phase:
         self.activation_peak = 0
         self._find_units()
         self.workspace = {u: workspace_bytes(u, channels_last) for u in self.units}
+        if channels_last and any(n.target is CONVOLUTION for n in self.nodes):  # Inductor lays this graph out too
+            for unit in self.units:
+                self.workspace[unit] += depthwise_buffer_bytes(unit)
         # head -> units (graph order), and the kernels' successors, predecessors and earliest place
         self.kernels, self.kernel_succ, self.kernel_pred, self.kernel_lo = self._fused()
 
