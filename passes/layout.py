@@ -135,16 +135,12 @@ def convolutions_kept_for_depthwise(joint: fx.GraphModule, candidates) -> dict[f
     activation of these nets."""
     if not any(_mkldnn_depthwise_weight_gradient(n) for n in joint.graph.nodes) or not layout_optimised(joint):
         return {}
-    reason = "a convolution: recomputed in backward it would make mkldnn's depthwise weight gradients allocate"
-    return {n: f"{reason} {_mib(_largest_depthwise_buffer(joint))}" for n in candidates if n.target is CONVOLUTION}
-
-
-def _largest_depthwise_buffer(joint: fx.GraphModule) -> int:
-    return max(depthwise_buffer_bytes(n) for n in joint.graph.nodes)
-
-
-def _mib(nbytes: int) -> str:
-    return f"up to {nbytes / 2**20:.1f} MiB (issue #19)"
+    largest = max(depthwise_buffer_bytes(n) for n in joint.graph.nodes)
+    reason = (
+        "a convolution: recomputed in backward it would make mkldnn's depthwise weight gradients allocate up to "
+        f"{largest / 2**20:.1f} MiB (issue #19)"
+    )
+    return {n: reason for n in candidates if n.target is CONVOLUTION}
 
 
 
