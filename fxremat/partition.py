@@ -275,6 +275,14 @@ class _Split:
     peak: PeakEstimate | None = None  # the split's simulation, where choosing the plan ran it already
 
 
+def _keep_convolutions_for_depthwise(joint: fx.GraphModule, roles) -> None:
+    """Under Inductor, a convolution recomputed in backward can cost mkldnn's depthwise buffer (issue #19): such
+    convolutions join the never-recomputed nodes; a user's recompute tag is honoured."""
+    untagged = [n for n, r in roles.role.items() if r is Role.FORWARD and recompute_tag(n) is None]
+    for node, why in convolutions_kept_for_depthwise(joint, untagged).items():
+        roles.no_recompute.setdefault(node, why)
+
+
 def _fxremat_partition(request: PartitionRequest, options: Options, profile: DeviceProfile, regions=None) -> _Split:
     """Our passes, in order (``regions``: the graph's per-region budgets, ``knobs.effective_options``)."""
     joint = request.joint
@@ -287,10 +295,8 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
         num_fwd_outputs=request.num_fwd_outputs,
         static_lifetime_input_indices=request.static_lifetime_input_indices,
     )
-    if request.inductor:  # a convolution recomputed in backward costs mkldnn's depthwise buffer (issue #19)
-        untagged = [n for n, r in roles.role.items() if r is Role.FORWARD and recompute_tag(n) is None]
-        for node, why in convolutions_kept_for_depthwise(joint, untagged).items():
-            roles.no_recompute.setdefault(node, why)
+    if request.inductor:
+        _keep_convolutions_for_depthwise(joint, roles)
     fields: dict = dict(
         never_recomputed=never_recomputed_counts(
             {n: r for n, r in roles.no_recompute.items() if roles.role[n] is not Role.INPUT}
