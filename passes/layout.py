@@ -131,8 +131,8 @@ def convolutions_kept_for_depthwise(joint: fx.GraphModule, candidates) -> dict[f
     its depthwise weight gradients read channels-last inputs and mkldnn allocates ``depthwise_buffer_bytes`` for
     each: 14.7 MB on MobileNetV3-Small's 576-channel 5x5 convolution, 1.9x the step's peak.  A backward with no
     convolution is not layout-optimised and allocates nothing of the kind (PyTorch's split saves every
-    convolution's output).  Saving a convolution's output costs its bytes; the buffer costs more than any
-    activation of these nets."""
+    convolution's output).  Saving a convolution's output costs its bytes; at the issue's batch (2x3x64x64) the
+    buffer is larger than any activation of these nets."""
     if not any(_mkldnn_depthwise_weight_gradient(n) for n in joint.graph.nodes) or not layout_optimised(joint):
         return {}
     largest = max(depthwise_buffer_bytes(n) for n in joint.graph.nodes)
@@ -141,8 +141,6 @@ def convolutions_kept_for_depthwise(joint: fx.GraphModule, candidates) -> dict[f
         f"{largest / 2**20:.1f} MiB (issue #19)"
     )
     return {n: reason for n in candidates if n.target is CONVOLUTION}
-
-
 
 
 def _restridable_inputs(bw: fx.GraphModule) -> list[fx.Node]:
