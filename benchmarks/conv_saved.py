@@ -1,5 +1,5 @@
 """Issue #19's table for one conv net: what a compiled training step keeps for backward, its peak and its step time,
-under eager, Inductor with PyTorch's partitioner, fxremat without its saved-input views, and fxremat.
+under eager, Inductor with PyTorch's partitioner, fxremat as it was before issue #19's rules, and fxremat.
 
     python benchmarks/conv_saved.py MODEL [--steps 20] [--repetitions 3] [--batch 2] [--json PATH]
 
@@ -14,8 +14,8 @@ step of each configuration in turn, the first rotating, ``--steps`` rounds, medi
 
 ``fxremat_before`` is an ablation, for the before/after comparison only: fxremat with issue #19's two rules
 skipped while it compiles: ``layout.saved_inputs_as_views`` (so its saved weights are Inductor's channels-last
-copies) and ``layout.convolutions_kept_for_depthwise`` (so backward may recompute convolutions).  Only on a quiet machine do the times mean
-anything; bytes are exact.
+copies) and ``layout.convolutions_kept_for_depthwise`` (so backward may recompute convolutions).  Only on a quiet
+machine do the times mean anything; bytes are exact.
 """
 
 from __future__ import annotations

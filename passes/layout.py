@@ -77,15 +77,20 @@ def channels_last_copies(fw: fx.GraphModule) -> dict[str, int]:
     return copies
 
 
+def _weight_gradient_of_2d_convolution(node: fx.Node) -> bool:
+    """A ``convolution_backward`` of a 2-D convolution whose output mask asks for the weight gradient."""
+    if node.target is not CONVOLUTION_BACKWARD or not _is_2d_convolution(node):
+        return False
+    output_mask = node.args[-1]
+    return isinstance(output_mask, (list, tuple)) and bool(output_mask[1])
+
+
 def workspace_bytes(node: fx.Node, channels_last: bool) -> int:
     """Bytes an extern kernel allocates and frees inside itself, above its outputs, at its high-water mark: the
     weight gradient's two copies in mkldnn's channels-last ``convolution_backward``.  Without channels-last (layout
     optimisation off) mkldnn first reorders the input and the output gradient (two activation-sized buffers,
     measured eagerly): not modelled, Inductor runs CPU convolutions channels-last."""
-    if not channels_last or node.target is not CONVOLUTION_BACKWARD or not _is_2d_convolution(node):
-        return 0
-    output_mask = node.args[-1]
-    if not (isinstance(output_mask, (list, tuple)) and output_mask[1]):
+    if not channels_last or not _weight_gradient_of_2d_convolution(node):
         return 0
     weight = _weight(node)
     return 2 * value_nbytes(weight) if weight.device.type == "cpu" else 0
@@ -107,13 +112,12 @@ def depthwise_buffer_bytes(node: fx.Node) -> int:
 def _mkldnn_depthwise_weight_gradient(node: fx.Node) -> bool:
     """A CPU ``convolution_backward`` that asks for the weight gradient of a 2-D depthwise convolution with a kernel
     larger than 3x3: the one mkldnn computes through a large buffer when its input is channels-last."""
-    if node.target is not CONVOLUTION_BACKWARD or not _is_2d_convolution(node) or len(node.args) < 11:
+    if not _weight_gradient_of_2d_convolution(node) or len(node.args) < 11:
         return False
-    weight, groups, output_mask = _weight(node), node.args[9], node.args[10]
+    weight, groups = _weight(node), node.args[9]
     channels, per_group, kh, kw = weight.shape
     return (
         weight.device.type == "cpu"
-        and bool(output_mask[1])
         and per_group == 1
         and groups == channels
         and isinstance(kh * kw, int)
