@@ -1,0 +1,50 @@
+"""PyTorch's activation-memory knobs and region annotations, as fxremat reads them (``fxremat/knobs.py``,
+``passes/region_budget.py``): ``torch._functorch.config`` and the annotation of
+``torch.autograd.graph.region_activation_memory_budget``, which differ across the supported releases."""
+
+from __future__ import annotations
+
+import torch
+from torch._functorch import config as functorch_config
+
+from . import MEMORY_BUDGET_ANNOTATION_KEY, TORCH
+
+
+def functorch_knob(name: str):
+    """The current value of ``torch._functorch.config.<name>`` (read at compile time: callers put what changes a
+    partition into the compile-cache key)."""
+    return getattr(functorch_config, name)
+
+
+def functorch_knob_default(name: str):
+    """``torch._functorch.config.<name>``'s default (its environment override included), to tell a value the
+    user set from the default."""
+    return functorch_config._config[name].default
+
+
+def memory_budget_annotation(node: torch.fx.Node) -> float | None:
+    """The budget of ``torch.autograd.graph.region_activation_memory_budget`` around the op that made ``node``, if
+    any: ``node.meta["custom"]``, as PyTorch's partitioner reads it (``fx.traceback._get_memory_budget_annotation``,
+    2.13 on; the same read here, for the releases before it)."""
+    custom = node.meta.get("custom")
+    return custom.get(MEMORY_BUDGET_ANNOTATION_KEY) if isinstance(custom, dict) else None
+
+
+def region_memory_budget(budget: float):
+    """``torch.autograd.graph.region_activation_memory_budget(budget)`` (torch 2.13 on), or before 2.13 the
+    annotation it makes (``torch.fx.traceback.annotate``, which Dynamo traces in 2.11 and 2.12), read alike."""
+    if TORCH >= (2, 13):
+        return torch.autograd.graph.region_activation_memory_budget(budget)
+    return torch.fx.traceback.annotate({MEMORY_BUDGET_ANNOTATION_KEY: float(budget)})
+
+
+# Inductor's switches of its layout optimisation (``GraphLowering.decide_layout_opt`` reads both)
+LAYOUT_SWITCHES = ("layout_optimization", "force_layout_optimization")
+
+
+def inductor_layout_switches_at_default() -> bool:
+    """Whether ``torch._inductor.config``'s layout switches hold their defaults (environment overrides included:
+    ``TORCHINDUCTOR_LAYOUT_OPTIMIZATION``, ``TORCHINDUCTOR_FORCE_LAYOUT_OPT``), i.e. the user has not chosen."""
+    from torch._inductor import config as inductor_config
+
+    return all(getattr(inductor_config, name) == inductor_config._config[name].default for name in LAYOUT_SWITCHES)
