@@ -1,5 +1,6 @@
 """Issue #19's table for one conv net: what a compiled training step keeps for backward, its peak and its step time,
-under eager, Inductor with PyTorch's partitioner, fxremat as it was before issue #19's rules, and fxremat.
+under eager, Inductor with PyTorch's partitioner, fxremat as it was before issue #19, fxremat with Inductor's
+channels-last layout asked for, and fxremat.
 
     python benchmarks/conv_saved.py MODEL [--steps 20] [--repetitions 3] [--batch 2] [--json PATH]
 
@@ -12,10 +13,13 @@ copies among them (saved tensors shaped like a 4-D parameter and not contiguous)
 starts with (CPU profiler memory events); then step times, interleaved as ``step_interleaved.py`` times them (one
 step of each configuration in turn, the first rotating, ``--steps`` rounds, medians per repetition).
 
-``fxremat_before`` is an ablation, for the before/after comparison only: fxremat with issue #19's two rules
+``fxremat_before`` is an ablation, for the before/after comparison only: fxremat with Inductor's layout optimisation
+(``inductor_options={"layout_optimization": True}``, Inductor's own CPU default) and issue #19's two rules for it
 skipped while it compiles: ``layout.saved_inputs_as_views`` (so its saved weights are Inductor's channels-last
-copies) and ``layout.convolutions_kept_for_depthwise`` (so backward may recompute convolutions).  Only on a quiet
-machine do the times mean anything; bytes are exact.
+copies) and ``layout.convolutions_kept_for_depthwise`` (so backward may recompute convolutions).
+``fxremat_layout``: fxremat with the layout optimisation asked for (the rules on; sessions 14-15's fxremat), where
+``fxremat`` leaves its CPU compiles contiguous (``FxrematBackend._layout_patches``).  Only on a quiet machine do
+the times mean anything; bytes are exact.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import conv_models  # noqa: E402
 import grad_rule  # noqa: E402
 
-CONFIGS = ("eager", "inductor", "fxremat_before", "fxremat")
+CONFIGS = ("eager", "inductor", "fxremat_before", "fxremat_layout", "fxremat")
+LAYOUT_ON = {"layout_optimization": True}
 
 
 @contextlib.contextmanager
@@ -68,7 +73,8 @@ def _compiled(config: str, model: torch.nn.Module):
         return model, None
     if config == "inductor":
         return torch.compile(model, backend="inductor"), None
-    backend = fxremat.backend(compare_default=False)
+    layout = LAYOUT_ON if config in ("fxremat_before", "fxremat_layout") else {}
+    backend = fxremat.backend(layout, compare_default=False)
     return torch.compile(model, backend=backend), backend
 
 

@@ -201,7 +201,8 @@ class FxrematBackend:
         key = _dynamo_graph_key(gm, example_inputs, self._partitioner.uuid())
         before = len(self.reports)
         self._partitioner.current_key = key
-        patches = {**self.inductor_config, "custom_partitioner_fn": self._partitioner}
+        patches = {**self._layout_patches(example_inputs), **self.inductor_config}
+        patches["custom_partitioner_fn"] = self._partitioner
         # the eager reference of verify: a copy, since Inductor's pre-grad passes rewrite gm in place
         reference = tp.copy_graph_module(gm) if self.options.verify else None
         try:
@@ -217,6 +218,25 @@ class FxrematBackend:
             return compiled
         # here, around what Inductor returns, so that a warm cache hit (no partition) is verified too
         return self._verifier.wrap(compiled, reference, self._graph_name(gm, self.reports[before:]))
+
+    def _layout_patches(self, example_inputs) -> dict[str, Any]:
+        """Inductor's layout optimisation off for a graph whose tensors are all on the CPU, unless the user chose
+        (``inductor_options`` or ``torch._inductor.config`` names a layout switch: honoured as set).
+
+        Why (issue #19, benchmarks/RESULTS.md "Session 16"): on the CPU Inductor lays every graph with a convolution
+        out channels-last (``GraphLowering.decide_layout_opt``), so each convolution weight is copied to
+        channels-last in forward, and again in backward or kept from forward (ResNet-18, 2x3x64x64: 44 MB).  Left
+        contiguous, mkldnn reads the parameters as they are: on ResNet-18 (2x3x64x64) the step's peak is 0.79x and
+        its time 0.65x those of the same plan laid out channels-last, and mkldnn's large depthwise buffer never
+        arises.  On a GPU Inductor's choice stands (cuDNN's channels-last kernels; not measured here)."""
+        if any(name in self.inductor_config for name in tp.LAYOUT_SWITCHES):
+            return {}
+        if not tp.inductor_layout_switches_at_default():
+            return {}
+        tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+        if not tensors or any(x.device.type != "cpu" for x in tensors):
+            return {}
+        return {"layout_optimization": False}
 
     @staticmethod
     def _graph_name(gm: fx.GraphModule, reports: list[CutReport]) -> str:

@@ -86,14 +86,30 @@ def _weight_gradient_of_2d_convolution(node: fx.Node) -> bool:
 
 
 def workspace_bytes(node: fx.Node, channels_last: bool) -> int:
-    """Bytes an extern kernel allocates and frees inside itself, above its outputs, at its high-water mark: the
-    weight gradient's two copies in mkldnn's channels-last ``convolution_backward``.  Without channels-last (layout
-    optimisation off) mkldnn first reorders the input and the output gradient (two activation-sized buffers,
-    measured eagerly): not modelled, Inductor runs CPU convolutions channels-last."""
-    if not channels_last or not _weight_gradient_of_2d_convolution(node):
+    """Bytes an extern kernel allocates and frees inside itself, above its outputs, at its high-water mark, while
+    mkldnn's CPU ``convolution_backward`` computes a 2-D weight gradient: channels-last (layout optimisation on),
+    two weight-sized copies; contiguous, ``_blocked_reorder_bytes``."""
+    if not _weight_gradient_of_2d_convolution(node):
         return 0
     weight = _weight(node)
-    return 2 * value_nbytes(weight) if weight.device.type == "cpu" else 0
+    if weight.device.type != "cpu":
+        return 0
+    return 2 * value_nbytes(weight) if channels_last else _blocked_reorder_bytes(node, weight)
+
+
+def _blocked_reorder_bytes(node: fx.Node, weight: torch.Tensor) -> int:
+    """Contiguous tensors (fxremat's CPU compiles, ``FxrematBackend._layout_patches``): mkldnn reorders the input and
+    the output gradient to its blocked layout for the weight gradient, or the weight when that is larger; a 1x1
+    kernel takes a matmul path without either, a depthwise kernel above 3x3 another (measured op by op,
+    benchmarks/RESULTS.md "Session 16": 2x16x32x32 3x3 -> 32 channels, 393,216 B = input + output gradient;
+    2x64x8x8 3x3 -> 64, 147,456 B = the weight)."""
+    kh, kw = weight.shape[2:]
+    if not isinstance(kh * kw, int) or kh * kw == 1 or _mkldnn_depthwise_weight_gradient(node):
+        return 0
+    activations = [a.meta.get("val") for a in node.args[:2] if isinstance(a, fx.Node)]
+    if not all(isinstance(a, torch.Tensor) for a in activations):
+        return 0
+    return max(sum(value_nbytes(a) for a in activations), value_nbytes(weight))
 
 
 def depthwise_buffer_bytes(node: fx.Node) -> int:

@@ -95,7 +95,7 @@ if OPAQUE_NODES_AND_OUTPUT_TRACES:
 else:
     from torch.fx.experimental.symbolic_shapes import size_hint as _no_guard_hint
 # 2.13 added ``region_activation_memory_budget``, an ``fx.traceback.annotate`` of this key (made before 2.13 by
-# ``region_memory_budget`` below, and read the same way)
+# ``region_memory_budget`` in knobs.py, and read the same way)
 MEMORY_BUDGET_ANNOTATION_KEY = "_region_activation_memory_budget"
 # Inductor's decompositions: an embedding's gradient is one ``_unsafe_masked_index_put_accumulate`` from 2.13
 # (before: an ``index_put`` in the joint graph); from 2.12 a ``bmm`` that is an outer product (K = 1) is a broadcast
@@ -117,7 +117,7 @@ __all__ = [
     "activation_quantization_enabled", "aot_autograd", "aot_autograd_as_inductor", "aten_target",
     "copy_graph_module", "copy_node", "cse_enabled", "dce_impure_random", "default_partition",
     "extract_fwd_bwd_outputs", "extract_fwd_bwd_outputs_and_descs", "find_symbol_bindings", "fresh_inductor_cache",
-    "functorch_knob",
+    "functorch_knob", "inductor_layout_switches_at_default", "LAYOUT_SWITCHES",
     "functorch_knob_default", "fx_graph_cse", "get_hash_for_files", "has_free_unbacked_symbols",
     "inductor_keeps_mutation_order", "inductor_layout_optimisation", "inductor_vetoes_dragging_fusions",
     "buffer_reuse_as_now", "fxremat_buffer_reuse", "inductor_buffer_reuse", "simulating_buffer_reuse",
@@ -443,34 +443,6 @@ def aot_autograd_as_inductor(partition_fn, compiler):
     )
 
 
-def functorch_knob(name: str):
-    """The current value of ``torch._functorch.config.<name>`` (read at compile time: callers put what changes a
-    partition into the compile-cache key)."""
-    return getattr(functorch_config, name)
-
-
-def functorch_knob_default(name: str):
-    """``torch._functorch.config.<name>``'s default (its environment override included), to tell a value the
-    user set from the default."""
-    return functorch_config._config[name].default
-
-
-def memory_budget_annotation(node: torch.fx.Node) -> float | None:
-    """The budget of ``torch.autograd.graph.region_activation_memory_budget`` around the op that made ``node``, if
-    any: ``node.meta["custom"]``, as PyTorch's partitioner reads it (``fx.traceback._get_memory_budget_annotation``,
-    2.13 on; the same read here, for the releases before it)."""
-    custom = node.meta.get("custom")
-    return custom.get(MEMORY_BUDGET_ANNOTATION_KEY) if isinstance(custom, dict) else None
-
-
-def region_memory_budget(budget: float):
-    """``torch.autograd.graph.region_activation_memory_budget(budget)`` (torch 2.13 on), or before 2.13 the
-    annotation it makes (``torch.fx.traceback.annotate``, which Dynamo traces in 2.11 and 2.12), read alike."""
-    if TORCH >= (2, 13):
-        return torch.autograd.graph.region_activation_memory_budget(budget)
-    return torch.fx.traceback.annotate({MEMORY_BUDGET_ANNOTATION_KEY: float(budget)})
-
-
 def realizes_inputs(node: torch.fx.Node) -> bool:
     """Whether Inductor realizes the inputs of ``node``'s op when they have several users: the ops of
     ``torch._inductor.lowering.needs_realized_inputs`` (matmuls, convolutions, fallbacks), which
@@ -495,6 +467,16 @@ from .buffer_reuse import (  # noqa: E402
     mark_inputs_never_freed,
     simulating_buffer_reuse,
     stock_buffer_reuse,
+)
+
+# PyTorch's memory knobs and region annotations, as fxremat reads them (fxremat/knobs.py)
+from .knobs import (  # noqa: E402
+    LAYOUT_SWITCHES,
+    functorch_knob,
+    functorch_knob_default,
+    inductor_layout_switches_at_default,
+    memory_budget_annotation,
+    region_memory_budget,
 )
 
 # Inductor's scheduler, patched for fxremat's compiles alone (each hook gated by its caller's ``applies``)

@@ -1,6 +1,8 @@
-"""Issue #20 under real Inductor with its default configuration (layout optimisation on): the GroupNorm conv net whose
-``memory_budget=0.5`` plan gave 18 wrong parameter gradients before backward's ``as_strided`` reads were pinned
-(``passes/layout.py``: ``pin_as_strided_inputs``).  One cold compile, ~1 minute here.
+"""Issue #20 under real Inductor with layout optimisation on (Inductor's default; fxremat's CPU compiles turn it
+off unless asked, ``FxrematBackend._layout_patches``, and these tests ask, to keep that path checked): the
+GroupNorm conv net whose ``memory_budget=0.5`` plan gave 18 wrong parameter gradients before backward's
+``as_strided`` reads were pinned (``passes/layout.py``: ``pin_as_strided_inputs``).  One cold compile, ~1 minute
+here.
 
 The rule (the issue's, ``benchmarks/grad_rule.py``): against an fp64 eager copy, error = max|g - g64| / max|g64|; a
 parameter is wrong when its error exceeds 1e-3 and ten times eager fp32's own error.
@@ -21,6 +23,8 @@ from fxremat.examples import groupnorm_convnet
 from fxremat_passes import _torch_private as tp
 
 pytestmark = pytest.mark.inductor
+
+LAYOUT_ON = {"layout_optimization": True}  # Inductor's own decision, as a user who asks for it gets
 
 
 def _grads(model, x, target):
@@ -48,7 +52,7 @@ def test_groupnorm_convnet_budget_plan_is_right_under_layout_optimisation():
     torch.manual_seed(0)
     model = groupnorm_convnet()
     x, target = torch.randn(2, 3, 32, 32), torch.randn(2, 3, 32, 32)
-    backend = fxremat.backend(memory_budget=0.5, compare_default=False, strict=True)
+    backend = fxremat.backend(LAYOUT_ON, memory_budget=0.5, compare_default=False, strict=True)
     assert _wrong_parameters(model, x, target, backend) == []
     assert backend.reports and backend.reports[0].budget_met
 
@@ -123,7 +127,7 @@ def test_saved_weights_are_parameters_not_layout_copies():
     x = torch.randn(2, 3, 8, 8)
     eager = copy.deepcopy(model)
     eager(x).square().mean().backward()
-    backend = fxremat.backend(compare_default=False, strict=True)
+    backend = fxremat.backend(LAYOUT_ON, compare_default=False, strict=True)
     compiled = torch.compile(model, backend=backend)
     out, saved = measure_saved(lambda: compiled(x), [*model.parameters(), *model.buffers(), x])
     out.square().mean().backward()
@@ -131,3 +135,42 @@ def test_saved_weights_are_parameters_not_layout_copies():
     assert saved.nbytes == backend.reports[0].saved_bytes
     for name, p in eager.named_parameters():
         assert max_relative_error(model.get_parameter(name).grad, p.grad) < 1e-4, name
+
+
+def test_cpu_compiles_keep_the_contiguous_layout_unless_asked():
+    """Issue #19: fxremat turns Inductor's layout optimisation off for its CPU compiles (``_layout_patches``): what
+    autograd keeps is contiguous, the weights are saved as themselves (no flat view: ``saved_inputs_as_views`` is for
+    layout-optimised graphs), and the gradients are eager's.  Asked for (``inductor_options``), the optimisation is
+    back, and with it the flat views of the saved weights."""
+    from fxremat.measure import max_relative_error
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1, bias=False), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 8, 3),
+    )
+    x = torch.randn(2, 3, 8, 8)
+    eager = copy.deepcopy(model)
+    eager(x).square().mean().backward()
+    saved = {}
+    for name, options in (("default", {}), ("asked", LAYOUT_ON)):
+        torch._dynamo.reset()
+        compiled_model = copy.deepcopy(eager)
+        compiled_model.zero_grad(set_to_none=True)
+        weights = {p.untyped_storage().data_ptr() for p in compiled_model.parameters() if p.dim() == 4}
+        compiled = torch.compile(compiled_model, backend=fxremat.backend(options, compare_default=False, strict=True))
+        kept = []
+
+        def pack(t, kept=kept, weights=weights):
+            flat_weight = t.dim() == 1 and t.untyped_storage().data_ptr() in weights
+            kept.append((t.is_contiguous(), flat_weight))
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = compiled(x)
+        out.square().mean().backward()
+        saved[name] = kept
+        for key, p in eager.named_parameters():
+            assert max_relative_error(compiled_model.get_parameter(key).grad, p.grad) < 1e-4, (name, key)
+    assert saved["default"] and all(contiguous and not flat for contiguous, flat in saved["default"])
+    assert any(flat for _, flat in saved["asked"])  # the option reached Inductor, and the layout rules with it

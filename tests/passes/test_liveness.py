@@ -117,18 +117,24 @@ def test_simulated_peak_matches_the_profiler_measured_peak_under_inductor():
         assert abs(simulated_default - measured_default) <= 0.02 * measured_default, (name, simulated_default)
 
 
-def test_convnet_simulated_peak_counts_inductors_channels_last_copies():
-    """Inductor's layout optimisation (after partitioning) copies the conv input and weights to channels-last and
-    saves the copies for backward; mkldnn's channels-last convolution_backward holds two extra weight-sized buffers
-    while it returns the weight gradient (the measured peak).  Without those the simulation was 13% low."""
+@pytest.mark.parametrize(
+    "layout, tolerance", [({"layout_optimization": True}, 0.02), ({}, 0.05)], ids=["channels_last", "contiguous"]
+)
+def test_convnet_simulated_peak_counts_inductors_channels_last_copies(layout, tolerance):
+    """Inductor's layout optimisation (asked for: fxremat's CPU compiles are contiguous otherwise) copies the conv
+    input and weights to channels-last and saves the copies for backward; mkldnn's channels-last convolution_backward
+    holds two extra weight-sized buffers while it returns the weight gradient (the measured peak).  Without those the
+    simulation was 13% low.  Contiguous (fxremat's default on the CPU), mkldnn reorders the input and the output
+    gradient instead (``layout._blocked_reorder_bytes``): without them 32% low, with them 4.2% low at this size (the
+    reorders are mkldnn's choice, modelled from four measured shapes) and exact at the benchmarks' size."""
     import fxremat
 
     torch.manual_seed(0)
     model, inputs = example("convnet", dim=256, seq=128)
-    backend = fxremat.backend()
+    backend = fxremat.backend(layout)
     measured = _measured_step_peak(model, inputs, backend)
     report = backend.reports[0]
-    assert abs(report.simulated_peak_bytes - measured) <= 0.02 * measured, (report.simulated_peak_bytes, measured)
+    assert abs(report.simulated_peak_bytes - measured) <= tolerance * measured, (report.simulated_peak_bytes, measured)
 
 
 def test_channels_last_copies_are_the_placeholders_a_2d_convolution_reads():
@@ -154,7 +160,10 @@ def test_channels_last_copies_are_the_placeholders_a_2d_convolution_reads():
     assert sorted(copies.values()) == [16 * 3 * 9 * 4, 16 * 16 * 9 * 4, 4 * 3 * 16 * 16 * 4]
     backward_convs = [n for n in bw.graph.nodes if n.target is torch.ops.aten.convolution_backward.default]
     assert sorted(workspace_bytes(n, channels_last=True) for n in backward_convs) == [2 * 1728, 2 * 9216]
-    assert all(workspace_bytes(n, channels_last=False) == 0 for n in backward_convs)
+    # contiguous: mkldnn's blocked reorders of the input and the output gradient (4x16x16x16 each for conv2)
+    image, activation = 4 * 3 * 16 * 16 * 4, 4 * 16 * 16 * 16 * 4
+    contiguous = sorted(workspace_bytes(n, channels_last=False) for n in backward_convs)
+    assert contiguous == [image + activation, 2 * activation]
 
 
 class TokenExperts(torch.nn.Module):
