@@ -1,6 +1,7 @@
-"""PyTorch's activation-memory knobs and region annotations, as fxremat reads them (``fxremat/knobs.py``,
-``passes/region_budget.py``): ``torch._functorch.config`` and the annotation of
-``torch.autograd.graph.region_activation_memory_budget``, which differ across the supported releases."""
+"""PyTorch's settings as fxremat reads them: the activation-memory knobs and region annotations
+(``fxremat/knobs.py``, ``passes/region_budget.py``: ``torch._functorch.config`` and the annotation of
+``torch.autograd.graph.region_activation_memory_budget``, which differ across the supported releases), and
+Inductor's layout switches (``FxrematBackend._layout_patches`` in ``fxremat/backend.py``)."""
 
 from __future__ import annotations
 
