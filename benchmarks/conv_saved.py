@@ -17,8 +17,9 @@ step of each configuration in turn, the first rotating, ``--steps`` rounds, medi
 (``inductor_options={"layout_optimization": True}``, Inductor's own CPU default) and issue #19's two rules for it
 skipped while it compiles: ``layout.saved_inputs_as_views`` (so its saved weights are Inductor's channels-last
 copies) and ``layout.convolutions_kept_for_depthwise`` (so backward may recompute convolutions).
-``fxremat_layout``: fxremat with the layout optimisation asked for (the rules on; sessions 14-15's fxremat), where
-``fxremat`` leaves its CPU compiles contiguous (``FxrematBackend._layout_patches``).  Only on a quiet machine do
+``fxremat_layout``: fxremat with the layout optimisation asked for (the rules on; sessions 14-15's fxremat);
+``fxremat_contiguous``: with it turned off (session 16's fxremat); ``fxremat`` chooses per graph, contiguous unless
+channels-last simulates a lower peak (``passes/layout_choice.py``).  Only on a quiet machine do
 the times mean anything; bytes are exact.
 """
 
@@ -43,8 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import conv_models  # noqa: E402
 import grad_rule  # noqa: E402
 
-CONFIGS = ("eager", "inductor", "fxremat_before", "fxremat_layout", "fxremat")
+CONFIGS = ("eager", "inductor", "fxremat_before", "fxremat_layout", "fxremat_contiguous", "fxremat")
 LAYOUT_ON = {"layout_optimization": True}
+LAYOUT_OFF = {"layout_optimization": False}
 
 
 @contextlib.contextmanager
@@ -74,6 +76,7 @@ def _compiled(config: str, model: torch.nn.Module):
     if config == "inductor":
         return torch.compile(model, backend="inductor"), None
     layout = LAYOUT_ON if config in ("fxremat_before", "fxremat_layout") else {}
+    layout = LAYOUT_OFF if config == "fxremat_contiguous" else layout
     backend = fxremat.backend(layout, compare_default=False)
     return torch.compile(model, backend=backend), backend
 

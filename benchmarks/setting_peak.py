@@ -76,6 +76,7 @@ def row(name: str, setting: str) -> dict:
         segments=sum(len(r.backward_checkpoints or ()) for r in reports),
         raised=sum(r.peak_raised_by_budget or 0 for r in reports),
         grad=max(errors.values()) if errors else 0.0,
+        layouts=[r.inductor_layout for r in reports if r.inductor_layout],  # fxremat's choice (layout_choice.py)
     )
 
 

@@ -23,6 +23,7 @@ import torch
 import torch.fx as fx
 
 from fxremat_passes import _torch_private as tp
+from fxremat_passes.layout_choice import LayoutChoice
 from fxremat_passes.region_budget import annotation_key
 
 from .options import Options
@@ -64,6 +65,7 @@ class FxrematPartitioner(tp.CustomPartitionerFn):
         # the region budgets of the Dynamo graph being compiled (``region_budget.annotation_key``): AOTAutograd's
         # cache key reads the first node's budget only (one budget per graph in PyTorch), and meta is not hashed
         self.current_regions = ""
+        self.current_layout: LayoutChoice | None = None  # the compile's layout decision (passes/layout_choice.py)
 
     def __deepcopy__(self, memo):
         # Inductor deep-copies its config (which holds us) to hash it; the cache key comes from uuid(), and the
@@ -87,6 +89,7 @@ class FxrematPartitioner(tp.CustomPartitionerFn):
             static_lifetime_input_indices=kwargs.get("static_lifetime_input_indices"),
             graph_id=f"graph_{next(_graph_counter)}",
             inductor=self.as_inductor or _compiling_for_fxremat(),
+            layout=self.current_layout,
         )
         fw, bw, report = partition(request, self.options)
         self._on_report(report, self.current_key)
@@ -201,16 +204,21 @@ class FxrematBackend:
         key = _dynamo_graph_key(gm, example_inputs, self._partitioner.uuid())
         before = len(self.reports)
         self._partitioner.current_key = key
-        patches = {**self._layout_patches(example_inputs), **self.inductor_config}
+        layout_patches = self._layout_patches(example_inputs)
+        # where fxremat lays the graph out, its partitioner decides how, per graph (passes/layout_choice.py)
+        layout = self._partitioner.current_layout = LayoutChoice() if layout_patches else None
+        patches = {**layout_patches, **self.inductor_config}
         patches["custom_partitioner_fn"] = self._partitioner
+        inner = {} if layout is None else {"inner_compile": tp.inner_compile_with_layout(layout)}
         # the eager reference of verify: a copy, since Inductor's pre-grad passes rewrite gm in place
         reference = tp.copy_graph_module(gm) if self.options.verify else None
         try:
             # what the simulator must replay of Inductor's buffer reuse (_torch_private/buffer_reuse.py)
             with tp.fxremat_buffer_reuse(self.inductor_config):
-                compiled = compile_fx(gm, example_inputs, config_patches=patches)
+                compiled = compile_fx(gm, example_inputs, config_patches=patches, **inner)
         finally:
             self._partitioner.current_key, self._partitioner.current_regions = None, ""
+            self._partitioner.current_layout = None
             self._write_reports()
         if len(self.reports) == before:
             self._reemit_cached_report(key)
@@ -228,7 +236,9 @@ class FxrematBackend:
         channels-last in forward, and again in backward or kept from forward (ResNet-18, 2x3x64x64: 44 MB).  Left
         contiguous, mkldnn reads the parameters as they are: on ResNet-18 (2x3x64x64) the step's peak is 0.79x and
         its time 0.65x those of the same plan laid out channels-last, and mkldnn's large depthwise buffer never
-        arises.  On a GPU Inductor's choice stands (cuDNN's channels-last kernels; not measured here)."""
+        arises.  Contiguous is where a compile starts: the partitioner lays a graph out channels-last instead where
+        that simulates a lower step peak (``passes/layout_choice.py``: nets whose activations dwarf their weights).
+        On a GPU Inductor's choice stands (cuDNN's channels-last kernels; not measured here)."""
         if any(name in self.inductor_config for name in tp.LAYOUT_SWITCHES):
             return {}
         if not tp.inductor_layout_switches_at_default():

@@ -34,6 +34,7 @@ from fxremat_passes.layout import (
     pin_as_strided_inputs,
     saved_inputs_as_views,
 )
+from fxremat_passes.layout_choice import LayoutChoice, decide_layout, has_convolution
 from fxremat_passes.liveness import PeakEstimate, saved_views_of_inputs, simulate_step
 from fxremat_passes.phase_copies import copy_gathers_per_phase
 from fxremat_passes.region_budget import annotations_hidden
@@ -89,6 +90,8 @@ class PartitionRequest:
     static_lifetime_input_indices: list[int] | None
     graph_id: str
     inductor: bool = False  # Inductor compiles the split (not aot_eager, not no-op compilers): its layout rules apply
+    # the compile's layout decision, where fxremat may choose it (a CPU graph, no layout switch of the user's)
+    layout: LayoutChoice | None = None
 
 
 def graph_device(joint: fx.GraphModule) -> tuple[str | None, str | None]:
@@ -391,6 +394,25 @@ def _fallback(request: PartitionRequest, profile: DeviceProfile, reason: str, to
     return fw, bw, described, _peak_fields(_simulate(fw, bw, request.num_fwd_outputs))
 
 
+def _choose_layout(request: PartitionRequest, fw: fx.GraphModule, bw: fx.GraphModule, peak_fields: dict):
+    """The layout Inductor gets for our split of a CPU graph with convolutions (``layout_choice.py``): (the report's
+    peak fields under it, the layout fields).  A simulation that fails leaves the contiguous layout, logged."""
+    contiguous = peak_fields.get("simulated_peak_bytes")
+    if not isinstance(contiguous, int):  # the simulation failed
+        return peak_fields, {}
+    try:
+        channels_last = decide_layout(request.layout, fw, bw, request.num_fwd_outputs, contiguous)
+    except Exception as error:
+        log.debug("channels-last simulation failed, the layout stays contiguous: %s", error, exc_info=True)
+        request.layout.channels_last, request.layout.peaks = None, None
+        return peak_fields, {}
+    layout = dict(
+        inductor_layout="channels_last" if request.layout.channels_last else "contiguous",
+        layout_simulated_peaks=request.layout.peaks,
+    )
+    return (peak_fields if channels_last is None else _peak_fields(channels_last)), layout
+
+
 def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModule, fx.GraphModule, CutReport]:
     start = time.perf_counter()
     # a user's setting, not a fault of ours: bad region annotations raise here, outside the fallback
@@ -433,9 +455,13 @@ def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphMod
         torch_budget = options.memory_budget if budget_source == TORCH_CONFIG_SOURCE else 1.0
         with annotations_hidden(request.joint, hide=regions is not None):  # not applied, and the warning says so
             fw, bw, described, peak_fields = _fallback(request, profile, fallback_reason, torch_budget, regions)
+    if fallback_reason is None and request.layout is not None and has_convolution(fw):
+        peak_fields, layout_fields = _choose_layout(request, fw, bw, peak_fields)
+        fields.update(layout_fields)
     pin_as_strided_inputs(bw)  # ours or PyTorch's: as_strided reads independent of saved layouts (issue #20)
     if request.inductor:  # parameters saved, not Inductor's layout copies of them (issue #19)
-        saved_inputs_as_views(fw, bw, request.num_fwd_outputs)
+        with tp.inductor_config_patched(request.layout.inductor_patch() if request.layout else {}):
+            saved_inputs_as_views(fw, bw, request.num_fwd_outputs)
     tp.mark_inputs_never_freed(bw, saved_views_of_inputs(fw, bw, request.num_fwd_outputs))
     report = CutReport(
         **common,

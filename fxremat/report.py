@@ -9,60 +9,15 @@ import copy
 import dataclasses
 import json
 import re
-import threading
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from fxremat_passes.describe import RecomputedNode, SavedValue, SplitDescription
 
+from .deferred import Deferred, _DeferrableField
+
 SCHEMA_VERSION = 1
-
-
-class Deferred:
-    """Report fields that only the report needs, computed together the first time one of them is read:
-    ``compute()`` returns their values by field name (a field it leaves out keeps its default).  What ``compute``
-    holds (graphs) is released once it has run."""
-
-    def __init__(self, compute: Callable[[], dict[str, Any]]) -> None:
-        self._compute: Callable[[], dict[str, Any]] | None = compute
-        self._values: dict[str, Any] | None = None
-        self._lock = threading.Lock()  # two threads reading a report compute it once
-
-    @property
-    def done(self) -> bool:
-        """Whether ``compute()`` has run (reading its fields now costs nothing)."""
-        return self._values is not None
-
-    def values(self) -> dict[str, Any]:
-        with self._lock:
-            if self._values is None:
-                compute, self._compute = self._compute, None
-                self._values = compute()
-            return self._values
-
-
-class _DeferrableField:
-    """A ``CutReport`` field whose value may be given as a ``Deferred``: the first read computes it and stores the
-    value in its place, so a report reads the same whether its fields were computed early or late."""
-
-    def __init__(self, default: Any) -> None:
-        self.default = default
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name, self.slot = name, f"_{name}"
-
-    def __get__(self, report: Any, owner: type | None = None) -> Any:
-        if report is None:
-            return self.default  # what dataclasses takes as the field's default
-        value = report.__dict__[self.slot]
-        if isinstance(value, Deferred):
-            value = report.__dict__[self.slot] = value.values().get(self.name, self.default)
-        return value
-
-    def __set__(self, report: Any, value: Any) -> None:
-        report.__dict__[self.slot] = value
 
 
 @dataclass(frozen=True)
@@ -130,6 +85,10 @@ class CutReport:
     peak_budget_met: bool | None = None
     peak_candidates: int | None = None  # candidate plans whose peak was estimated
     peak_simulated: int | None = None  # ... and of those, the shortlist judged by simulated peak (unsplit)
+    # the layout fxremat handed Inductor for a CPU graph with convolutions ("contiguous" or "channels_last"; None:
+    # Inductor's own decision), and the simulated step peaks (contiguous, channels-last) it chose by
+    inductor_layout: str | None = None
+    layout_simulated_peaks: tuple[int, int] | None = None
     # liveness simulation of the step (passes/liveness.py), computed when first read (_DeferrableField)
     simulated_peak_bytes: int | None = _DeferrableField(None)
     simulated_activation_peak_bytes: int | None = _DeferrableField(None)  # the same, less the gradients
@@ -185,6 +144,8 @@ class CutReport:
         )
         data["recomputed"] = tuple(RecomputedNode(**r) for r in data.get("recomputed", ()))
         data["saved_symbols"] = tuple(data.get("saved_symbols", ()))
+        if data.get("layout_simulated_peaks") is not None:
+            data["layout_simulated_peaks"] = tuple(data["layout_simulated_peaks"])
         for key in ROW_FIELDS:
             data[key] = tuple(tuple(x) for x in data.get(key, ()))
         known = {f.name for f in dataclasses.fields(cls)}
@@ -467,6 +428,12 @@ def format_text(report: CutReport, max_rows: int = 20, diff: bool = False) -> st
     peak = peak_status(report)
     if peak:
         lines.append(f"simulated step peak: {peak}")
+    if report.layout_simulated_peaks is not None:
+        contiguous, channels_last = (format_bytes(n) for n in report.layout_simulated_peaks)
+        lines.append(
+            f"layout handed to Inductor: {report.inductor_layout} (simulated step peak contiguous {contiguous}, "
+            f"channels-last {channels_last})"
+        )
     lines.extend(budget_lines(report))
     saved = _by_bytes(report.saved)
     if saved:

@@ -49,3 +49,24 @@ def inductor_layout_switches_at_default() -> bool:
     from torch._inductor import config as inductor_config
 
     return all(getattr(inductor_config, name) == inductor_config._config[name].default for name in LAYOUT_SWITCHES)
+
+
+def inductor_config_patched(changes: dict):
+    """``torch._inductor.config`` with ``changes`` in force (a context manager): what the partitioner simulates a
+    compile under (``layout_choice.decide_layout``)."""
+    from torch._inductor import config as inductor_config
+
+    return inductor_config.patch(changes)
+
+
+def inner_compile_with_layout(choice):
+    """Inductor's ``compile_fx_inner`` under the layout ``choice`` (``layout_choice.LayoutChoice``) made by the
+    partitioner of this very compile: ``compile_fx`` calls it for the forward and, lazily, for the backward (after
+    applying the compile's own config patches, which this one overrides)."""
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    def inner_compile(gm, example_inputs, **kwargs):
+        with inductor_config_patched(choice.inductor_patch()):
+            return compile_fx_inner(gm, example_inputs, **kwargs)
+
+    return inner_compile

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import fxremat
-from fxremat.examples import groupnorm_convnet
+from fxremat.examples import example, groupnorm_convnet
 from fxremat_passes import _torch_private as tp
 
 pytestmark = pytest.mark.inductor
@@ -137,40 +137,49 @@ def test_saved_weights_are_parameters_not_layout_copies():
         assert max_relative_error(model.get_parameter(name).grad, p.grad) < 1e-4, name
 
 
-def test_cpu_compiles_keep_the_contiguous_layout_unless_asked():
-    """Issue #19: fxremat turns Inductor's layout optimisation off for its CPU compiles (``_layout_patches``): what
-    autograd keeps is contiguous, the weights are saved as themselves (no flat view: ``saved_inputs_as_views`` is for
-    layout-optimised graphs), and the gradients are eager's.  Asked for (``inductor_options``), the optimisation is
-    back, and with it the flat views of the saved weights."""
-    from fxremat.measure import max_relative_error
+def _saved_layouts(model, x, options) -> tuple[list[tuple[bool, bool, bool]], fxremat.CutReport]:
+    """One compiled step of ``model`` under fxremat: (what autograd keeps, as (contiguous, channels-last 4-D, a flat
+    view of a weight) per tensor; the report).  Its gradients judged against fp64 and fp32 eager copies by
+    grad_check's rule (benchmarks/grad_rule.py)."""
+    torch._dynamo.reset()
+    target = torch.zeros_like(model(x)).detach()
+    grads64 = _grads(copy.deepcopy(model).double(), x.double(), target.double())
+    grads32 = _grads(copy.deepcopy(model), x, target)
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters() if p.dim() == 4}
+    backend = fxremat.backend(options, compare_default=False, strict=True)
+    kept = []
 
+    def pack(t):
+        channels_last = t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
+        kept.append((t.is_contiguous(), channels_last, t.dim() == 1 and t.untyped_storage().data_ptr() in weights))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        grads = _grads(torch.compile(model, backend=backend), x, target)
+    errors, _ = grad_rule.relative_errors(grads, grads64)
+    eager_errors, _ = grad_rule.relative_errors(grads32, grads64)
+    assert grad_rule.judge(errors, eager_errors)["wrong"] == [], options
+    return kept, backend.reports[0]
+
+
+def test_cpu_compiles_choose_their_layout_per_graph_unless_asked():
+    """Issue #19: fxremat lays its CPU compiles out contiguous (``_layout_patches``), and channels-last where that
+    simulates a lower step peak (``passes/layout_choice.py``).  Weight-heavy: contiguous, the weights saved as
+    themselves (no flat view: ``saved_inputs_as_views`` is for layout-optimised graphs).  Activation-heavy
+    (``example("convnet")``): channels-last, in the forward and in the lazily compiled backward (the saved
+    activations are channels-last, the weights flat views).  Asked for (``inductor_options``), Inductor's own
+    decision is back on the weight-heavy net, and with it the flat views.  Gradients are eager's throughout."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 16, 3, padding=1, bias=False), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
-        torch.nn.Conv2d(16, 8, 3),
+    wide = torch.nn.Sequential(
+        torch.nn.Conv2d(64, 96, 3, padding=1, bias=False), torch.nn.ReLU(), torch.nn.Conv2d(96, 64, 3, padding=1)
     )
-    x = torch.randn(2, 3, 8, 8)
-    eager = copy.deepcopy(model)
-    eager(x).square().mean().backward()
-    saved = {}
-    for name, options in (("default", {}), ("asked", LAYOUT_ON)):
-        torch._dynamo.reset()
-        compiled_model = copy.deepcopy(eager)
-        compiled_model.zero_grad(set_to_none=True)
-        weights = {p.untyped_storage().data_ptr() for p in compiled_model.parameters() if p.dim() == 4}
-        compiled = torch.compile(compiled_model, backend=fxremat.backend(options, compare_default=False, strict=True))
-        kept = []
-
-        def pack(t, kept=kept, weights=weights):
-            flat_weight = t.dim() == 1 and t.untyped_storage().data_ptr() in weights
-            kept.append((t.is_contiguous(), flat_weight))
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = compiled(x)
-        out.square().mean().backward()
-        saved[name] = kept
-        for key, p in eager.named_parameters():
-            assert max_relative_error(compiled_model.get_parameter(key).grad, p.grad) < 1e-4, (name, key)
-    assert saved["default"] and all(contiguous and not flat for contiguous, flat in saved["default"])
-    assert any(flat for _, flat in saved["asked"])  # the option reached Inductor, and the layout rules with it
+    x = torch.randn(1, 64, 4, 4)
+    kept, report = _saved_layouts(wide, x, {})
+    assert report.inductor_layout == "contiguous"
+    assert kept and all(contiguous and not flat for contiguous, _, flat in kept)
+    kept, report = _saved_layouts(wide, x, LAYOUT_ON)
+    assert report.inductor_layout is None and any(flat for _, _, flat in kept)
+    convnet, (image,) = example("convnet")
+    kept, report = _saved_layouts(convnet, image, {})
+    assert report.inductor_layout == "channels_last"
+    assert any(channels_last for _, channels_last, _ in kept) and any(flat for _, _, flat in kept)

@@ -33,3 +33,79 @@ def test_graphs_on_other_devices_keep_inductors_choice():
     assert fxremat.backend()._layout_patches([torch.empty(2, device="meta")]) == {}
     assert fxremat.backend()._layout_patches([torch.randn(2), torch.empty(2, device="meta")]) == {}
     assert fxremat.backend()._layout_patches([3]) == {}
+
+
+# --- the partitioner's per-graph choice (passes/layout_choice.py), on the split it hands Inductor (no compile) ---
+
+
+def activation_heavy() -> tuple[torch.nn.Module, torch.Tensor]:
+    """Activations ~20x the weights (as ``example("convnet")``): mkldnn's contiguous blocked reorders of the
+    activations cost more than channels-last's weight copies."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 8, 3, padding=1),
+    )  # fmt: skip
+    return model, torch.randn(4, 3, 32, 32)
+
+
+def weight_heavy() -> tuple[torch.nn.Module, torch.Tensor]:
+    """Weights ~30x the activations (as ResNet-18's last stages at a small batch): channels-last's weight copies
+    cost more."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(64, 96, 3, padding=1, bias=False), torch.nn.ReLU(), torch.nn.Conv2d(96, 64, 3, padding=1)
+    )
+    return model, torch.randn(1, 64, 4, 4)
+
+
+def _layout_chosen(model, x):
+    """(the layout choice, the report) of fxremat's partition of ``model``, as ``FxrematBackend`` asks for it: under
+    the contiguous layout it patches in, with a choice to make."""
+    from functorch.compile import make_boxed_func
+
+    from fxremat.backend import FxrematPartitioner
+    from fxremat.options import Options
+    from fxremat_passes import _torch_private as tp
+    from fxremat_passes.layout_choice import LayoutChoice
+
+    torch._dynamo.reset()
+    reports: list = []
+    partitioner = FxrematPartitioner(
+        Options.create(compare_default=False, strict=True), lambda report, key: reports.append(report), True
+    )
+    partitioner.current_layout = choice = LayoutChoice()
+
+    def partition_fn(gm, joint_inputs, **kwargs):
+        return partitioner(gm, joint_inputs, **kwargs)
+
+    def compiler(gm, example_inputs):
+        return make_boxed_func(gm.forward)
+
+    with tp.inductor_config_patched({"layout_optimization": False}):
+        torch.compile(model, backend=tp.aot_autograd_as_inductor(partition_fn, compiler))(x).square().mean().backward()
+    return choice, reports[0]
+
+
+def test_activation_heavy_graphs_are_laid_out_channels_last():
+    choice, report = _layout_chosen(*activation_heavy())
+    contiguous, channels_last = choice.peaks
+    assert choice.channels_last and channels_last < contiguous * 0.98
+    assert choice.inductor_patch() == {"layout_optimization": True}
+    assert (report.inductor_layout, report.layout_simulated_peaks) == ("channels_last", choice.peaks)
+    assert report.simulated_peak_bytes == channels_last  # the report's peak is the chosen layout's
+    assert "layout handed to Inductor: channels_last" in fxremat.format_text(report)
+
+
+def test_weight_heavy_graphs_stay_contiguous():
+    choice, report = _layout_chosen(*weight_heavy())
+    contiguous, channels_last = choice.peaks
+    assert choice.channels_last is False and channels_last > contiguous
+    assert choice.inductor_patch() == {"layout_optimization": False}
+    assert (report.inductor_layout, report.simulated_peak_bytes) == ("contiguous", contiguous)
+
+
+def test_graphs_without_convolutions_or_a_choice_to_make_report_no_layout():
+    choice, report = _layout_chosen(torch.nn.Linear(4, 4), torch.randn(2, 4))
+    assert (choice.channels_last, report.inductor_layout, report.layout_simulated_peaks) == (None, None, None)
+    assert choice.inductor_patch() == {}

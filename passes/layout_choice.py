@@ -1,0 +1,61 @@
+"""Which layout fxremat hands Inductor for a CPU graph with convolutions: contiguous or channels-last, chosen per
+graph by the simulated step peak of the chosen split under each (issue #19).
+
+Why per graph: contiguous, mkldnn reads the parameters as they are (no weight copies, no depthwise buffer), but its
+weight gradient reorders its operands to a blocked layout, a transient of the input and output gradient's size
+(``layout._blocked_reorder_bytes``); channels-last, Inductor copies every weight to channels-last, and mkldnn's
+weight gradient allocates two weight-sized buffers (``layout.workspace_bytes``).  Which costs more depends on
+whether weights or activations dominate: on ResNet-18 (2x3x64x64) contiguous peaks 0.79x channels-last, on
+``example("convnet")`` (activations 20x its weights) channels-last peaks 0.85x contiguous (benchmarks/RESULTS.md,
+"Session 17").  No ratio of the two decides it on every net measured, so the simulator, which prices both (within
+5% on every conv net measured), does.
+
+The decision is made once the plan is chosen (under the contiguous layout, the compile's config) and holds for the
+forward and the lazily compiled backward of that graph (``LayoutChoice``, read by
+``_torch_private.inner_compile_with_layout``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.fx as fx
+
+from . import _torch_private as tp
+from .layout import CONVOLUTION
+from .liveness import PeakEstimate, simulate_step
+
+# Channels-last must lower the simulated peak by more than this fraction to be chosen: contiguous was also the faster
+# step where measured (ResNet-18 0.70x, EfficientNet-B0 within 9%), and the simulator's error on conv nets is <= 5%.
+CHANNELS_LAST_MIN_GAIN = 0.02
+
+
+@dataclass
+class LayoutChoice:
+    """One compile's layout decision.  ``channels_last``: None until the partitioner decides (Inductor's config as
+    patched by the backend then stands: contiguous); ``peaks``: the simulated step peaks (contiguous,
+    channels-last) it was decided by."""
+
+    channels_last: bool | None = None
+    peaks: tuple[int, int] | None = None
+
+    def inductor_patch(self) -> dict[str, bool]:
+        """The Inductor config a compile of this graph runs under (empty: the compile's own)."""
+        return {} if self.channels_last is None else {"layout_optimization": self.channels_last}
+
+
+def has_convolution(gm: fx.GraphModule) -> bool:
+    return any(n.target is CONVOLUTION for n in gm.graph.nodes)
+
+
+def decide_layout(
+    choice: LayoutChoice, fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, contiguous_peak: int
+) -> PeakEstimate | None:
+    """Simulate the split laid out channels-last and record the decision in ``choice``; returns that simulation
+    where it wins (the report's peak is then its), else None.  Called with the contiguous layout in force, on a
+    forward with a convolution."""
+    with tp.inductor_config_patched({"layout_optimization": True}):
+        channels_last = simulate_step(fw, bw, num_fwd_outputs)
+    choice.peaks = (contiguous_peak, channels_last.peak_bytes)
+    choice.channels_last = channels_last.peak_bytes < contiguous_peak * (1 - CHANNELS_LAST_MIN_GAIN)
+    return channels_last if choice.channels_last else None
