@@ -120,7 +120,10 @@ def _measured_lines(step, files: set[str]):
     return rows
 
 
-def _explain(captured, step, code_files) -> None:
+def _explain(captured, step, code_files, layout: str | None = None) -> None:
+    """``layout``: the report's ``inductor_layout`` (the simulation runs under the layout the compile used; outside
+    the compile Inductor's config is its own, channels-last on the CPU)."""
+    from fxremat_passes import _torch_private as tp
     from fxremat_passes import liveness
 
     fw, bw, n = captured[-1]
@@ -133,7 +136,8 @@ def _explain(captured, step, code_files) -> None:
 
     liveness._Phase.run = recording
     try:
-        sim = liveness.simulate_step(fw, bw, n)
+        with tp.inductor_config_patched({} if layout is None else {"layout_optimization": layout == "channels_last"}):
+            sim = liveness.simulate_step(fw, bw, n)
     finally:
         liveness._Phase.run = run
     print("  simulated kernels, in order (units fused into one kernel share a line):")
@@ -217,7 +221,7 @@ def run_setting(args, setting: str) -> dict:
     if args.explain and captured:
         files = {getattr(m, "__file__", "") for m in (set(PyCodeCache.modules) - before)}
         work.model.zero_grad(set_to_none=True)
-        _explain(captured, step, {f for f in files if f})
+        _explain(captured, step, {f for f in files if f}, report.inductor_layout if report is not None else None)
     return row
 
 

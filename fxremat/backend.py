@@ -78,7 +78,10 @@ class FxrematPartitioner(tp.CustomPartitionerFn):
         return (_rebuild_partitioner, (self.options,))
 
     def uuid(self) -> str:
-        text = f"{source_hash()}|{self.options.cache_key()}|{torch.__version__}|{self.current_regions}"
+        # a compile whose layout the partitioner chooses must not share cache entries with one whose layout the
+        # user fixed (both patch ``layout_optimization=False`` into Inductor's config: passes/layout_choice.py)
+        choice = "|layout-chosen" if self.current_layout is not None else ""
+        text = f"{source_hash()}|{self.options.cache_key()}|{torch.__version__}|{self.current_regions}{choice}"
         return hashlib.sha256(text.encode()).hexdigest()
 
     def __call__(self, gm: fx.GraphModule, joint_inputs, **kwargs: Any):
@@ -201,12 +204,12 @@ class FxrematBackend:
                 _warned_unsupported = True
             return compile_fx(gm, example_inputs, config_patches=self.inductor_config or None)
         self._partitioner.current_regions = annotation_key(gm)
-        key = _dynamo_graph_key(gm, example_inputs, self._partitioner.uuid())
-        before = len(self.reports)
-        self._partitioner.current_key = key
         layout_patches = self._layout_patches(example_inputs)
         # where fxremat lays the graph out, its partitioner decides how, per graph (passes/layout_choice.py)
         layout = self._partitioner.current_layout = LayoutChoice() if layout_patches else None
+        key = _dynamo_graph_key(gm, example_inputs, self._partitioner.uuid())
+        before = len(self.reports)
+        self._partitioner.current_key = key
         patches = {**layout_patches, **self.inductor_config}
         patches["custom_partitioner_fn"] = self._partitioner
         inner = {} if layout is None else {"inner_compile": tp.inner_compile_with_layout(layout)}

@@ -109,3 +109,16 @@ def test_graphs_without_convolutions_or_a_choice_to_make_report_no_layout():
     choice, report = _layout_chosen(torch.nn.Linear(4, 4), torch.randn(2, 4))
     assert (choice.channels_last, report.inductor_layout, report.layout_simulated_peaks) == (None, None, None)
     assert choice.inductor_patch() == {}
+
+
+def test_a_chosen_layout_has_a_cache_key_of_its_own():
+    """Both a compile whose layout the partitioner chooses and one where the user fixed it contiguous patch
+    ``layout_optimization=False`` into Inductor's config: the partitioner's uuid (in AOTAutograd's cache key) must
+    tell them apart, or one would be handed the other's compiled graphs (measured: resnet_gn20's channels-last plan
+    replaced by the contiguous one in one process)."""
+    from fxremat_passes.layout_choice import LayoutChoice
+
+    partitioner = fxremat.backend()._partitioner
+    fixed = partitioner.uuid()
+    partitioner.current_layout = LayoutChoice()
+    assert partitioner.uuid() != fixed
