@@ -60,6 +60,7 @@ class Fusion:
         self.first = dict(self.order)
         self.last = dict(self.order)
         self.members = {u: [u] for u in units}
+        self.reducing: set[fx.Node] = set()  # groups Inductor's C++ backend schedules as reductions (``fuse``)
 
     def find(self, u):
         group = self.group
@@ -157,8 +158,24 @@ class Fusion:
                     stack.append(p)
         return seen
 
+    def cpu_reduction_first(self, ga, gb) -> bool:
+        """Inductor's C++ backend refuses a horizontal fusion (neither group reads the other) whose earlier group
+        is a reduction and whose later one is not: ``CppScheduling._why_fuse_nodes(node1, node2)`` (the scheduler
+        pairs nodes in order, ``Scheduler.get_possible_fusions``) accepts only equal (loop, reduction) sizes or an
+        earlier pointwise node, and a fused node is a reduction where any member is (``FusedSchedulerNode``: its
+        ``group`` is its reduction's).  E.g. Mixtral's backward: an expert's one-column input-gradient ``bmm``
+        (lowered to a sum) and the weight gradient's ``index_put`` that reads the same output gradient run in
+        different kernels, with the router's ``addmm`` between them."""
+        if not self.reducing:
+            return False
+        early, late = (ga, gb) if self.lo[ga] <= self.lo[gb] else (gb, ga)
+        vertical = gb in self.succ[ga] or ga in self.succ[gb]
+        return not vertical and early in self.reducing and late not in self.reducing
+
     def merge(self, ga, gb) -> None:
         succ, pred = self.succ, self.pred
+        if gb in self.reducing:
+            self.reducing.add(ga)
         self.first[ga], self.last[ga] = min(self.first[ga], self.first[gb]), max(self.last[ga], self.last[gb])
         self.group[gb] = ga
         self.members[ga].extend(self.members.pop(gb))
@@ -176,15 +193,17 @@ class Fusion:
         succ[ga].discard(ga)
         pred[ga].discard(ga)
 
-    def fuse(self, classes: dict, loop_of, nbytes) -> dict[fx.Node, list[fx.Node]]:
+    def fuse(self, classes: dict, loop_of, nbytes, reduces=None) -> dict[fx.Node, list[fx.Node]]:
         """Merge in Inductor's order; the kernels: group head -> its units, in graph order.
 
         Most bytes shared at one index first (``access.priority``); of equal ones, the two closest in order
         (Inductor's ``score_fusion``: memory score, then proximity): the recomputed norm of a block's input fuses
         with the norm backward beside it, not with a recomputed norm of the same input twenty kernels earlier (which
-        would pull the whole recomputed block to there)."""
+        would pull the whole recomputed block to there).  ``reduces(unit)``: whether the unit is a C++ reduction
+        kernel (``cpu_reduction_first``), or None."""
         fusible = [u for u in self.units if classes[u] in KERNEL_CLASSES]
         loop = {u: loop_of(u) for u in fusible}
+        self.reducing = {u for u in fusible if reduces(u)} if reduces is not None else set()
         order, index = self.order, self.index
 
         def ranked(kv):
@@ -195,7 +214,7 @@ class Fusion:
             ga, gb = self.find(a), self.find(b)
             if ga is gb or self.too_far(ga, gb) or self.creates_cycle(ga, gb):
                 continue
-            if self.refused(ga, gb, score[0], nbytes):
+            if self.refused(ga, gb, score[0], nbytes) or self.cpu_reduction_first(ga, gb):
                 continue
             self.merge(ga, gb)
         kernels: dict[fx.Node, list[fx.Node]] = {}

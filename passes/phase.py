@@ -186,7 +186,7 @@ class _Phase:
             if key in known:
                 return known[key]
         fusion = Fusion(self.units, self.unit_reads, self.unit, self.index, self.access, self.view.segmented)
-        kernels = fusion.fuse(self.classes, self._loop, self.facts.nbytes)
+        kernels = fusion.fuse(self.classes, self._loop, self.facts.nbytes, self._cpu_reduction)
         found = (kernels, fusion.succ, fusion.pred, fusion.lo)
         if known is not None:
             known[key] = found
@@ -325,6 +325,13 @@ class _Phase:
         if values is not None:
             return numel(values)
         return max((numel(n) for n in (*self.owned[unit], *self.loop_reads[unit])), default=0)
+
+    def _cpu_reduction(self, unit: fx.Node) -> bool:
+        """Whether Inductor's C++ backend schedules the unit as a reduction (``fusion.Fusion.cpu_reduction_first``):
+        a reduction or a norm, not a scatter (a pointwise loop over its values, ``scatter_values``)."""
+        cls = self.classes[unit]
+        reduces = cls is OpClass.NORM or (cls is OpClass.REDUCTION and self.facts.loop_facts(unit)[1] is None)
+        return reduces and self.facts.on_cpu(unit)
 
     def _loop(self, unit: fx.Node) -> tuple:
         """What must match for two units to share a kernel: the loop's size (``_numel``); for a column reduction

@@ -84,3 +84,33 @@ def test_the_inductor_side_of_the_veto_never_fails_a_compile():
             raise AttributeError("renamed in a later torch")
 
     assert hooks._drags_too_much(object(), Changed(0), Changed(9)) is False
+
+
+def _kernels(fn, inputs, reduces) -> list[set[str]]:
+    """The kernels ``Fusion.fuse`` makes of the graph's computations, every one a kernel of one loop size, each
+    reading its arguments at the same index; ``reduces``: the names of the C++ reductions (None: no such rule)."""
+    from fxremat_passes.ops import OpClass
+
+    fusion, node = _fusion_of(fn, *inputs)
+    fusion.access = {u: {a: frozenset({()}) for a in u.all_input_nodes} for u in node.values()}
+    classes = {u: OpClass.POINTWISE for u in node.values()}
+    flagged = None if reduces is None else (lambda u: u.name in reduces)
+    kernels = fusion.fuse(classes, lambda u: "one loop", _nbytes, flagged)
+    return sorted(({u.name for u in members} for members in kernels.values()), key=sorted)
+
+
+def test_cpu_never_fuses_a_reduction_with_a_later_pointwise_kernel_beside_it():
+    """Inductor's C++ backend fuses two kernels that share a read and neither reads the other only where the
+    earlier is not a reduction (``CppScheduling._why_fuse_nodes``).  Mixtral's one-column input-gradient ``bmm``
+    (a sum) and the later weight-gradient scatter of the same output gradient run apart."""
+
+    def reduction_first(x):
+        return x.sum(1), x * 2
+
+    def pointwise_first(x):
+        return x * 2, x.sum(1)
+
+    x = torch.randn(64, 16)
+    assert _kernels(reduction_first, (x,), reduces=None) == [{"sum_1", "mul"}]
+    assert _kernels(reduction_first, (x,), reduces={"sum_1"}) == [{"mul"}, {"sum_1"}]
+    assert _kernels(pointwise_first, (x,), reduces={"sum_1"}) == [{"mul", "sum_1"}]
