@@ -1,8 +1,8 @@
 """The torch.compile backend: Inductor, with fxremat's partitioner plugged in through ``custom_partitioner_fn``.
 
 ``FxrematPartitioner.uuid()`` is part of AOTAutograd's and Inductor's cache keys: it hashes our source files and
-every option, so changing either never reuses a stale cached partition (TORCH_NOTES: returning None does not
-bypass the cache).  A warm cache never calls the partitioner, so each report is also stored under a key of the
+every option, so changing either never reuses a stale cached partition (a uuid of None does not bypass the
+cache).  A warm cache never calls the partitioner, so each report is also stored under a key of the
 Dynamo graph and our uuid, and re-emitted on a cache hit.
 """
 

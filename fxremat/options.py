@@ -31,7 +31,7 @@ CHECKPOINT_MODES = ("honour", "replan")
 # Measured (benchmarks/RESULTS.md, "memory_price sweep"): on the MLP and the SDPA block at D=64 and D=256 the cut is
 # the same for every price in [0, 3] (0.5-0.6x PyTorch's saved bytes, step time within noise), and at 10 the
 # D=64 models recompute their matmuls (10-14% slower steps).  2 sits inside the flat region, below that cliff,
-# and still prices memory above its traffic (TORCH_NOTES: a price of 0 kept Mixtral's gathered weights).
+# and still prices memory above its traffic (a price of 0 kept Mixtral's gathered weights).
 DEFAULT_MEMORY_PRICE = 2.0
 
 _UNITS = {

@@ -21,7 +21,7 @@ from .parametric import ParametricProblem
 log = logging.getLogger(__name__)
 
 # Bisection stops when the bracket of prices is this tight (ratio): plans change at a handful of prices per model
-# (TORCH_NOTES: 3-4 distinct cuts per model across two decades of price), so 1% finds each breakpoint.
+# (3-4 distinct cuts per model across two decades of price, where first measured), so 1% finds each breakpoint.
 PRICE_RESOLUTION = 1.01
 MAX_SOLVES = 60
 

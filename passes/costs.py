@@ -8,8 +8,8 @@ Fusion rule, in one place (``recompute_seconds``): a view, pointwise, copy or cr
 its consumer, so recomputing it costs its FLOPs only, no memory traffic; every other op runs as its own kernel and
 costs ``max(flops / peak, bytes_moved / bandwidth)`` (a roofline).  Saving a value costs a read in backward, plus
 a write in forward when its producer would otherwise have stayed inside a fused kernel (``save_traffic_bytes``).
-Justification: TORCH_NOTES "What a first weighted cut taught us" (this rule, with these CPU constants, beat
-PyTorch's cut on every model tried); the cost-model issue replaces the constants with measured ones.
+Justification: the project's first weighted cut (this rule, with these CPU constants, beat PyTorch's cut on every
+model tried); the cost-model issue replaces the constants with measured ones.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def _peak_flops(peak_flops_by_dtype: tuple, dtype: torch.dtype | None) -> float:
 
 
 # Fixed constants, not measurements of this machine, so that the same graph gives the same cut everywhere.
-# CPU: the prototype's constants (TORCH_NOTES). GPUs: datasheet dense peaks (no sparsity), SXM parts.
+# CPU: the prototype's constants. GPUs: datasheet dense peaks (no sparsity), SXM parts.
 PROFILES: dict[str, DeviceProfile] = {
     "cpu": DeviceProfile("cpu", (("default", 50e9),), 10e9),
     "a100": DeviceProfile(

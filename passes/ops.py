@@ -117,7 +117,8 @@ CREATION_OPS = _packets(
 )
 COPY_OPS = _packets("_to_copy", "clone", "cat", "constant_pad_nd", "copy", "clamp", "where", "stack")
 SEED_OPS = frozenset({"prims.inductor_seeds"})
-# Ops whose "random" tag comes only from an optional dropout argument (TORCH_NOTES: the SDPA tag trap).
+# Ops whose "random" tag comes only from an optional dropout argument (SDPA's op is tagged random although it
+# draws nothing without a dropout probability).
 DROPOUT_ARG_OPS = _packets(
     "scaled_dot_product_attention",
     "_scaled_dot_product_flash_attention",

@@ -32,7 +32,7 @@ class Role(enum.Enum):
 
 def placeholder_role(node: fx.Node) -> Role:
     """AOTAutograd recognises roles by placeholder name, and so do we, with its own predicates (the same ones the
-    split uses; TORCH_NOTES: keep the names)."""
+    split uses: keep AOTAutograd's placeholder names)."""
     if tp.is_tangent(node) or tp.is_bwd_seed_offset(node):
         return Role.TANGENT
     return Role.INPUT  # primals_*, fwd_seed, fwd_base_offset
