@@ -413,6 +413,15 @@ def _choose_layout(request: PartitionRequest, fw: fx.GraphModule, bw: fx.GraphMo
     return (peak_fields if channels_last is None else _peak_fields(channels_last)), layout
 
 
+def _ready_for_compiler(request: PartitionRequest, fw: fx.GraphModule, bw: fx.GraphModule) -> None:
+    """What any split (ours or PyTorch's) needs before the compiler gets it."""
+    pin_as_strided_inputs(bw)  # as_strided reads independent of saved layouts (issue #20)
+    if request.inductor:  # parameters saved, not Inductor's layout copies of them (issue #19), in the chosen layout
+        with tp.inductor_config_patched(request.layout.inductor_patch() if request.layout else {}):
+            saved_inputs_as_views(fw, bw, request.num_fwd_outputs)
+    tp.mark_inputs_never_freed(bw, saved_views_of_inputs(fw, bw, request.num_fwd_outputs))
+
+
 def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModule, fx.GraphModule, CutReport]:
     start = time.perf_counter()
     # a user's setting, not a fault of ours: bad region annotations raise here, outside the fallback
@@ -458,11 +467,7 @@ def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphMod
     if fallback_reason is None and request.layout is not None and has_convolution(fw):
         peak_fields, layout_fields = _choose_layout(request, fw, bw, peak_fields)
         fields.update(layout_fields)
-    pin_as_strided_inputs(bw)  # ours or PyTorch's: as_strided reads independent of saved layouts (issue #20)
-    if request.inductor:  # parameters saved, not Inductor's layout copies of them (issue #19)
-        with tp.inductor_config_patched(request.layout.inductor_patch() if request.layout else {}):
-            saved_inputs_as_views(fw, bw, request.num_fwd_outputs)
-    tp.mark_inputs_never_freed(bw, saved_views_of_inputs(fw, bw, request.num_fwd_outputs))
+    _ready_for_compiler(request, fw, bw)
     report = CutReport(
         **common,
         **describe_fields(described),
