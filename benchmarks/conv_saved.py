@@ -123,7 +123,8 @@ def measure(name: str, config: str, expected: dict) -> dict:
     report_saved = sum(r.saved_bytes for r in backend.reports) if backend is not None else None
     return dict(model=name, batch=conv_models.BATCH, config=config, saved_hooks=kept.nbytes,
                 weight_copies=sum(copies.values()), weight_copy_count=len(copies), report_saved=report_saved, peak=peak,
-                grad=max(errors.values()) if errors else 0.0, step=step)
+                grad=max(errors.values()) if errors else 0.0, step=step,
+                layouts=[r.inductor_layout for r in backend.reports if r.inductor_layout] if backend else [])
 
 
 def time_interleaved(rows: list[dict], steps: int, repetitions: int) -> None:
