@@ -187,7 +187,7 @@ def test_the_compile_cache_key_sees_which_ops_carry_which_budget(monkeypatch):
 
     keys: list = []
 
-    def fake_compile_fx(gm, example_inputs, config_patches):
+    def fake_compile_fx(gm, example_inputs, config_patches, **kwargs):  # kwargs: the backend's inner_compile
         keys.append(config_patches["custom_partitioner_fn"].uuid())
         return gm.forward
 
@@ -197,7 +197,11 @@ def test_the_compile_cache_key_sees_which_ops_carry_which_budget(monkeypatch):
         torch.manual_seed(0)
         torch.compile(TwoBlocks(budgets), backend=fxremat.backend())(_x())
     assert len(keys) == len(set(keys)) == 5
-    assert fxremat.backend()._partitioner.uuid() == keys[0]  # no regions: the key as before
+    from fxremat_passes.layout_choice import LayoutChoice
+
+    plain = fxremat.backend()._partitioner
+    plain.current_layout = LayoutChoice()  # a CPU compile's: fxremat chooses its layout
+    assert plain.uuid() == keys[0]  # no regions: the key as before
 
 
 def test_pytorchs_baseline_and_the_fallback_run_without_the_regions_pytorch_refuses():
