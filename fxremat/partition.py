@@ -31,10 +31,11 @@ from fxremat_passes.flow_problem import VALUE_ROLES, build_flow_problem
 from fxremat_passes.layout import (
     CONVOLUTION,
     convolutions_kept_for_depthwise,
+    has_convolution,
     pin_as_strided_inputs,
     saved_inputs_as_views,
 )
-from fxremat_passes.layout_choice import LayoutChoice, decide_layout, has_convolution
+from fxremat_passes.layout_choice import LayoutChoice, decide_layout
 from fxremat_passes.liveness import PeakEstimate, saved_views_of_inputs, simulate_step
 from fxremat_passes.phase_copies import copy_gathers_per_phase
 from fxremat_passes.region_budget import annotations_hidden

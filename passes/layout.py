@@ -52,9 +52,13 @@ def _is_2d_convolution(node: fx.Node) -> bool:
     return weight is not None and weight.dim() == 4
 
 
+def has_convolution(gm: fx.GraphModule) -> bool:
+    return any(n.target is CONVOLUTION for n in gm.graph.nodes)
+
+
 def layout_optimised(gm: fx.GraphModule) -> bool:
     """Whether Inductor compiles ``gm`` with convolutions in channels-last (False without any convolution)."""
-    if not any(n.target is CONVOLUTION for n in gm.graph.nodes):
+    if not has_convolution(gm):
         return False
     return tp.inductor_layout_optimisation(gm)
 

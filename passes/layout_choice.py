@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import torch.fx as fx
 
 from . import _torch_private as tp
-from .layout import CONVOLUTION
 from .liveness import PeakEstimate, simulate_step
 
 # Channels-last must lower the simulated peak by more than this fraction to be chosen: contiguous was also the faster
@@ -45,10 +44,6 @@ class LayoutChoice:
     def inductor_patch(self) -> dict[str, bool]:
         """The Inductor config a compile of this graph runs under (empty: the compile's own)."""
         return {} if self.channels_last is None else {"layout_optimization": self.channels_last}
-
-
-def has_convolution(gm: fx.GraphModule) -> bool:
-    return any(n.target is CONVOLUTION for n in gm.graph.nodes)
 
 
 def decide_layout(
