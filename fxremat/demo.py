@@ -61,7 +61,7 @@ def _compile_both(eager: torch.nn.Module, x: torch.Tensor, reference: dict, fx_b
     return runs
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="fxremat-demo", description=__doc__.splitlines()[0])
     parser.add_argument("--depth", type=int, default=2)
     parser.add_argument("--dim", type=int, default=256)
@@ -69,13 +69,52 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--memory-price", type=float, default=None)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
+
+def _time_steps(runs: dict[str, dict], x: torch.Tensor, repeats: int) -> None:
+    """Three warm-up steps each, then ``repeats`` steps each, interleaved so that drift hits both alike."""
+
+    def step(run):
+        run["model"].zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        run["compiled"](x).sum().backward()
+        run["times"].append(time.perf_counter() - start)
+
+    for _ in range(3):
+        for run in runs.values():
+            step(run)
+    for run in runs.values():
+        run["times"].clear()
+    for _ in range(repeats):
+        for run in runs.values():
+            step(run)
+
+
+def _table_rows(report, ours: dict, theirs: dict, repeats: int) -> list[list[str]]:
+    from fxremat.report import format_bytes
+
+    t_ours, t_theirs = statistics.median(ours["times"]), statistics.median(theirs["times"])
+    saved_ours, saved_theirs = ours["saved"].nbytes, theirs["saved"].nbytes
+    return [
+        ["saved activation bytes (measured)", format_bytes(saved_ours), format_bytes(saved_theirs),
+         f"{saved_ours / max(saved_theirs, 1):.2f}x"],
+        ["recompute FLOPs", f"{report.recompute_flops:,}", f"{report.baseline_recompute_flops:,}", ""],
+        ["est. recompute time", f"{report.est_recompute_seconds * 1e6:.0f} us",
+         f"{report.baseline_est_recompute_seconds * 1e6:.0f} us", ""],
+        [f"step time (median of {repeats})", f"{t_ours * 1e3:.2f} ms", f"{t_theirs * 1e3:.2f} ms",
+         f"{t_ours / t_theirs:.2f}x"],
+        ["max gradient error vs eager", f"{max(ours['errors'].values()):.1e}",
+         f"{max(theirs['errors'].values()):.1e}", ""],
+    ]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
     from tabulate import tabulate
 
     import fxremat
     from fxremat.examples import Stack
-    from fxremat.report import format_bytes
 
     torch.set_num_threads(1)  # CPU timings are only comparable on one thread
     torch.manual_seed(0)
@@ -91,57 +130,17 @@ def main(argv: list[str] | None = None) -> int:
         options["memory_price"] = args.memory_price
     fx_backend = fxremat.backend(**options)
     runs = _compile_both(eager, x, reference, fx_backend)
-
-    def step(run):
-        run["model"].zero_grad(set_to_none=True)
-        start = time.perf_counter()
-        run["compiled"](x).sum().backward()
-        run["times"].append(time.perf_counter() - start)
-
-    for _ in range(3):  # warm-up
-        for run in runs.values():
-            step(run)
-    for run in runs.values():
-        run["times"].clear()
-    for _ in range(args.repeats):  # interleaved, so drift hits both alike
-        for run in runs.values():
-            step(run)
+    _time_steps(runs, x, args.repeats)
 
     report = fx_backend.reports[0]
     ours, theirs = runs["fxremat"], runs["PyTorch default"]
-    t_ours, t_theirs = statistics.median(ours["times"]), statistics.median(theirs["times"])
-    rows = [
-        [
-            "saved activation bytes (measured)",
-            format_bytes(ours["saved"].nbytes),
-            format_bytes(theirs["saved"].nbytes),
-            f"{ours['saved'].nbytes / max(theirs['saved'].nbytes, 1):.2f}x",
-        ],
-        ["recompute FLOPs", f"{report.recompute_flops:,}", f"{report.baseline_recompute_flops:,}", ""],
-        [
-            "est. recompute time",
-            f"{report.est_recompute_seconds * 1e6:.0f} us",
-            f"{report.baseline_est_recompute_seconds * 1e6:.0f} us",
-            "",
-        ],
-        [
-            f"step time (median of {args.repeats})",
-            f"{t_ours * 1e3:.2f} ms",
-            f"{t_theirs * 1e3:.2f} ms",
-            f"{t_ours / t_theirs:.2f}x",
-        ],
-        [
-            "max gradient error vs eager",
-            f"{max(ours['errors'].values()):.1e}",
-            f"{max(theirs['errors'].values()):.1e}",
-            "",
-        ],
-    ]
     print(
         f"\n{args.depth}-block pre-LN transformer, batch {args.batch}, seq {args.seq}, dim {args.dim}, fp32, "
         f"CPU, 1 thread\n"
     )
-    print(tabulate(rows, headers=["", "fxremat", "PyTorch default", "ratio"]))
+    print(
+        tabulate(_table_rows(report, ours, theirs, args.repeats), headers=["", "fxremat", "PyTorch default", "ratio"])
+    )
     print()
     print(fxremat.format_text(report, max_rows=12))
     worst = max(max(ours["errors"].values()), max(theirs["errors"].values()))

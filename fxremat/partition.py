@@ -46,7 +46,7 @@ from .contract import kept_tagged
 from .knobs import TORCH_CONFIG_SOURCE, effective_options
 from .options import Options
 from .peak_choice import choose, segmented_split
-from .report import CutReport, Deferred, describe_fields, never_recomputed_counts
+from .report import CutReport, Deferred, describe_fields, merged_fields, never_recomputed_counts
 
 log = logging.getLogger(__name__)
 
@@ -325,17 +325,7 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
     flow = build_flow_problem(roles, costs, profile)
     _enter("solve_min_cut")
     solve_start = time.perf_counter()
-
-    def split(plan: Plan) -> tuple[fx.GraphModule, fx.GraphModule, SplitRecipe | None]:
-        saved_nodes = [flow.nodes[i] for i in plan.saved]
-        return split_with_recipe(
-            joint,
-            [n for n in saved_nodes if not tp.is_sym_node(n)],
-            [n for n in saved_nodes if tp.is_sym_node(n)],
-            num_fwd_outputs=request.num_fwd_outputs,
-            static_lifetime_input_nodes=roles.static_inputs,
-        )
-
+    split = _splitter(joint, flow, roles, request.num_fwd_outputs)
     plan, plan_fields, split_done, peak = choose(flow, roles, joint, options, profile, request, split, regions)
     fields.update(plan_fields, solve_seconds=time.perf_counter() - solve_start)
     for node in (flow.nodes[i] for i in plan.recomputed):
@@ -348,6 +338,22 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
         (fw, bw, recipe), peak, segment_fields = segmented_split(recipe, request.num_fwd_outputs, profile)
         fields.update(segment_fields)
     return _Split(fw, bw, fields, recipe, peak)
+
+
+def _splitter(joint: fx.GraphModule, flow, roles, num_fwd_outputs: int):
+    """plan -> (fw, bw, recipe): the split that saves ``plan.saved`` (symbolic sizes apart from tensors)."""
+
+    def split(plan: Plan) -> tuple[fx.GraphModule, fx.GraphModule, SplitRecipe | None]:
+        saved_nodes = [flow.nodes[i] for i in plan.saved]
+        return split_with_recipe(
+            joint,
+            [n for n in saved_nodes if not tp.is_sym_node(n)],
+            [n for n in saved_nodes if tp.is_sym_node(n)],
+            num_fwd_outputs=num_fwd_outputs,
+            static_lifetime_input_nodes=roles.static_inputs,
+        )
+
+    return split
 
 
 @contextlib.contextmanager
@@ -438,51 +444,42 @@ def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphMod
         memory_budget_source=budget_source,
         torch_version=torch.__version__,
     )
+    baseline = {}
     if options.compare_default:  # PyTorch's partitioner refuses per-region budgets: its default, without them
         with annotations_hidden(request.joint, hide=regions is not None):
             baseline = _baseline(request, profile, options.compare_budgets)
-    else:
-        baseline = {}
     comparison_seconds = baseline.pop("_comparison_seconds", 0.0)
     fallback_reason = None
-    fields: dict = {}
     # our passes mark the joint's own nodes (prepare cleans it up in place, as PyTorch does): a fallback gets their
     # meta back as it came
     joint_meta = MetaSnapshot(request.joint.graph)
     try:
-        ours = _fxremat_partition(request, options, profile, regions)
-        fw, bw, fields = ours.fw, ours.bw, ours.fields
-        _enter("describe")
-        described = describe_split(fw, bw, request.num_fwd_outputs, profile)
-        peak_fields = _report_peak_fields(fw, bw, request.num_fwd_outputs, ours.recipe, ours.peak)
+        fw, bw, fields = _ours_described(request, options, profile, regions)
+        fields = merged_fields(common, baseline, fields)  # a field made twice is our bug: inside the fallback
     except Exception as error:
         joint_meta.restore()
         if options.strict:
             raise
         fallback_reason = f"{type(error).__name__}: {error}"
-        fields = {}
-    if fallback_reason is not None:
         torch_budget = options.memory_budget if budget_source == TORCH_CONFIG_SOURCE else 1.0
         with annotations_hidden(request.joint, hide=regions is not None):  # not applied, and the warning says so
             fw, bw, described, peak_fields = _fallback(request, profile, fallback_reason, torch_budget, regions)
-    if fallback_reason is None and request.layout is not None and has_convolution(fw):
-        peak_fields, layout_fields = _choose_layout(request, fw, bw, peak_fields)
-        fields.update(layout_fields)
+        fields = merged_fields(common, baseline, describe_fields(described), peak_fields)
     _ready_for_compiler(request, fw, bw)
-    report = CutReport(
-        **common,
-        **describe_fields(described),
-        **peak_fields,
-        **fields,
-        **baseline,
-        partition_seconds=time.perf_counter() - start - comparison_seconds,
-        fallback_reason=fallback_reason,
-    )
-    log.debug(
-        "partition %s: saved %d bytes (default %s), %.3fs",
-        request.graph_id,
-        report.saved_bytes,
-        report.baseline_saved_bytes,
-        report.partition_seconds,
-    )
+    seconds = time.perf_counter() - start - comparison_seconds
+    report = CutReport(**fields, partition_seconds=seconds, fallback_reason=fallback_reason)
+    log.debug("partition %s: saved %d bytes, %.3fs", request.graph_id, report.saved_bytes, seconds)
     return fw, bw, report
+
+
+def _ours_described(request: PartitionRequest, options: Options, profile: DeviceProfile, regions):
+    """fxremat's split and every report field it makes: (fw, bw, fields)."""
+    ours = _fxremat_partition(request, options, profile, regions)
+    fw, bw = ours.fw, ours.bw
+    _enter("describe")
+    described = describe_split(fw, bw, request.num_fwd_outputs, profile)
+    peak_fields = _report_peak_fields(fw, bw, request.num_fwd_outputs, ours.recipe, ours.peak)
+    layout_fields: dict = {}
+    if request.layout is not None and has_convolution(fw):
+        peak_fields, layout_fields = _choose_layout(request, fw, bw, peak_fields)
+    return fw, bw, merged_fields(describe_fields(described), peak_fields, ours.fields, layout_fields)

@@ -195,6 +195,18 @@ def describe_fields(description: SplitDescription) -> dict[str, Any]:
     )
 
 
+def merged_fields(*parts: dict) -> dict:
+    """The report's fields, made by several stages, in one dict.  A field two stages both make is a bug of ours:
+    an error naming it (inside the partition's fallback), never one value silently over the other."""
+    merged: dict = {}
+    for part in parts:
+        clash = merged.keys() & part.keys()
+        if clash:
+            raise ValueError(f"report fields made twice: {sorted(clash)}")
+        merged.update(part)
+    return merged
+
+
 def never_recomputed_counts(reasons: dict[Any, str]) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(Counter(reasons.values()).items()))
 

@@ -265,6 +265,19 @@ def svg_pareto(report: CutReport) -> str:
         )
         label = f"budget {format_bytes(budget)}"
         parts.append(_svg_text(left + plot_w - 4, sy(budget) - 4, label, "end", 10, f'fill="{FRONTIER_COLOR}"'))
+    parts += _pareto_marks(points, frontier, sx, sy, left + plot_w * 0.7)
+    # one legend entry per colour: PyTorch's default and budget points share one (each point is labelled anyway)
+    legend = list({p.color: ("fxremat" if p.color == FXREMAT_COLOR else "PyTorch", p.color) for p in points}.values())
+    legend += [("frontier", FRONTIER_COLOR)] if frontier else []
+    parts += _svg_legend(left, 20, legend)
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _pareto_marks(points, frontier, sx, sy, label_left_of: float) -> list[str]:
+    """The frontier's line and dots, then each plan's labelled point (its label on the left past ``label_left_of``,
+    so that it stays inside the frame)."""
+    parts = []
     if frontier:
         coords = " ".join(f"{sx(s):.1f},{sy(b):.1f}" for b, s, _ in frontier)
         parts.append(f'<polyline points="{coords}" fill="none" stroke="{FRONTIER_COLOR}" stroke-width="2"/>')
@@ -281,14 +294,9 @@ def svg_pareto(report: CutReport) -> str:
             f'<circle cx="{x:.1f}" cy="{y:.1f}" r="6" fill="{point.color}" stroke="#111827">'
             f"<title>{_e(tip)}</title></circle>"
         )
-        anchor = "end" if x > left + plot_w * 0.7 else "start"
+        anchor = "end" if x > label_left_of else "start"
         parts.append(_svg_text(x + (-10 if anchor == "end" else 10), y - 8, point.label, anchor))
-    # one legend entry per colour: PyTorch's default and budget points share one (each point is labelled anyway)
-    legend = list({p.color: ("fxremat" if p.color == FXREMAT_COLOR else "PyTorch", p.color) for p in points}.values())
-    legend += [("frontier", FRONTIER_COLOR)] if frontier else []
-    parts += _svg_legend(left, 20, legend)
-    parts.append("</svg>")
-    return "".join(parts)
+    return parts
 
 
 @dataclass(frozen=True)

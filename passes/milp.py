@@ -42,7 +42,35 @@ def solve_milp(
     that many bytes (per-region budgets, ``region_search.py``)."""
     n = problem.num_values
     m = len(problem.storage_bytes)
-    # variable layout: s_0..s_{n-1}, r_0..r_{n-1}, y_0..y_{m-1}
+    cost, upper = _objective_and_bounds(problem, price)
+    matrix, lower, upper_rows = _constraints(problem, budget_bytes, storage_budgets)
+    result = milp(
+        cost,
+        constraints=LinearConstraint(matrix, lower, upper_rows),
+        integrality=np.ones(2 * n + m),
+        bounds=Bounds(np.zeros(2 * n + m), upper),
+        options={"time_limit": time_limit},
+    )
+    if result.x is None:
+        raise MilpFailed(f"MILP found no plan ({result.message})")
+    x = np.round(result.x).astype(int)
+    saved, recomputed = _demanded(problem, {v for v in range(n) if x[v]}, {v for v in range(n) if x[n + v]})
+    saved_t, recomputed_t = tuple(sorted(saved)), tuple(sorted(recomputed))
+    return Plan(
+        price=price,
+        saved=saved_t,
+        recomputed=recomputed_t,
+        saved_bytes=problem.saved_bytes(saved_t),
+        seconds=problem.seconds(saved_t, recomputed_t),
+        method="milp" if result.status == 0 else "milp (time limit)",
+        recompute_seconds=problem.recompute_seconds_of(recomputed_t),
+    )
+
+
+def _objective_and_bounds(problem: ParametricProblem, price: float) -> tuple[np.ndarray, np.ndarray]:
+    """The cost vector and the variables' upper bounds; variable layout s_0..s_{n-1}, r_0..r_{n-1}, y_0..y_{m-1}."""
+    n = problem.num_values
+    m = len(problem.storage_bytes)
     cost = np.zeros(2 * n + m)
     upper = np.ones(2 * n + m)
     for v in range(n):
@@ -60,7 +88,13 @@ def solve_milp(
             cost[n + v] = recompute
     for k, nbytes in enumerate(problem.storage_bytes):
         cost[2 * n + k] = price * nbytes
+    return cost, upper
 
+
+def _constraints(problem: ParametricProblem, budget_bytes, storage_budgets):
+    """The constraint matrix (CSR) and its row bounds, rows as the module docstring lists them."""
+    n = problem.num_values
+    m = len(problem.storage_bytes)
     rows, cols, vals, lower, upper_rows = [], [], [], [], []
 
     def add_row(entries, lo, hi):
@@ -86,20 +120,13 @@ def solve_milp(
     for storages, nbytes in storage_budgets:
         add_row([(2 * n + k, float(problem.storage_bytes[k])) for k in storages], -np.inf, float(nbytes))
     matrix = coo_array((vals, (rows, cols)), shape=(len(lower), 2 * n + m)).tocsr()
-    result = milp(
-        cost,
-        constraints=LinearConstraint(matrix, np.array(lower), np.array(upper_rows)),
-        integrality=np.ones(2 * n + m),
-        bounds=Bounds(np.zeros(2 * n + m), upper),
-        options={"time_limit": time_limit},
-    )
-    if result.x is None:
-        raise MilpFailed(f"MILP found no plan ({result.message})")
-    x = np.round(result.x).astype(int)
-    chosen_save = {v for v in range(n) if x[v]}
-    chosen_recompute = {v for v in range(n) if x[n + v]}
-    # keep only what backward demands (the same walk as the cut's), so plans compare like for like
-    preds: list[list[int]] = [[] for _ in range(n)]
+    return matrix, np.array(lower), np.array(upper_rows)
+
+
+def _demanded(problem: ParametricProblem, chosen_save: set[int], chosen_recompute: set[int]) -> tuple[set, set]:
+    """Only what backward demands of the MILP's choice (the same walk as the cut's), so plans compare like for
+    like: (saved, recomputed)."""
+    preds: list[list[int]] = [[] for _ in range(problem.num_values)]
     for u, w in problem.edges:
         preds[w].append(u)
     saved, recomputed, seen = set(), set(), set()
@@ -116,16 +143,7 @@ def solve_milp(
             stack.extend(preds[v])
         else:
             raise MilpFailed(f"MILP plan leaves needed value {v} unavailable")
-    saved_t, recomputed_t = tuple(sorted(saved)), tuple(sorted(recomputed))
-    return Plan(
-        price=price,
-        saved=saved_t,
-        recomputed=recomputed_t,
-        saved_bytes=problem.saved_bytes(saved_t),
-        seconds=problem.seconds(saved_t, recomputed_t),
-        method="milp" if result.status == 0 else "milp (time limit)",
-        recompute_seconds=problem.recompute_seconds_of(recomputed_t),
-    )
+    return saved, recomputed
 
 
 def objective(problem: ParametricProblem, plan: Plan, price: float) -> float:

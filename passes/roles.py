@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -134,107 +135,20 @@ def classify(
     joint: fx.GraphModule, *, num_fwd_outputs: int, static_lifetime_input_indices: list[int] | None
 ) -> GraphRoles:
     start = time.perf_counter()
-    graph = joint.graph
-    nodes = list(graph.nodes)
+    nodes = list(joint.graph.nodes)
     classes = {n: op_class(n) for n in nodes}
     inputs_of = {n: n.all_input_nodes for n in nodes}  # read once: each call of all_input_nodes builds a list
-
-    # Backward: everything downstream of a tangent or of a node tagged for backward.
-    backward: set[fx.Node] = set()
-    for node in nodes:
-        if node.op == "placeholder" and placeholder_role(node) is Role.TANGENT:
-            backward.add(node)
-        elif node.op != "output" and (not backward.isdisjoint(inputs_of[node]) or tp.must_be_in_backward(node)):
-            backward.add(node)
-
     fwd_outputs, bwd_outputs = tp.extract_fwd_bwd_outputs(joint, num_fwd_outputs)
-    # Forward: ancestors of the forward outputs.
-    forward: set[fx.Node] = set()
-    stack = [o for o in fwd_outputs if isinstance(o, fx.Node)]
-    while stack:
-        node = stack.pop()
-        if node in forward:
-            continue
-        forward.add(node)
-        stack.extend(inputs_of[node])
-
-    role: dict[fx.Node, Role] = {}
-    for node in nodes:
-        if node.op == "output":
-            role[node] = Role.OUTPUT
-        elif node.op == "placeholder":
-            role[node] = placeholder_role(node)
-        elif node in backward:
-            role[node] = Role.BACKWARD
-        elif node in forward:
-            role[node] = Role.FORWARD
-        else:
-            role[node] = Role.BACKWARD_ONLY
-
-    needed: set[fx.Node] = set()
-    for node in nodes:
-        if role[node] is Role.BACKWARD:
-            needed.update(a for a in inputs_of[node] if role[a] not in (Role.BACKWARD, Role.TANGENT))
-    for out in bwd_outputs:
-        if isinstance(out, fx.Node) and role[out] not in (Role.BACKWARD, Role.TANGENT):
-            needed.add(out)
+    backward = _backward_nodes(nodes, inputs_of)
+    forward = _ancestors(fwd_outputs, inputs_of.__getitem__)
+    role = _assign_roles(nodes, forward, backward)
+    needed = _needed_by_backward(nodes, role, inputs_of, bwd_outputs)
     order = {n: i for i, n in enumerate(nodes)}
-
     primals = [n for n in nodes if tp.is_primal(n)]
     static = frozenset(primals[i] for i in (static_lifetime_input_indices or []) if i < len(primals))
-
-    no_recompute: dict[fx.Node, str] = {}
-    no_save: dict[fx.Node, str] = {}
-    conflicts: dict[fx.Node, str] = {}
-    # A value computed in backward from a graph input that forward mutates in place would read the new value
-    # (BatchNorm's running stats): such readers stay in forward and are saved, as PyTorch's partitioner does.
-    mutated = tp.mutated_inputs(joint, num_fwd_outputs)
-    reads_mutated: set[fx.Node] = set()
-    for node in nodes:
-        if role.get(node) is Role.FORWARD and any(
-            a in mutated or a in reads_mutated and classes[a] is OpClass.VIEW for a in inputs_of[node]
-        ):
-            reads_mutated.add(node)
-    for node in nodes:
-        r = role[node]
-        if r in (Role.OUTPUT, Role.BACKWARD, Role.TANGENT):
-            continue
-        cls = classes[node]
-        reason = _never_recompute_reason(node, cls, r)
-        if reason is None and node in reads_mutated:
-            reason = "reads a graph input that forward mutates in place"
-        if r is Role.BACKWARD_ONLY and reason is not None and not tp.must_be_in_forward(node):
-            reason = None  # it runs once either way; computing it in backward is not a recompute
-        if reason is not None:
-            no_recompute[node] = reason
-        cannot_save = _value_cannot_be_saved(node)
-        if cannot_save is not None:
-            no_save[node] = cannot_save
-
-    unsaveable = must_recompute_values(nodes, role, classes, inputs_of)
-    for node, why in unsaveable.items():
-        if node in no_recompute:
-            conflicts[node] = f"{why}, but never recomputed: {no_recompute[node]}"
-        elif node not in no_save:
-            no_save[node] = why
-
-    # A MUST_RECOMPUTE value that cannot be recomputed after all (it reads, perhaps through other tagged values, a
-    # value that may be neither saved nor recomputed: the items of a never-recomputed random op) keeps its data by
-    # being saved: safety wins over the tag, and the report says so.
-    recomputable: dict[fx.Node, bool] = {}
-    for node in nodes:
-        if role[node] in (Role.OUTPUT, Role.BACKWARD, Role.TANGENT):
-            continue
-        recomputable[node] = (
-            node not in no_recompute
-            and role[node] is not Role.INPUT
-            and all(a not in no_save or recomputable.get(a, False) for a in inputs_of[node])
-        )
-        why = unsaveable.get(node)
-        if why is not None and no_save.get(node) == why and not recomputable[node]:
-            del no_save[node]
-            conflicts[node] = f"{why}, but it reads a value that is never recomputed nor saved: saved"
-
+    reads_mutated = _reads_mutated_inputs(nodes, role, classes, inputs_of, tp.mutated_inputs(joint, num_fwd_outputs))
+    no_recompute, no_save = _recompute_and_save_limits(nodes, role, classes, reads_mutated)
+    conflicts = _apply_must_recompute(nodes, role, classes, inputs_of, no_recompute, no_save)
     result = GraphRoles(
         role=role,
         needed=tuple(sorted(needed, key=order.__getitem__)),
@@ -256,14 +170,120 @@ def classify(
     return result
 
 
+def _backward_nodes(nodes: list[fx.Node], inputs_of: dict) -> set[fx.Node]:
+    """Everything downstream of a tangent or of a node tagged for backward."""
+    backward: set[fx.Node] = set()
+    for node in nodes:
+        if node.op == "placeholder" and placeholder_role(node) is Role.TANGENT:
+            backward.add(node)
+        elif node.op != "output" and (not backward.isdisjoint(inputs_of[node]) or tp.must_be_in_backward(node)):
+            backward.add(node)
+    return backward
+
+
+def _ancestors(outputs, inputs_of: Callable[[fx.Node], list[fx.Node]]) -> set[fx.Node]:
+    """The nodes ``outputs`` are computed from, themselves included (forward: PyTorch's ``is_required_fw``)."""
+    found: set[fx.Node] = set()
+    stack = [o for o in outputs if isinstance(o, fx.Node)]
+    while stack:
+        node = stack.pop()
+        if node not in found:
+            found.add(node)
+            stack.extend(inputs_of(node))
+    return found
+
+
+def _assign_roles(nodes: list[fx.Node], forward: set[fx.Node], backward: set[fx.Node]) -> dict[fx.Node, Role]:
+    role: dict[fx.Node, Role] = {}
+    for node in nodes:
+        if node.op == "output":
+            role[node] = Role.OUTPUT
+        elif node.op == "placeholder":
+            role[node] = placeholder_role(node)
+        elif node in backward:
+            role[node] = Role.BACKWARD
+        elif node in forward:
+            role[node] = Role.FORWARD
+        else:
+            role[node] = Role.BACKWARD_ONLY
+    return role
+
+
+def _needed_by_backward(nodes, role, inputs_of, bwd_outputs) -> set[fx.Node]:
+    """The non-backward values backward reads, and the gradients computed without a tangent."""
+    needed: set[fx.Node] = set()
+    for node in nodes:
+        if role[node] is Role.BACKWARD:
+            needed.update(a for a in inputs_of[node] if role[a] not in (Role.BACKWARD, Role.TANGENT))
+    for out in bwd_outputs:
+        if isinstance(out, fx.Node) and role[out] not in (Role.BACKWARD, Role.TANGENT):
+            needed.add(out)
+    return needed
+
+
+def _reads_mutated_inputs(nodes, role, classes, inputs_of, mutated) -> set[fx.Node]:
+    """A value computed in backward from a graph input that forward mutates in place would read the new value
+    (BatchNorm's running stats): such readers (through views too) stay in forward and are saved, as PyTorch's
+    partitioner does."""
+    reads_mutated: set[fx.Node] = set()
+    for node in nodes:
+        if role.get(node) is Role.FORWARD and any(
+            a in mutated or a in reads_mutated and classes[a] is OpClass.VIEW for a in inputs_of[node]
+        ):
+            reads_mutated.add(node)
+    return reads_mutated
+
+
+def _recompute_and_save_limits(nodes, role, classes, reads_mutated) -> tuple[dict[fx.Node, str], dict[fx.Node, str]]:
+    """(node -> why it may never be recomputed, node -> why it may never be saved), before MUST_RECOMPUTE tags."""
+    no_recompute: dict[fx.Node, str] = {}
+    no_save: dict[fx.Node, str] = {}
+    for node in nodes:
+        r = role[node]
+        if r in (Role.OUTPUT, Role.BACKWARD, Role.TANGENT):
+            continue
+        reason = _never_recompute_reason(node, classes[node], r)
+        if reason is None and node in reads_mutated:
+            reason = "reads a graph input that forward mutates in place"
+        if r is Role.BACKWARD_ONLY and reason is not None and not tp.must_be_in_forward(node):
+            reason = None  # it runs once either way; computing it in backward is not a recompute
+        if reason is not None:
+            no_recompute[node] = reason
+        cannot_save = _value_cannot_be_saved(node)
+        if cannot_save is not None:
+            no_save[node] = cannot_save
+    return no_recompute, no_save
+
+
+def _apply_must_recompute(nodes, role, classes, inputs_of, no_recompute, no_save) -> dict[fx.Node, str]:
+    """Adds the MUST_RECOMPUTE tags' values to ``no_save`` (in place) and returns node -> the tag a safety rule
+    overrode.  A MUST_RECOMPUTE value that cannot be recomputed after all (it reads, perhaps through other tagged
+    values, a value that may be neither saved nor recomputed: the items of a never-recomputed random op) keeps its
+    data by being saved: safety wins over the tag, and the report says so."""
+    conflicts: dict[fx.Node, str] = {}
+    unsaveable = must_recompute_values(nodes, role, classes, inputs_of)
+    for node, why in unsaveable.items():
+        if node in no_recompute:
+            conflicts[node] = f"{why}, but never recomputed: {no_recompute[node]}"
+        elif node not in no_save:
+            no_save[node] = why
+    recomputable: dict[fx.Node, bool] = {}
+    for node in nodes:
+        if role[node] in (Role.OUTPUT, Role.BACKWARD, Role.TANGENT):
+            continue
+        recomputable[node] = (
+            node not in no_recompute
+            and role[node] is not Role.INPUT
+            and all(a not in no_save or recomputable.get(a, False) for a in inputs_of[node])
+        )
+        why = unsaveable.get(node)
+        if why is not None and no_save.get(node) == why and not recomputable[node]:
+            del no_save[node]
+            conflicts[node] = f"{why}, but it reads a value that is never recomputed nor saved: saved"
+    return conflicts
+
+
 def forward_nodes(joint: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:
     """Ancestors of the forward outputs (PyTorch's ``is_required_fw``)."""
     fwd_outputs, _ = tp.extract_fwd_bwd_outputs(joint, num_fwd_outputs)
-    forward: set[fx.Node] = set()
-    stack = [o for o in fwd_outputs if isinstance(o, fx.Node)]
-    while stack:
-        node = stack.pop()
-        if node not in forward:
-            forward.add(node)
-            stack.extend(node.all_input_nodes)
-    return forward
+    return _ancestors(fwd_outputs, lambda node: node.all_input_nodes)

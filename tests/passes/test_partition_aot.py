@@ -192,6 +192,22 @@ def test_fault_in_any_pass_falls_back_with_one_warning(pass_name):
     assert reports[0].saved_bytes == reports[0].baseline_saved_bytes == saved.nbytes
 
 
+def test_a_report_field_made_twice_falls_back_instead_of_failing_the_compile(monkeypatch):
+    """Report fields come from several stages; a field two stages both make is our bug, caught inside the
+    fallback (it used to raise TypeError from the report's constructor, after it, failing the compile)."""
+    real = partition_module._plan_fields
+    monkeypatch.setattr(partition_module, "_plan_fields", lambda *a: {**real(*a), "graph_id": "twice"})
+    model, inputs = example("mlp")
+    _, expected = eager_grads(model, inputs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, grads, _, reports = run_fxremat_aot(model, inputs)
+    assert len([w for w in caught if issubclass(w.category, fxremat.FxrematFallbackWarning)]) == 1
+    assert "made twice: ['graph_id']" in reports[0].fallback_reason
+    assert reports[0].graph_id != "twice"
+    assert_grads_close(grads, expected)
+
+
 def test_strict_raises_instead_of_falling_back():
     model, inputs = example("mlp")
     with partition_module.inject_fault("solve_min_cut"), pytest.raises(RuntimeError, match="injected fault"):
