@@ -341,7 +341,7 @@ def choose_plan_for_peak(flow, roles, joint, options, profile, request, split, c
     # scale
     segmented = None
     if chosen is None:
-        segmented = _segmented_lowest(candidates, shortlist, real, simulated, options, request, profile)
+        segmented = _segmented_lowest(candidates, shortlist, real, simulated, options, request, profile, default_plan)
     floor = real[plan_key(lowest)]
     if segmented is not None and segmented[2].peak_bytes < floor:
         floor = segmented[2].peak_bytes
@@ -391,18 +391,30 @@ def _within_contract(flow, options, profile, request, contract, simulated, defau
     return default_plan, candidates, simulated.peak(user)
 
 
-def _segmented_lowest(candidates, shortlist, real, simulated, options, request, profile):
+def _segmented_lowest(candidates, shortlist, real, simulated, options, request, profile, default_plan):
     """(plan, its lowest-peak segmented recipe, that recipe's simulation, report fields) with the lowest segmented
-    peak among the fewest-bytes candidate and the ``LOWERED_CANDIDATES`` lowest-peak shortlisted plans (``real``: plan
-    key -> simulated peak), or None: where ``backward_segments=False``, or no such split can be segmented or
-    simulated.  The lowest plan unsegmented often segments lowest too: a plan keeping more bytes recomputes less."""
+    peak among the fewest-bytes candidate, the ``LOWERED_CANDIDATES`` lowest-peak shortlisted plans (``real``: plan
+    key -> simulated peak) and every plan ``memory_budget``'s walk segments on its way down to the fewest bytes
+    (``_segmented_by_budget_walk``), or None: where ``backward_segments=False``, or no such split can be segmented or
+    simulated.  The lowest plan unsegmented often segments lowest too (a plan keeping more bytes recomputes less),
+    but not always: a checkpointed plan a little higher unsegmented can segment lower, and a ``memory_budget`` that
+    runs it so must not go below ``peak_budget=0.0``."""
     if options.backward_segments is False:
         return None
+    segmentations: dict = {}  # plan key -> (plan, its segmentation or None)
+
+    def segmented_peak(plan: Plan) -> float:
+        key = plan_key(plan)
+        if key not in segmentations:
+            segmentations[key] = (plan, _segmentation(simulated, plan, request, profile))
+        found = segmentations[key][1]
+        return found[1].peak_bytes if found is not None else float("inf")
+
     fewest = min(candidates, key=lambda p: (p.saved_bytes, p.seconds))
-    lowest = sorted(shortlist, key=lambda p: (real[plan_key(p)], p.seconds))[:LOWERED_CANDIDATES]
-    found = []
-    for plan in {plan_key(p): p for p in (fewest, *lowest)}.values():
-        segmentation = _segmentation(simulated, plan, request, profile)
-        if segmentation is not None:
-            found.append((plan, *segmentation))
+    for plan in (fewest, *sorted(shortlist, key=lambda p: (real[plan_key(p)], p.seconds))[:LOWERED_CANDIDATES]):
+        segmented_peak(plan)
+    if options.backward_segments is None:  # memory_budget's walk segments as it goes (choose_plan_for_budget)
+        walked = budget_shortlist(candidates, simulated.peak, default_plan, fewest, PEAK_SIMULATED_CANDIDATES)
+        monotone_choice(walked, default_plan, fewest.saved_bytes, simulated.peak, segmented_peak)
+    found = [(plan, *segmentation) for plan, segmentation in segmentations.values() if segmentation is not None]
     return min(found, key=lambda f: (f[2].peak_bytes, f[0].seconds), default=None)
