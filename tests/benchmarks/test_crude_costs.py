@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from conftest import run_fxremat_aot
+from helpers import run_fxremat_aot
 from crude_costs import costs_variant
 
 

@@ -11,7 +11,7 @@ import copy
 
 import pytest
 import torch
-from conftest import assert_grads_close
+from helpers import assert_grads_close
 
 import fxremat
 from fxremat.examples import example

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import aot_eager, capture_joint
+from helpers import aot_eager, capture_joint
 from cost_model import materialise  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode
 

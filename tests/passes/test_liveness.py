@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
-from conftest import run_fxremat_aot
+from helpers import run_fxremat_aot
 
 from fxremat.examples import example
 from fxremat_passes import _torch_private as tp
@@ -52,7 +52,7 @@ def test_exact_peak_of_a_small_model_counted_by_hand():
 def test_peak_budget_is_met_monotone_and_keeps_gradients():
     import warnings
 
-    from conftest import assert_grads_close, eager_grads
+    from helpers import assert_grads_close, eager_grads
 
     from fxremat.plan import FxrematBudgetWarning
 
@@ -148,7 +148,7 @@ def test_channels_last_copies_are_the_placeholders_a_2d_convolution_reads():
         captured["fw"], captured["bw"] = default_partition(gm, joint_inputs, **kwargs)
         return captured["fw"], captured["bw"]
 
-    from conftest import run_aot
+    from helpers import run_aot
 
     model, inputs = example("convnet")  # conv1 3->16, conv2 16->16, 3x3; input (4, 3, 16, 16)
     run_aot(model, inputs, partition_fn)

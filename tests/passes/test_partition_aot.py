@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 import torch.nn as nn
-from conftest import assert_grads_close, capture_joint, eager_grads, noop_compiler, run_aot, run_fxremat_aot
+from helpers import assert_grads_close, capture_joint, eager_grads, noop_compiler, run_aot, run_fxremat_aot
 
 import fxremat
 from fxremat import partition as partition_module

@@ -10,7 +10,7 @@ import json
 import pickle
 
 import pytest
-from conftest import run_aot
+from helpers import run_aot
 
 import fxremat
 from fxremat import partition as partition_module

@@ -15,7 +15,7 @@ import os
 
 import torch
 import torch.fx as fx
-from conftest import noop_compiler
+from helpers import noop_compiler
 from functorch.compile import aot_function
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import aot_eager
+from helpers import aot_eager
 from fuzz_models import FuzzModel, Program, Step, fresh, loss_of, make_inputs
 from robust_helpers import FP32_RTOL, TaggedDropout, assert_steps_match, eager_step, fxremat_step
 

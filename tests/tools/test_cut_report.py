@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import noop_compiler, run_fxremat_aot
+from helpers import noop_compiler, run_fxremat_aot
 
 import fxremat
 from fxremat import cli
