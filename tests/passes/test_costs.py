@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import aot_eager, capture_joint
 from cost_model import materialise  # noqa: E402
+from helpers import aot_eager, capture_joint
 from torch.utils.flop_counter import FlopCounterMode
 
 from fxremat.examples import EXAMPLES, example

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from helpers import noop_compiler
 from functorch.compile import aot_module
+from helpers import noop_compiler
 
 import fxremat
 from fxremat.measure import SavedTensors, max_relative_error, measure_saved

@@ -1,5 +1,5 @@
 """The fast passes against PyTorch's own: ``cse.prepare_joint_graph`` (one-pass dead code elimination + CSE) and
-``split.split_joint_graph`` (forward/backward extraction) must give, on every graph fxremat partitions here, the
+``split.split_with_recipe`` (forward/backward extraction) must give, on every graph fxremat partitions here, the
 graphs PyTorch's chain gives (``tp.prepare_joint_graph``; ``tp.split_with_saved_values`` for the same saved set):
 the same generated code (so the same placeholders, outputs, order and names), the same ``node.meta`` node for
 node, the same output descriptors.  Each test runs real partitions (example models, fuzzer programs, dynamic

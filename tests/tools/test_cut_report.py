@@ -163,8 +163,9 @@ def test_batchnorm_model_in_process(tmp_path):
 def test_json_is_stable_and_versioned(json_out):
     data = json_out["data"]
     assert json_out["text"] == json.dumps(data, indent=2, sort_keys=True) + "\n"  # sorted keys, one layout
-    assert data["schema_version"] == 1
+    assert data["schema_version"] == 2 and "extra" not in data
     report = CutReport.from_dict(data)  # the schema round-trips
+    assert CutReport.from_dict({**data, "schema_version": 1, "extra": {}}) == report  # schema 1's "extra" is dropped
     assert report.saved_bytes == data["saved_bytes"] and len(report.saved) == len(data["saved"])
     row_fields = {"name", "op", "shape", "dtype", "nbytes", "nbytes_expr", "storage", "counted", "source", "module"}
     assert all(set(row) == row_fields | {"storage_nbytes"} for row in data["saved"] + data["baseline_saved"])
