@@ -22,6 +22,9 @@ SIZES: dict[str, dict[str, int]] = {
     "small": dict(layers=2, hidden=256, heads=4, vocab=1024, batch=2, seq=128),
     "medium": dict(layers=4, hidden=512, heads=8, vocab=2048, batch=4, seq=256),
 }
+# The tests' transformers models (tests/passes/test_costs.py's FLOP checks, tests/tools/test_cut_report.py's GPT-2):
+# one layer (more where a test says so), small enough that each traces in about a second.
+TEST_SHAPE: dict[str, int] = dict(layers=1, hidden=64, heads=2, ffn=128, vocab=128, batch=2, seq=16)
 
 # llama_stack: fxremat.examples.LlamaStack, a Llama-style stack written in this repository (RMSNorm, RoPE,
 # grouped-query attention, SwiGLU; 2 blocks), the "stack of your own" of issue #15.
@@ -143,23 +146,40 @@ def _example(name: str, shape: dict[str, int]) -> Workload:
 
 
 def hf_workload(name: str, shape: dict[str, int]) -> Workload:
-    """A transformers model of ``name`` at ``shape`` (``SIZES``' keys; Llama also reads ``kv_heads`` and ``ffn``),
-    built after ``torch.manual_seed(0)``, on the CPU in fp32: what benchmarks/gpu_check.py builds at its own sizes."""
+    """A transformers model of ``name`` at ``shape`` (``hf_model``) and its batch, built after
+    ``torch.manual_seed(0)``, on the CPU in fp32: what benchmarks/gpu_check.py builds at its own sizes, and the tests
+    at ``TEST_SHAPE``."""
     torch.manual_seed(0)
     return _hf_model(name, shape)
 
 
-def _hf_model(name: str, shape: dict[str, int]) -> Workload:
+def hf_model(name: str, shape: dict[str, int], **kwargs) -> torch.nn.Module:
+    """The transformers model ``name`` with random weights (never the hub), sdpa attention everywhere so that every
+    model meets the same attention op, at ``shape``: ``SIZES``' keys, plus ``ffn`` (the MLP width; 4x ``hidden``
+    unless given, 2x for Mixtral), Llama's and Mixtral's ``kv_heads`` and Mixtral's ``experts`` where given.  The one
+    place a transformers config is written, for the benchmarks and the tests alike; ``kwargs`` go to
+    ``_from_config`` (Mixtral's ``experts_implementation``).  Draws the weights from torch's current random state."""
     import transformers
 
     transformers.logging.set_verbosity_error()  # random-weight configs trigger harmless warnings on every build
-    return _HF_BUILDERS[name](transformers, shape)
+    cls, config = _HF_CONFIGS[name](transformers, shape)
+    model = cls._from_config(config, attn_implementation="sdpa", **kwargs)
+    if name == "gpt2":
+        model.loss_type = "ForCausalLM"  # GPT-2's default loss lookup breaks the graph under Dynamo
+    return model
 
 
-def _from_config(cls, config, **kwargs):
-    """Random weights from a config: never touches the hub.  sdpa attention everywhere, so every model meets the
-    same attention op."""
-    return cls._from_config(config, attn_implementation="sdpa", **kwargs)
+def _hf_model(name: str, shape: dict[str, int]) -> Workload:
+    if name == "vit":
+        model = hf_model(name, shape)
+        image = _vit_image(shape)
+        pixels = torch.randn(shape["batch"], 3, image, image)
+        labels = torch.randint(0, VIT_LABELS, (shape["batch"],))
+        return Workload(model, kwargs=dict(pixel_values=pixels, labels=labels), loss=_hf_loss, info=dict(image=image))
+    if name == "mixtral":
+        model, experts = _mixtral_with_batched_experts(shape)
+        return _lm_workload(model, shape, experts_implementation=experts)
+    return _lm_workload(hf_model(name, shape), shape)
 
 
 def _token_batch(shape: dict[str, int]) -> torch.Tensor:
@@ -171,9 +191,10 @@ def _lm_workload(model, shape: dict[str, int], **info) -> Workload:
     return Workload(model, kwargs=dict(input_ids=ids, labels=ids), loss=_hf_loss, info=dict(info))
 
 
-def _gpt2(t, s) -> Workload:
+def _gpt2(t, s):
     config = t.GPT2Config(
         n_embd=s["hidden"],
+        n_inner=s.get("ffn"),  # None: GPT-2's own 4x
         n_layer=s["layers"],
         n_head=s["heads"],
         vocab_size=s["vocab"],
@@ -185,12 +206,10 @@ def _gpt2(t, s) -> Workload:
         eos_token_id=0,
         use_cache=False,
     )
-    model = _from_config(t.GPT2LMHeadModel, config)
-    model.loss_type = "ForCausalLM"  # GPT-2's default loss lookup breaks the graph under Dynamo
-    return _lm_workload(model, s)
+    return t.GPT2LMHeadModel, config
 
 
-def _llama(t, s) -> Workload:
+def _llama(t, s):
     config = t.LlamaConfig(
         hidden_size=s["hidden"],
         intermediate_size=s.get("ffn", 4 * s["hidden"]),
@@ -205,13 +224,13 @@ def _llama(t, s) -> Workload:
         eos_token_id=0,
         pad_token_id=0,
     )
-    return _lm_workload(_from_config(t.LlamaForCausalLM, config), s)
+    return t.LlamaForCausalLM, config
 
 
-def _bert(t, s) -> Workload:
+def _bert(t, s):
     config = t.BertConfig(
         hidden_size=s["hidden"],
-        intermediate_size=4 * s["hidden"],
+        intermediate_size=s.get("ffn", 4 * s["hidden"]),
         num_hidden_layers=s["layers"],
         num_attention_heads=s["heads"],
         vocab_size=s["vocab"],
@@ -220,14 +239,14 @@ def _bert(t, s) -> Workload:
         attention_probs_dropout_prob=0.0,
         pad_token_id=0,
     )
-    return _lm_workload(_from_config(t.BertForMaskedLM, config), s)
+    return t.BertForMaskedLM, config
 
 
-def _t5(t, s) -> Workload:
+def _t5(t, s):
     config = t.T5Config(
         d_model=s["hidden"],
         d_kv=s["hidden"] // s["heads"],
-        d_ff=4 * s["hidden"],
+        d_ff=s.get("ffn", 4 * s["hidden"]),
         num_layers=s["layers"],
         num_decoder_layers=s["layers"],
         num_heads=s["heads"],
@@ -238,41 +257,43 @@ def _t5(t, s) -> Workload:
         eos_token_id=1,
         use_cache=False,
     )
-    return _lm_workload(_from_config(t.T5ForConditionalGeneration, config), s)
+    return t.T5ForConditionalGeneration, config
 
 
-def _vit(t, s) -> Workload:
-    patch = 8
-    image = patch * round(math.sqrt(s["seq"]))  # about as many patches as the text models have tokens
+VIT_PATCH, VIT_LABELS = 8, 10
+
+
+def _vit_image(s: dict[str, int]) -> int:
+    return VIT_PATCH * round(math.sqrt(s["seq"]))  # about as many patches as the text models have tokens
+
+
+def _vit(t, s):
     config = t.ViTConfig(
         hidden_size=s["hidden"],
-        intermediate_size=4 * s["hidden"],
+        intermediate_size=s.get("ffn", 4 * s["hidden"]),
         num_hidden_layers=s["layers"],
         num_attention_heads=s["heads"],
-        image_size=image,
-        patch_size=patch,
-        num_labels=10,
+        image_size=_vit_image(s),
+        patch_size=VIT_PATCH,
+        num_labels=VIT_LABELS,
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
         # set up front: the loss sets it on its first call, and that config mutation recompiles the second step
         problem_type="single_label_classification",
     )
-    model = _from_config(t.ViTForImageClassification, config)
-    pixels = torch.randn(s["batch"], 3, image, image)
-    labels = torch.randint(0, 10, (s["batch"],))
-    return Workload(model, kwargs=dict(pixel_values=pixels, labels=labels), loss=_hf_loss, info=dict(image=image))
+    return t.ViTForImageClassification, config
 
 
-def _mixtral(t, s) -> Workload:
+def _mixtral(t, s):
     config = t.MixtralConfig(
         hidden_size=s["hidden"],
-        intermediate_size=2 * s["hidden"],
+        intermediate_size=s.get("ffn", 2 * s["hidden"]),
         num_hidden_layers=s["layers"],
         num_attention_heads=s["heads"],
-        num_key_value_heads=s["heads"],
+        num_key_value_heads=s.get("kv_heads", s["heads"]),
         vocab_size=s["vocab"],
         max_position_embeddings=s["seq"],
-        num_local_experts=4,
+        num_local_experts=s.get("experts", 4),
         num_experts_per_tok=2,
         attention_dropout=0.0,
         router_jitter_noise=0.0,
@@ -281,19 +302,18 @@ def _mixtral(t, s) -> Workload:
         eos_token_id=0,
         pad_token_id=0,
     )
-    model, experts = _mixtral_with_batched_experts(t, config)
-    return _lm_workload(model, s, experts_implementation=experts)
+    return t.MixtralForCausalLM, config
 
 
-def _mixtral_with_batched_experts(t, config):
+def _mixtral_with_batched_experts(shape: dict[str, int]):
     """``experts_implementation="batched_mm"`` (one bmm over all experts, no data-dependent loop, so no graph
     break) where the installed transformers has it; older releases loop over experts and we say so in the row."""
     try:
-        model = _from_config(t.MixtralForCausalLM, config, experts_implementation="batched_mm")
+        model = hf_model("mixtral", shape, experts_implementation="batched_mm")
     except (TypeError, ValueError) as error:
-        model = _from_config(t.MixtralForCausalLM, config)
+        model = hf_model("mixtral", shape)
         return model, f"unavailable ({type(error).__name__}: {error}); default loop"
     return model, getattr(model.config, "_experts_implementation", None) or "unknown"
 
 
-_HF_BUILDERS = dict(gpt2=_gpt2, llama=_llama, bert=_bert, t5=_t5, vit=_vit, mixtral=_mixtral)
+_HF_CONFIGS = dict(gpt2=_gpt2, llama=_llama, bert=_bert, t5=_t5, vit=_vit, mixtral=_mixtral)

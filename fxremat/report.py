@@ -10,14 +10,16 @@ import dataclasses
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fxremat_passes.describe import RecomputedNode, SavedValue, SplitDescription
 
 from .deferred import Deferred, _DeferrableField
 
-SCHEMA_VERSION = 1
+# to_dict's "schema_version": it changes only when a key changes meaning or goes away (README, "Report JSON schema").
+# 2: "extra" (an always-empty object that nothing filled) removed (issue #18).
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,6 @@ class CutReport:
     fallback_reason: str | None = None
     from_cache: bool = False
     torch_version: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __getstate__(self) -> dict[str, Any]:
         # pickle and deepcopy see computed values, never a Deferred (it holds graphs and a closure)
@@ -148,7 +149,7 @@ class CutReport:
             data["layout_simulated_peaks"] = tuple(data["layout_simulated_peaks"])
         for key in ROW_FIELDS:
             data[key] = tuple(tuple(x) for x in data.get(key, ()))
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls)}  # so a schema 1 report's "extra" is dropped
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def with_changes(self, **changes: Any) -> CutReport:

@@ -36,9 +36,6 @@ class FlowProblem:
     parametric: ParametricProblem
     nodes: tuple[fx.Node, ...]  # value index -> node
 
-    def index(self) -> dict[fx.Node, int]:
-        return {n: i for i, n in enumerate(self.nodes)}
-
 
 def build_flow_problem(roles: GraphRoles, costs: dict[fx.Node, NodeCost], profile: DeviceProfile) -> FlowProblem:
     start = time.perf_counter()

@@ -1,4 +1,4 @@
-"""split_joint_graph: the forward and backward graphs for a chosen saved set, each built in one pass.
+"""split_with_recipe: the forward and backward graphs for a chosen saved set, each built in one pass.
 
 What comes out is node for node what PyTorch's own chain gives for the same saved set
 (``_extract_fwd_bwd_modules``, then ``reordering_to_mimic_autograd_engine`` on backward, ``raise_getitems`` on both,
@@ -31,7 +31,6 @@ from __future__ import annotations
 import copy
 import logging
 import operator
-import time
 from dataclasses import dataclass
 
 import torch
@@ -451,28 +450,6 @@ def split_recipe(
     )
 
 
-def split_joint_graph(
-    joint: fx.GraphModule,
-    saved_values: list[fx.Node],
-    saved_sym_nodes: list[fx.Node],
-    *,
-    num_fwd_outputs: int,
-) -> tuple[fx.GraphModule, fx.GraphModule]:
-    """Forward and backward GraphModules for this saved set (see the module docstring); raises
-    ``UnsupportedSplit`` for what it does not reproduce."""
-    start = time.perf_counter()
-    recipe = split_recipe(joint, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs)
-    fw, bw = recipe.build()
-    log.debug(
-        "split: %d forward nodes, %d backward nodes, %d saved, %.4fs",
-        len(recipe.fw_order),
-        len(recipe.bw_order),
-        len(recipe.fw_outputs) - num_fwd_outputs,
-        time.perf_counter() - start,
-    )
-    return fw, bw
-
-
 def split_with_recipe(
     joint: fx.GraphModule,
     saved_values: list[fx.Node],
@@ -481,8 +458,8 @@ def split_with_recipe(
     num_fwd_outputs: int,
     static_lifetime_input_nodes,
 ) -> tuple[fx.GraphModule, fx.GraphModule, SplitRecipe | None]:
-    """``split_joint_graph`` and its recipe, or PyTorch's own chain for the graphs it does not handle
-    (``UnsupportedSplit``), with no recipe."""
+    """Forward and backward GraphModules for this saved set (see the module docstring) and the recipe that built
+    them, or PyTorch's own chain for the graphs it does not handle (``UnsupportedSplit``), with no recipe."""
     try:
         recipe = split_recipe(joint, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs)
     except UnsupportedSplit as why:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import torch
-from conftest import run_fxremat_aot
 from crude_costs import costs_variant
+from helpers import run_fxremat_aot
 
 
 class TanhErfChain(torch.nn.Module):

@@ -14,7 +14,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import assert_grads_close
+from helpers import assert_grads_close
 
 import fxremat
 from fxremat.examples import MLP, example

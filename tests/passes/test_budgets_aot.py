@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import assert_grads_close, capture_joint, eager_grads, run_aot, run_fxremat_aot
+from helpers import assert_grads_close, capture_joint, eager_grads, run_aot, run_fxremat_aot
 from test_partition_aot import Tagged
 
 import fxremat

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
-from conftest import run_aot
+from helpers import run_aot
 
 import fxremat
 from fxremat.backend import backend_from_compile_args

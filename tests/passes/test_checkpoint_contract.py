@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import aot_eager, assert_grads_close, eager_grads
+from helpers import aot_eager, assert_grads_close, eager_grads
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 import fxremat

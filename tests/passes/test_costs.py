@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import bench_models  # benchmarks/ (tests/conftest.py puts it on the path)
 import pytest
 import torch
-from conftest import aot_eager, capture_joint
 from cost_model import materialise  # noqa: E402
+from helpers import aot_eager, capture_joint
 from torch.utils.flop_counter import FlopCounterMode
 
 from fxremat.examples import EXAMPLES, example
@@ -13,16 +14,6 @@ from fxremat_passes.costs import PROFILES, annotate_costs, count_flops
 from fxremat_passes.ops import OpClass, op_class
 
 CPU = PROFILES["cpu"]
-# one decoder layer, small enough to trace in a second: the Llama and Mixtral FLOP checks share it
-TINY_DECODER = dict(
-    num_hidden_layers=1,
-    hidden_size=64,
-    intermediate_size=128,
-    num_attention_heads=2,
-    num_key_value_heads=2,
-    vocab_size=128,
-    max_position_embeddings=64,
-)
 # real tensors of each node's hinted shapes (benchmarks/ is on sys.path: tests/conftest.py)
 _materialise = materialise
 
@@ -103,110 +94,33 @@ def test_convolution_flops_any_dims_groups_transposed():
     assert _check_flops_against_counter(joint) >= 6
 
 
-class CausalLM(torch.nn.Module):
-    """A transformers causal LM called positionally (aot_module passes positional inputs)."""
+class LossOf(torch.nn.Module):
+    """A transformers model called positionally (``keys``: its keyword arguments in order), returning its loss."""
 
-    def __init__(self, model):
+    def __init__(self, model, keys):
         super().__init__()
-        self.model = model
+        self.model, self.keys = model, tuple(keys)
 
-    def forward(self, input_ids, labels):
-        return self.model(input_ids=input_ids, labels=labels).loss
-
-
-class Classifier(torch.nn.Module):
-    """A transformers model whose loss comes from ``labels`` (BERT masked LM, ViT classification)."""
-
-    def __init__(self, model, key):
-        super().__init__()
-        self.model, self.key = model, key
-
-    def forward(self, inputs, labels):
-        return self.model(**{self.key: inputs}, labels=labels).loss
+    def forward(self, *args):
+        return self.model(**dict(zip(self.keys, args))).loss
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama", "bert", "vit", "t5"])
 def test_flops_equal_flop_counter_on_transformers_models(arch):
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    ids = torch.randint(0, 128, (2, 16))
-    if arch == "bert":
-        config = transformers.BertConfig(
-            num_hidden_layers=1,
-            hidden_size=64,
-            intermediate_size=128,
-            num_attention_heads=2,
-            vocab_size=128,
-            max_position_embeddings=64,
-            attn_implementation="sdpa",
-        )
-        module, args = Classifier(transformers.BertForMaskedLM(config), "input_ids"), (ids, ids)
-    elif arch == "vit":
-        config = transformers.ViTConfig(
-            num_hidden_layers=1,
-            hidden_size=64,
-            intermediate_size=128,
-            num_attention_heads=2,
-            image_size=32,
-            patch_size=8,
-            num_labels=4,
-            problem_type="single_label_classification",
-            attn_implementation="sdpa",
-        )
-        pixels = torch.randn(2, 3, 32, 32)
-        module, args = (
-            Classifier(transformers.ViTForImageClassification(config), "pixel_values"),
-            (
-                pixels,
-                torch.tensor([0, 3]),
-            ),
-        )
-    if arch in ("bert", "vit"):
-        _check_transformers_flops(module, args)
-        return
-    if arch == "t5":
-        config = transformers.T5Config(
-            d_model=64,
-            d_kv=32,
-            d_ff=128,
-            num_layers=1,
-            num_decoder_layers=1,
-            num_heads=2,
-            vocab_size=128,
-            dropout_rate=0.0,
-            decoder_start_token_id=0,
-            pad_token_id=0,
-            use_cache=False,
-        )
-        model = transformers.T5ForConditionalGeneration._from_config(config, attn_implementation="sdpa")
-        _check_transformers_flops(CausalLM(model), (ids, ids))
-        return
-    if arch == "gpt2":
-        config = transformers.GPT2Config(n_layer=1, n_embd=64, n_head=2, vocab_size=128, n_positions=64)
-        model = transformers.GPT2LMHeadModel(config)
-        model.loss_type = "ForCausalLM"
-    else:
-        config = transformers.LlamaConfig(**TINY_DECODER)
-        model = transformers.LlamaForCausalLM(config)
-    _check_transformers_flops(CausalLM(model), (ids, ids))
+    """The tests' shape of benchmarks/bench_models.py's transformers models (``TEST_SHAPE``: one layer, 64 wide)."""
+    pytest.importorskip("transformers")
+    work = bench_models.hf_workload(arch, bench_models.TEST_SHAPE)
+    _check_transformers_flops(LossOf(work.model, work.kwargs), tuple(work.kwargs.values()))
 
 
 def _mixtral(experts_implementation: str, dtype: torch.dtype):
-    transformers = pytest.importorskip("transformers")
-    config = transformers.MixtralConfig(
-        **TINY_DECODER,
-        num_local_experts=2,
-        num_experts_per_tok=2,
-        router_jitter_noise=0.0,
-        use_cache=False,
-    )
+    pytest.importorskip("transformers")
+    shape = dict(bench_models.TEST_SHAPE, experts=2)  # two experts, both picked for every token
     try:
-        model = transformers.MixtralForCausalLM._from_config(
-            config, attn_implementation="sdpa", experts_implementation=experts_implementation
-        )
+        model = bench_models.hf_model("mixtral", shape, experts_implementation=experts_implementation)
     except (TypeError, ValueError) as error:
         pytest.skip(f"this transformers has no experts_implementation={experts_implementation!r}: {error}")
-    return CausalLM(model.to(dtype))
+    return LossOf(model.to(dtype), ("input_ids", "labels"))
 
 
 @pytest.mark.parametrize(
@@ -219,7 +133,8 @@ def test_flops_equal_flop_counter_on_mixtral(experts, dtype):
     takes torch's grouped_mm only then) aten._grouped_mm, which FlopCounterMode does not count: checked against
     the same product done group by group with mm."""
     torch.manual_seed(0)
-    ids = torch.randint(0, 128, (2, 16))
+    shape = bench_models.TEST_SHAPE
+    ids = torch.randint(0, shape["vocab"], (shape["batch"], shape["seq"]))
     graph = _check_transformers_flops(_mixtral(experts, dtype), (ids, ids))
     grouped = [n for n in graph.graph.nodes if n.target is torch.ops.aten._grouped_mm.default]
     if experts == "grouped_mm":
@@ -262,6 +177,8 @@ def _check_transformers_flops(module, args):
         return tp.default_partition(gm, joint_inputs, **kwargs)
 
     backend = aot_eager(partition_fn)
+    # a fresh Dynamo: LossOf.forward, compiled before for another model, would come back with dynamic sizes
+    torch._dynamo.reset()
     torch.compile(module, backend=backend)(*args).backward()
     assert _check_flops_against_counter(captured["gm"]) > 0
     return captured["gm"]

@@ -7,7 +7,7 @@ import logging
 
 import torch
 import torch.nn as nn
-from conftest import aot_eager, assert_grads_close, run_fxremat_aot
+from helpers import aot_eager, assert_grads_close, run_fxremat_aot
 
 import fxremat
 from fxremat.examples import example

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
-from conftest import run_fxremat_aot
+from helpers import run_fxremat_aot
 
 from fxremat.examples import example
 from fxremat_passes import _torch_private as tp
@@ -52,7 +52,7 @@ def test_exact_peak_of_a_small_model_counted_by_hand():
 def test_peak_budget_is_met_monotone_and_keeps_gradients():
     import warnings
 
-    from conftest import assert_grads_close, eager_grads
+    from helpers import assert_grads_close, eager_grads
 
     from fxremat.plan import FxrematBudgetWarning
 
@@ -94,6 +94,7 @@ def _measured_step_peak(model, inputs, backend) -> int:
     return cpu_peak_bytes(step)
 
 
+@pytest.mark.inductor
 def test_simulated_peak_matches_the_profiler_measured_peak_under_inductor():
     """The simulation against the CPU profiler's memory events of the real Inductor step, both splits.  The MLP is
     the case that was 15% high before fusion was modelled: fxremat recomputes GELU in backward, Inductor fuses it
@@ -117,6 +118,7 @@ def test_simulated_peak_matches_the_profiler_measured_peak_under_inductor():
         assert abs(simulated_default - measured_default) <= 0.02 * measured_default, (name, simulated_default)
 
 
+@pytest.mark.inductor
 @pytest.mark.parametrize(
     "layout, tolerance", [({"layout_optimization": True}, 0.02), ({}, 0.05)], ids=["channels_last", "contiguous"]
 )
@@ -148,7 +150,7 @@ def test_channels_last_copies_are_the_placeholders_a_2d_convolution_reads():
         captured["fw"], captured["bw"] = default_partition(gm, joint_inputs, **kwargs)
         return captured["fw"], captured["bw"]
 
-    from conftest import run_aot
+    from helpers import run_aot
 
     model, inputs = example("convnet")  # conv1 3->16, conv2 16->16, 3x3; input (4, 3, 16, 16)
     run_aot(model, inputs, partition_fn)
@@ -181,6 +183,7 @@ class TokenExperts(torch.nn.Module):
         return torch.nn.functional.silu(y)
 
 
+@pytest.mark.inductor
 def test_moe_gathered_expert_weights_never_exist_whole_under_inductor():
     """On CPU Inductor lowers a bmm with one column per batch to a multiply and a sum, into which the gather of
     expert weights fuses, and the weight gradient's outer product fuses into its index_put: fxremat's split (which
@@ -616,6 +619,7 @@ class SwiGLUStack(nn.Module):
         return x
 
 
+@pytest.mark.inductor
 def test_recompute_heavy_swiglu_plans_match_the_measured_peak_under_inductor():
     """Issue #8's Llama stack was 17-26% low on recompute-heavy plans.  Backward recomputes gate and up: their
     SwiGLU backward reads them and the incoming gradient in three units of one kernel, so it writes nothing in

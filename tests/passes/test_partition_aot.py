@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 import torch.nn as nn
-from conftest import assert_grads_close, capture_joint, eager_grads, noop_compiler, run_aot, run_fxremat_aot
+from helpers import assert_grads_close, capture_joint, eager_grads, noop_compiler, run_aot, run_fxremat_aot
 
 import fxremat
 from fxremat import partition as partition_module
@@ -224,14 +224,22 @@ def test_fallback_ignores_a_users_global_memory_budget():
 
 
 def test_inference_graph_needs_no_partition():
+    """Under no_grad AOTAutograd traces a forward only: fxremat's partitioner is never called, so no report."""
+    from functorch.compile import aot_module
+
     model, inputs = example("mlp")
     with torch.no_grad():
         reports: list = []
-        pf = fxremat.make_partition_fn(Options.create(strict=True), reports)
-        from functorch.compile import aot_module
+        calls: list = []
+        partition_fn = fxremat.make_partition_fn(Options.create(strict=True), reports)
 
-        compiled = aot_module(model, fw_compiler=noop_compiler, partition_fn=pf)
+        def counted(*args, **kwargs):
+            calls.append(args)
+            return partition_fn(*args, **kwargs)
+
+        compiled = aot_module(model, fw_compiler=noop_compiler, partition_fn=counted)
         torch.testing.assert_close(compiled(*inputs), model(*inputs))
+    assert calls == [] and reports == []
 
 
 @pytest.mark.parametrize("checkpoints", ["honour", "replan"])

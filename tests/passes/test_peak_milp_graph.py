@@ -6,7 +6,7 @@ from __future__ import annotations
 import operator
 
 import pytest
-from conftest import capture_joint
+from helpers import capture_joint
 
 from fxremat.examples import example
 from fxremat_passes.budget import frontier

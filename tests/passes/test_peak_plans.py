@@ -7,7 +7,7 @@ import functools
 
 import pytest
 import torch
-from conftest import assert_grads_close, capture_joint, eager_grads, run_fxremat_aot
+from helpers import assert_grads_close, capture_joint, eager_grads, run_fxremat_aot
 
 from fxremat.examples import Stack, example
 from fxremat_passes import _torch_private as tp

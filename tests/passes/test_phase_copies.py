@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_grads_close, capture_joint, eager_grads, run_fxremat_aot
+from helpers import assert_grads_close, capture_joint, eager_grads, run_fxremat_aot
 
 from fxremat_passes.phase_copies import COPY_OF, copy_gathers_per_phase
 

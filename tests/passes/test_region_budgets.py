@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 import torch.nn as nn
-from conftest import noop_compiler
+from helpers import noop_compiler
 
 import fxremat
 from fxremat import knobs

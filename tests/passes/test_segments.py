@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import assert_grads_close, capture_joint, eager_grads, run_fxremat_aot
+from helpers import assert_grads_close, capture_joint, eager_grads, run_fxremat_aot
 
 from fxremat.examples import MLP, Block, Stack, example
 from fxremat.options import Options

@@ -4,7 +4,7 @@ layer's norm backward recomputes a longer sum, one more distinct kernel per laye
 from __future__ import annotations
 
 import torch
-from conftest import assert_grads_close, eager_grads, run_fxremat_aot
+from helpers import assert_grads_close, eager_grads, run_fxremat_aot
 
 from fxremat import peak_choice
 from fxremat.examples import Stack

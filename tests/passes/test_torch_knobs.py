@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 import torch.nn as nn
-from conftest import noop_compiler, run_aot, run_fxremat_aot
+from helpers import noop_compiler, run_aot, run_fxremat_aot
 from torch._functorch import config as functorch_config
 
 import fxremat

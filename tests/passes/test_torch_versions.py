@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.fx as fx
-from conftest import noop_compiler
+from helpers import noop_compiler
 from torch._functorch import partitioners
 from torch.fx.experimental.proxy_tensor import make_fx
 

@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 import torch.nn as nn
-from conftest import assert_grads_close, noop_compiler
+from helpers import assert_grads_close, noop_compiler
 
 import fxremat
 from fxremat.examples import example

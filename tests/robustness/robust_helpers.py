@@ -3,8 +3,8 @@ a partition can get wrong collected for comparison: outputs, parameter AND input
 (BatchNorm running stats), inputs after the step (mutated inputs), and what autograd saved.
 
 A module of its own rather than tests/robustness/conftest.py: under pytest's default import mode every directory's
-conftest.py is imported as the one module ``conftest``, so a second one would shadow tests/conftest.py for every
-``from conftest import ...`` collected after it.
+conftest.py is imported as the one module ``conftest``, so what one holds cannot be imported by name (tests/helpers.py
+is a module for the same reason).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from conftest import noop_compiler
 from functorch.compile import aot_module
+from helpers import noop_compiler
 
 import fxremat
 from fxremat.measure import SavedTensors, max_relative_error, measure_saved

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import aot_eager
+from helpers import aot_eager
 from robust_helpers import FP32_RTOL, close_scaled
 
 import fxremat

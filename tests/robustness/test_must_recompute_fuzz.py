@@ -15,8 +15,8 @@ import os
 
 import torch
 import torch.fx as fx
-from conftest import noop_compiler
 from functorch.compile import aot_function
+from helpers import noop_compiler
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import aot_eager
 from fuzz_models import FuzzModel, Program, Step, fresh, loss_of, make_inputs
+from helpers import aot_eager
 from robust_helpers import FP32_RTOL, TaggedDropout, assert_steps_match, eager_step, fxremat_step
 
 import fxremat

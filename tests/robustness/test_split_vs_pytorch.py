@@ -1,5 +1,5 @@
 """The fast passes against PyTorch's own: ``cse.prepare_joint_graph`` (one-pass dead code elimination + CSE) and
-``split.split_joint_graph`` (forward/backward extraction) must give, on every graph fxremat partitions here, the
+``split.split_with_recipe`` (forward/backward extraction) must give, on every graph fxremat partitions here, the
 graphs PyTorch's chain gives (``tp.prepare_joint_graph``; ``tp.split_with_saved_values`` for the same saved set):
 the same generated code (so the same placeholders, outputs, order and names), the same ``node.meta`` node for
 node, the same output descriptors.  Each test runs real partitions (example models, fuzzer programs, dynamic
@@ -189,7 +189,7 @@ def test_duplicates_merge_like_pytorch():
 
 def test_dynamic_shapes_split_like_pytorch():
     """SymInts saved for backward, and the SymInts binding the saved tensors' symbols added by the split."""
-    from conftest import aot_eager
+    from helpers import aot_eager
     from test_dynamic_shapes import ReshapeByLength, _loss
 
     import fxremat
@@ -233,7 +233,7 @@ def _meta_of(gm):
 
 
 def test_prepare_marks_the_joint_itself_and_the_snapshot_undoes_the_marks():
-    from conftest import capture_joint
+    from helpers import capture_joint
 
     model, inputs = example("block_sdpa")
     gm, _ = capture_joint(model, inputs)
@@ -261,7 +261,7 @@ class TwiceTheSame(nn.Module):
 
 
 def test_prepare_merges_duplicates_in_the_joint_itself_as_pytorch_would():
-    from conftest import capture_joint
+    from helpers import capture_joint
 
     gm, kwargs = capture_joint(TwiceTheSame(), (torch.randn(4, 8),))
     original = tp.copy_graph_module(gm)

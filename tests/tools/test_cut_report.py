@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import noop_compiler, run_fxremat_aot
+from helpers import noop_compiler, run_fxremat_aot
 
 import fxremat
 from fxremat import cli
@@ -163,8 +163,9 @@ def test_batchnorm_model_in_process(tmp_path):
 def test_json_is_stable_and_versioned(json_out):
     data = json_out["data"]
     assert json_out["text"] == json.dumps(data, indent=2, sort_keys=True) + "\n"  # sorted keys, one layout
-    assert data["schema_version"] == 1
+    assert data["schema_version"] == 2 and "extra" not in data
     report = CutReport.from_dict(data)  # the schema round-trips
+    assert CutReport.from_dict({**data, "schema_version": 1, "extra": {}}) == report  # schema 1's "extra" is dropped
     assert report.saved_bytes == data["saved_bytes"] and len(report.saved) == len(data["saved"])
     row_fields = {"name", "op", "shape", "dtype", "nbytes", "nbytes_expr", "storage", "counted", "source", "module"}
     assert all(set(row) == row_fields | {"storage_nbytes"} for row in data["saved"] + data["baseline_saved"])
@@ -348,20 +349,17 @@ def test_real_inductor_and_report_dir(env, tmp_path):
 def test_transformers_gpt2_with_labels(tmp_path, env):
     pytest.importorskip("transformers")
     target = tmp_path / "gpt2_target.py"
+    # the tests' transformers GPT-2 (benchmarks/bench_models.py), with two layers: the report names the second
     target.write_text(
         textwrap.dedent(
-            """
-            import torch
-            from transformers import GPT2Config, GPT2LMHeadModel
+            f"""
+            import sys
+            sys.path.insert(0, {str(REPO / "benchmarks")!r})
+            import bench_models
 
             def build():
-                torch.manual_seed(0)
-                config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=128, n_positions=64,
-                                    bos_token_id=0, eos_token_id=0)
-                model = GPT2LMHeadModel(config)
-                model.loss_type = "ForCausalLM"
-                ids = torch.randint(0, 128, (2, 16))
-                return model, dict(input_ids=ids, labels=ids)
+                work = bench_models.hf_workload("gpt2", dict(bench_models.TEST_SHAPE, layers=2))
+                return work.model, work.kwargs
             """
         )
     )

@@ -1,0 +1,60 @@
+"""``monotone_choice`` (fxremat/plan.py): the peak-safe choice among a shortlist of plans, on plain numbers.
+
+Here rather than with the other plain-number tests in tests/solver: it lives in the fxremat package, which imports
+torch, and tests/solver runs without torch (.ci/run).
+"""
+
+from __future__ import annotations
+
+from fxremat.plan import monotone_choice
+from fxremat_passes.budget import Plan
+
+
+def _plan(saved_bytes: int, seconds: float, name: int):
+    return Plan(price=0.0, saved=(name,), recomputed=(), saved_bytes=saved_bytes, seconds=seconds)
+
+
+def test_monotone_choice_never_raises_the_peak_a_looser_budget_reached():
+    # (saved bytes, seconds, simulated peak): the fast 60-byte plan peaks above the default; the 40-byte plan is
+    # low; the 10-byte plan peaks highest and is the only one within 10 bytes
+    plans = {0: (100, 1.0, 50), 1: (60, 2.0, 70), 2: (40, 3.0, 45), 3: (10, 4.0, 80)}
+    shortlist = [_plan(b, s, k) for k, (b, s, _) in plans.items()]
+    peak = {p.saved: plans[p.saved[0]][2] for p in shortlist}
+    simulated = []
+
+    def peak_of(p):
+        simulated.append(p.saved)
+        return peak[p.saved]
+
+    chosen = {t: monotone_choice(shortlist, shortlist[0], t, peak_of) for t in (100, 70, 60, 50, 40, 10, 0)}
+    assert [chosen[t].plan.saved[0] for t in (100, 70, 60, 50, 40)] == [0, 2, 2, 2, 2]  # never the 70-byte peak
+    assert chosen[10].raised and chosen[10].plan.saved == (3,) and chosen[10].lowest_looser_peak == 45
+    assert chosen[0].plan.saved == (3,)  # unreachable: the fewest bytes
+    assert not any(chosen[t].raised for t in (100, 70, 60, 50, 40))
+
+
+
+def test_a_raised_choice_is_held_to_its_segmented_peak_and_so_is_every_tighter_budget():
+    """A budget that leaves no plan as low as a looser budget's runs its plan segmented where that is lower
+    (``lowered``); the tighter budgets below it are held to that peak, and one that cannot reach it is raised by
+    the difference (model B: 0.5's plan segments to 18.4 MiB, 0.2's only plan stays at 21.4)."""
+    plans = {0: (100, 1.0, 50), 1: (60, 2.0, 70), 2: (30, 3.0, 60)}
+    shortlist = [_plan(b, s, k) for k, (b, s, _) in plans.items()]
+    peak = {p.saved: plans[p.saved[0]][2] for p in shortlist}
+    segmented = {(0,): 49, (1,): 40, (2,): 75}  # the 30-byte plan gains nothing by segments
+    lowered = []
+
+    def lowered_peak(p):
+        lowered.append(p.saved)
+        return segmented[p.saved]
+
+    def peak_of(p):
+        return peak[p.saved]
+
+    at_60 = monotone_choice(shortlist, shortlist[0], 60, peak_of, lowered_peak)
+    assert at_60.plan.saved == (1,) and at_60.peak == 40 and not at_60.raised
+    at_30 = monotone_choice(shortlist, shortlist[0], 30, peak_of, lowered_peak)
+    assert at_30.plan.saved == (2,) and at_30.raised and (at_30.peak, at_30.lowest_looser_peak) == (60, 40)
+    assert (0,) not in lowered  # a plan that fits its bound is never segmented
+    unsegmented = monotone_choice(shortlist, shortlist[0], 60, peak_of)  # without it: the lowest, raised by 10
+    assert unsegmented.plan.saved == (2,) and unsegmented.raised and unsegmented.peak == 60
