@@ -128,6 +128,20 @@ def test_budget_zero_stays_near_the_lowest_step_peak():
     assert segmented <= 1.25 * lowest < plain, (segmented, lowest, plain)
 
 
+def test_peak_budget_zero_is_never_above_a_memory_budget_setting():
+    """Issue #15: peak_budget=0.0 is the lowest setting.  memory_budget's walk segments the lowest plans of each
+    saved-bytes level it passes; peak_budget's last resort must judge those too (llama_stack: memory_budget=0.2
+    segments a plan to 769,280 B simulated; peak_budget=0.0 had stopped at 801,536)."""
+    model, inputs = example("llama_stack")
+    _, expected = eager_grads(model, inputs)
+    peaks = {}
+    for setting in ({"peak_budget": 0.0}, *({"memory_budget": b} for b in (1.0, 0.5, 0.2, 0.0))):
+        _, grads, _, reports = run_fxremat_aot(model, inputs, strict=True, **setting)
+        assert_grads_close(grads, expected)
+        peaks[str(setting)] = reports[0].simulated_peak_bytes
+    assert peaks["{'peak_budget': 0.0}"] == min(peaks.values()), peaks
+
+
 def test_report_text_says_what_was_asked_and_achieved():
     import fxremat
 
