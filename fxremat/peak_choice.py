@@ -206,20 +206,12 @@ def choose_plan_for_budget(flow, roles, joint, options, profile, request, split,
         judged.add(plan_key(plan))
         return simulated.peak(plan)
 
-    segmentations: dict = {}  # plan key -> its lowest-peak segmentation (recipe, simulation, fields), or None
-
-    def segmented_peak(plan: Plan) -> float:
-        """A raised choice runs recomputing the forward segment by segment in backward where that is lower."""
-        key = plan_key(plan)
-        if key not in segmentations:
-            segmentations[key] = _segmentation(simulated, plan, request, profile)
-        found = segmentations[key]
-        return found[1].peak_bytes if found is not None else float("inf")
-
+    # a raised choice runs recomputing the forward segment by segment in backward where that is lower
+    segmentations = _Segmentations(simulated, request, profile)
     try:
         plans = [*candidates, default, fewest]
         shortlist = budget_shortlist(plans, simulated.peak, default, fewest, PEAK_SIMULATED_CANDIDATES)
-        lowered = segmented_peak if options.backward_segments is None else None
+        lowered = segmentations.peak if options.backward_segments is None else None
         choice = monotone_choice(shortlist, default, target, peak_of, lowered)
         if choice.peak == float("inf"):
             raise RuntimeError("no candidate plan within the budget could be simulated")
@@ -228,33 +220,61 @@ def choose_plan_for_budget(flow, roles, joint, options, profile, request, split,
         _warn_unsimulated(request.graph_id, options.memory_budget, error)
         plan, fields = choose_plan(problem, options, profile, request.graph_id)
         return plan, fields, None, None
-    fields = dict(
+    fields = _budget_fields(target, met, fewest, default, choice, len(candidates), len(judged), contract_fields)
+    if options.compare_default:  # a report-oriented run: also show the frontier
+        fields["frontier"] = frontier_field(problem, options, profile, cache)
+    segmented = segmentations.of(choice.plan)
+    if segmented is not None and segmented[1].peak_bytes == choice.peak < simulation.peak_bytes:
+        # the walk chose it recomputed segment by segment in backward (``_Segmentations.peak``): built so
+        fields.update(segmented[2])
+        fw_bw_recipe, simulation = _built(segmented[0]), segmented[1]
+    if fields["peak_raised_by_budget"]:
+        message = "%s: memory_budget=%r leaves no plan as low as a looser budget's (%d bytes): %d bytes higher"
+        log.info(
+            message,
+            request.graph_id,
+            options.memory_budget,
+            choice.lowest_looser_peak,
+            choice.peak - choice.lowest_looser_peak,
+        )
+    return choice.plan, fields, fw_bw_recipe, simulation
+
+
+def _budget_fields(target, met, fewest, default, choice, candidates: int, judged: int, contract_fields) -> dict:
+    """``memory_budget``'s report fields (README's JSON schema)."""
+    return dict(
         budget_bytes=target,
         budget_met=met,
         fewest_saved_bytes=fewest.saved_bytes,
         default_plan_saved_bytes=default.saved_bytes,
         plan_method=choice.plan.method,
-        budget_candidates=len(candidates),
-        budget_simulated=len(judged),
+        budget_candidates=candidates,
+        budget_simulated=judged,
         peak_raised_by_budget=int(choice.peak - choice.lowest_looser_peak) if choice.raised else 0,
         **{name: contract_fields[name] for name in CONTRACT_FIELDS if name in contract_fields},
     )
-    if options.compare_default:  # a report-oriented run: also show the frontier
-        fields["frontier"] = frontier_field(problem, options, profile, cache)
-    segmented = segmentations.get(plan_key(choice.plan))
-    if segmented is not None and segmented[1].peak_bytes == choice.peak < simulation.peak_bytes:
-        # the walk chose it recomputed segment by segment in backward (``segmented_peak``): built so
-        fields.update(segmented[2])
-        fw_bw_recipe, simulation = _built(segmented[0]), segmented[1]
-    if fields["peak_raised_by_budget"]:
-        log.info(
-            "%s: memory_budget=%r leaves no plan as low as a looser budget's (%d bytes): %d bytes higher",
-            request.graph_id,
-            options.memory_budget,
-            choice.lowest_looser_peak,
-            fields["peak_raised_by_budget"],
-        )
-    return choice.plan, fields, fw_bw_recipe, simulation
+
+
+@dataclass
+class _Segmentations:
+    """Each plan's lowest-peak segmentation (``_segmentation``: recipe, simulation, report fields, or None where it
+    has none), made on first demand and kept."""
+
+    simulated: JudgedPlans
+    request: object
+    profile: object
+    found: dict = field(default_factory=dict)  # plan key -> (plan, its segmentation or None)
+
+    def peak(self, plan: Plan) -> float:
+        """The plan's peak run segment by segment in backward, or infinity where it cannot be."""
+        key = plan_key(plan)
+        if key not in self.found:
+            self.found[key] = (plan, _segmentation(self.simulated, plan, self.request, self.profile))
+        segmentation = self.found[key][1]
+        return segmentation[1].peak_bytes if segmentation is not None else float("inf")
+
+    def of(self, plan: Plan):
+        return self.found.get(plan_key(plan), (plan, None))[1]
 
 
 def _segmentation(simulated: JudgedPlans, plan: Plan, request, profile):
@@ -310,19 +330,9 @@ def choose_plan_for_peak(flow, roles, joint, options, profile, request, split, c
     are given.  A float budget is a fraction of the way from the lowest simulated step peak (0.0) to the default
     plan's (1.0).  Under a checkpoint ``contract`` the plan also keeps within the user's plan's saved bytes and
     simulated peak (``_within_contract``).  Returns as ``choose_plan_for_budget``."""
-    default_plan, fields = choose_plan(flow.parametric, options, profile, request.graph_id)  # memory_budget's plan
-    if "budget_bytes" not in fields:  # the default plan, as every choice starts from it
-        default_plan = block_sums_plan(default_plan, flow, roles, joint, options, profile, request)
-    budget_bytes = fields.get("budget_bytes")
-    candidates, estimate, exact = _ranked_candidates(flow, roles, joint, options, profile, request, budget_bytes)
-    if "budget_bytes" in fields:
-        candidates = [p for p in candidates if p.saved_bytes <= fields["budget_bytes"]]
-    simulated = JudgedPlans(split, estimate, request.num_fwd_outputs, required={plan_key(default_plan)}, exact=exact)
-    peak_cap = float("inf")
-    if contract is not None:
-        default_plan, candidates, peak_cap = _within_contract(
-            flow, options, profile, request, contract, simulated, default_plan, candidates, fields
-        )
+    default_plan, fields, candidates, simulated, peak_cap = _peak_candidates(
+        flow, roles, joint, options, profile, request, split, contract
+    )
     candidates = fastest_first([default_plan, *candidates])
     # the shortlist does not depend on the budget: a tighter budget only removes plans, so the peak found is
     # monotone in the budget
@@ -371,6 +381,25 @@ def choose_plan_for_peak(flow, roles, joint, options, profile, request, split, c
     return plan, dict(fields, peak_budget_met=chosen is not None), *simulated.handed_on(plan)
 
 
+def _peak_candidates(flow, roles, joint, options, profile, request, split, contract):
+    """``peak_budget``'s starting point: (the default plan, report fields, candidates within ``memory_budget``'s
+    bytes, their ``JudgedPlans``, the peak a checkpoint contract caps, else infinity)."""
+    default_plan, fields = choose_plan(flow.parametric, options, profile, request.graph_id)  # memory_budget's plan
+    if "budget_bytes" not in fields:  # the default plan, as every choice starts from it
+        default_plan = block_sums_plan(default_plan, flow, roles, joint, options, profile, request)
+    budget_bytes = fields.get("budget_bytes")
+    candidates, estimate, exact = _ranked_candidates(flow, roles, joint, options, profile, request, budget_bytes)
+    if "budget_bytes" in fields:
+        candidates = [p for p in candidates if p.saved_bytes <= fields["budget_bytes"]]
+    simulated = JudgedPlans(split, estimate, request.num_fwd_outputs, required={plan_key(default_plan)}, exact=exact)
+    peak_cap = float("inf")
+    if contract is not None:
+        default_plan, candidates, peak_cap = _within_contract(
+            flow, options, profile, request, contract, simulated, default_plan, candidates, fields
+        )
+    return default_plan, fields, candidates, simulated, peak_cap
+
+
 def _within_contract(flow, options, profile, request, contract, simulated, default_plan, candidates, fields):
     """``peak_budget``'s default plan and candidates under a checkpoint contract, and the peak they must keep
     below: (default plan, candidates within the user's plan's saved bytes and ``memory_budget``'s, the user's plan's
@@ -401,20 +430,12 @@ def _segmented_lowest(candidates, shortlist, real, simulated, options, request, 
     runs it so must not go below ``peak_budget=0.0``."""
     if options.backward_segments is False:
         return None
-    segmentations: dict = {}  # plan key -> (plan, its segmentation or None)
-
-    def segmented_peak(plan: Plan) -> float:
-        key = plan_key(plan)
-        if key not in segmentations:
-            segmentations[key] = (plan, _segmentation(simulated, plan, request, profile))
-        found = segmentations[key][1]
-        return found[1].peak_bytes if found is not None else float("inf")
-
+    segmentations = _Segmentations(simulated, request, profile)
     fewest = min(candidates, key=lambda p: (p.saved_bytes, p.seconds))
     for plan in (fewest, *sorted(shortlist, key=lambda p: (real[plan_key(p)], p.seconds))[:LOWERED_CANDIDATES]):
-        segmented_peak(plan)
+        segmentations.peak(plan)
     if options.backward_segments is None:  # memory_budget's walk segments as it goes (choose_plan_for_budget)
         walked = budget_shortlist(candidates, simulated.peak, default_plan, fewest, PEAK_SIMULATED_CANDIDATES)
-        monotone_choice(walked, default_plan, fewest.saved_bytes, simulated.peak, segmented_peak)
-    found = [(plan, *segmentation) for plan, segmentation in segmentations.values() if segmentation is not None]
+        monotone_choice(walked, default_plan, fewest.saved_bytes, simulated.peak, segmentations.peak)
+    found = [(plan, *segmentation) for plan, segmentation in segmentations.found.values() if segmentation is not None]
     return min(found, key=lambda f: (f[2].peak_bytes, f[0].seconds), default=None)
