@@ -42,13 +42,17 @@ class OpClass(enum.Enum):
 
 MATMUL_OPS = _packets("mm", "addmm", "bmm", "baddbmm", "matmul", "_int_mm", "_scaled_mm", "_grouped_mm")
 CONVOLUTION_OPS = _packets("convolution", "_convolution", "convolution_backward", "cudnn_convolution")
-ATTENTION_OPS = _packets(
+# The scaled-dot-product attention forwards, each with an optional dropout argument (DROPOUT_ARG_OPS).
+_SDPA_FORWARD_NAMES = (
     "scaled_dot_product_attention",
     "_scaled_dot_product_flash_attention",
     "_scaled_dot_product_flash_attention_for_cpu",
     "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_cudnn_attention",
     "_scaled_dot_product_attention_math",
+)
+ATTENTION_OPS = _packets(
+    *_SDPA_FORWARD_NAMES,
     "_flash_attention_forward",
     "_efficient_attention_forward",
     "_scaled_dot_product_flash_attention_backward",
@@ -119,14 +123,7 @@ COPY_OPS = _packets("_to_copy", "clone", "cat", "constant_pad_nd", "copy", "clam
 SEED_OPS = frozenset({"prims.inductor_seeds"})
 # Ops whose "random" tag comes only from an optional dropout argument (SDPA's op is tagged random although it
 # draws nothing without a dropout probability).
-DROPOUT_ARG_OPS = _packets(
-    "scaled_dot_product_attention",
-    "_scaled_dot_product_flash_attention",
-    "_scaled_dot_product_flash_attention_for_cpu",
-    "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention",
-    "_scaled_dot_product_attention_math",
-)
+DROPOUT_ARG_OPS = _packets(*_SDPA_FORWARD_NAMES)
 # CUDA attention backward kernels tagged nondeterministic_seeded: they are given the forward's philox seed and offset
 # and replay its dropout mask, so they are deterministic attention (the test on meta tensors found them counted as
 # random ops at one FLOP per element).
