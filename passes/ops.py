@@ -1,13 +1,17 @@
 """The one op table: every FX node gets an ``OpClass``, from ``torch.Tag`` where one exists and from a few named
-sets where it does not.  Nobody else matches op names."""
+sets where it does not.  Every op set and single op that another module matches lives here (the lowering facts,
+the layout pass's convolutions, the split's ``copy_``), and so does every op's FLOP price (``POINTWISE_FLOP_WEIGHTS``
+and its argument-dependent cases, ``FLOP_FORMULAS``), which ``costs.py`` only applies: nobody else names an op."""
 
 from __future__ import annotations
 
 import enum
+import math
 import operator
 
 import torch
 import torch.fx as fx
+import torch.utils.flop_counter as flop_counter
 
 aten = torch.ops.aten
 
@@ -139,7 +143,7 @@ SEEDED_ATTENTION_BACKWARD = _packets(
 # constants: the same graph gives the same cut on any machine.
 # Ops not listed cost 1 (add, mul, sub, neg, relu, where, tanh_backward and sigmoid_backward, which are a few muls); a
 # division by a Python scalar costs 1 (Inductor multiplies by the reciprocal) and ``pow`` with an integer exponent
-# is ``POW_INT_WEIGHT`` (Inductor expands it into multiplications): costs.pointwise_weight reads the arguments.
+# is ``POW_INT_WEIGHT`` (Inductor expands it into multiplications): ``POINTWISE_WEIGHT_RULES`` read the arguments.
 POINTWISE_FLOP_WEIGHTS = {
     packet: weight
     for name, weight in (
@@ -172,6 +176,73 @@ POINTWISE_FLOP_WEIGHTS = {
 }
 GELU_TANH_WEIGHT = 20
 POW_INT_WEIGHT = 2
+
+
+def _div_weight(node: fx.Node) -> int | None:
+    # by a Python scalar: Inductor multiplies by its reciprocal
+    return 1 if len(node.args) > 1 and not isinstance(node.args[1], fx.Node) else None
+
+
+def _pow_weight(node: fx.Node) -> int | None:
+    exponent = node.args[1] if len(node.args) > 1 else None
+    if isinstance(exponent, int) or (isinstance(exponent, float) and exponent.is_integer()):
+        return POW_INT_WEIGHT  # Inductor expands an integer power into multiplications
+    return None
+
+
+def _gelu_weight(node: fx.Node) -> int | None:
+    return GELU_TANH_WEIGHT if get_arg(node, "approximate", "none") == "tanh" else None
+
+
+# The weights that depend on an op's arguments, by packet: each returns the weight, or None where the op's entry in
+# POINTWISE_FLOP_WEIGHTS (or 1) holds; costs.pointwise_weight asks here first.
+POINTWISE_WEIGHT_RULES = {
+    aten.div: _div_weight,
+    aten.pow: _pow_weight,
+    aten.gelu: _gelu_weight,
+    aten.gelu_backward: _gelu_weight,
+}
+
+
+def grouped_mm_flops(a_shape, b_shape, out_shape) -> int:
+    """``aten._grouped_mm`` (MoE experts), which FlopCounterMode does not count: 2 FLOPs per multiply-add.  The
+    groups (``offs``) partition one dimension, so the count needs shapes only: in a 2-D by 2-D product the groups
+    split the contraction (the weight gradient: each group sums over its own rows), otherwise each output element
+    is one dot product over the last dimension of ``a``.  Rows past ``offs[-1]`` are counted too (none in MoE)."""
+    if len(a_shape) == 2 and len(b_shape) == 2:
+        return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+    return 2 * math.prod(out_shape) * a_shape[-1]
+
+
+def _sdpa_flops(node: fx.Node, shape) -> int:
+    q, k, v = node.args[:3]
+    return int(flop_counter.sdpa_flop_count(shape(q), shape(k), shape(v)))
+
+
+def _sdpa_backward_flops(node: fx.Node, shape) -> int:
+    grad_out, q, k, v = node.args[:4]
+    return int(flop_counter.sdpa_backward_flop_count(*(shape(a) for a in (grad_out, q, k, v))))
+
+
+def _grouped_mm_flops(node: fx.Node, shape) -> int:
+    a, b = node.args[:2]
+    return grouped_mm_flops(shape(a), shape(b), shape(node))
+
+
+# FLOP formulas of the matmul, convolution and attention ops that FlopCounterMode does not count (the CPU SDPA
+# kernels, grouped_mm), by packet: ``formula(node, shape)``, where ``shape`` gives a node's shape in plain ints
+# (costs.hinted_shape).  costs._kernel_flops asks here first, then FlopCounterMode's registry; an op in neither is
+# estimated from its output size.
+FLOP_FORMULAS = {
+    packet: formula
+    for name, formula in (
+        ("_scaled_dot_product_flash_attention_for_cpu", _sdpa_flops),
+        ("_scaled_dot_product_attention_math", _sdpa_flops),
+        ("_scaled_dot_product_flash_attention_for_cpu_backward", _sdpa_backward_flops),
+        ("_grouped_mm", _grouped_mm_flops),
+    )
+    if (packet := getattr(aten, name, None)) is not None
+}
 SYMBOLIC_TARGETS = frozenset(
     {
         operator.add,
@@ -321,3 +392,4 @@ NEVER_RECOMPUTE_REASONS = {
 NEVER_RECOMPUTE = frozenset(NEVER_RECOMPUTE_REASONS)
 # Classes that Inductor fuses into their consumer (so a recompute costs FLOPs, not a round trip to memory).
 FUSIBLE = frozenset({OpClass.VIEW, OpClass.POINTWISE, OpClass.COPY, OpClass.CREATION, OpClass.GETITEM})
+
