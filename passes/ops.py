@@ -393,3 +393,43 @@ NEVER_RECOMPUTE = frozenset(NEVER_RECOMPUTE_REASONS)
 # Classes that Inductor fuses into their consumer (so a recompute costs FLOPs, not a round trip to memory).
 FUSIBLE = frozenset({OpClass.VIEW, OpClass.POINTWISE, OpClass.COPY, OpClass.CREATION, OpClass.GETITEM})
 
+# --- ops other modules match (by identity: ``node.target is ...`` or a packet ``in`` a set) ----------------------
+
+# lowering.py: gathers Inductor lowers to indexed loads inside the kernel that reads them (so they fuse like
+# pointwise ops).
+FUSED_LOADS = _packets("embedding", "index", "index_select", "gather", "_unsafe_index", "take_along_dim")
+# lowering.py: scatters into a slice Inductor lowers to a pointwise select between the two inputs
+# (``lowering.slice_scatter``): RoPE's backward (the gradient of a cat of two halves) fuses into the add that reads it.
+POINTWISE_SCATTERS = _packets("slice_scatter", "select_scatter")
+# lowering.column_reduction: reductions whose second argument is the list of reduced dimensions.
+REDUCTIONS_WITH_DIMS = _packets("sum", "mean", "amax", "amin", "prod", "var", "std", "var_mean")
+# lowering.py: ops whose Inductor code calls exp, log, sigmoid or tanh (directly or through their decomposition): a
+# value computing one is stored, not recomputed, when several nodes read it on CPU (``_realized_on_reuse``).
+HEAVY_OPS = _packets(
+    *(
+        "exp log log10 log1p log2 sigmoid tanh silu silu_backward gelu_backward softplus softplus_backward mish "
+        "mish_backward logit"
+    ).split()
+)
+# lowering.py: single ops its rules name (a CPU ``cat`` is a ConcatKernel, ``add(mm, c)`` an addmm, a ``bmm`` with one
+# row or column per batch a reduction).
+ADD = aten.add.Tensor
+MM = aten.mm.default
+BMM = aten.bmm  # the packet: every overload
+CAT = aten.cat.default
+# layout.py: what Inductor's layout optimisation reads and writes.
+CONVOLUTION = aten.convolution.default
+CONVOLUTION_BACKWARD = aten.convolution_backward.default
+CLONE = aten.clone.default
+VIEW = aten.view.default
+# layout.py: the ops whose result depends on their first input's strides, not only on its values (Inductor's own
+# list of "as_strided ops" in ``GraphLowering.run_node``, less the in-place and resize ones a functional graph has
+# not).
+STRIDE_SENSITIVE = (aten.as_strided.default, aten.as_strided_scatter.default)
+# phase_copies.py: row lookups, where each output element reads one element of the table, found by the index.
+ROW_LOOKUPS = frozenset({aten.index.Tensor, aten.gather.default, aten.index_select.default, aten.embedding.default})
+# cse.py: never merged (as in PyTorch's ``fx_graph_cse``: its values are undefined, so two are not one).
+EMPTY = aten.empty
+# split.py: the in-place copy that PyTorch's autograd-order reordering of backward places before the first reader of
+# a tangent, where it stands (``reordering_to_mimic_autograd_engine``).
+COPY_INTO = aten.copy_.default
