@@ -29,7 +29,6 @@ from fxremat_passes.cse import MetaSnapshot, prepare_joint_graph
 from fxremat_passes.describe import describe_split
 from fxremat_passes.flow_problem import VALUE_ROLES, build_flow_problem
 from fxremat_passes.layout import (
-    CONVOLUTION,
     convolutions_kept_for_depthwise,
     has_convolution,
     pin_as_strided_inputs,
@@ -37,6 +36,7 @@ from fxremat_passes.layout import (
 )
 from fxremat_passes.layout_choice import LayoutChoice, decide_layout
 from fxremat_passes.liveness import PeakEstimate, saved_views_of_inputs, simulate_step
+from fxremat_passes.ops import CONVOLUTION
 from fxremat_passes.phase_copies import copy_gathers_per_phase
 from fxremat_passes.region_budget import annotations_hidden
 from fxremat_passes.roles import Policy, Role, classify, recompute_tag

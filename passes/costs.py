@@ -27,20 +27,18 @@ import torch.utils.flop_counter as flop_counter
 
 from . import _torch_private as tp
 from .ops import (
+    FLOP_FORMULAS,
     FUSIBLE,
-    GELU_TANH_WEIGHT,
     PARTIAL_READ_OPS,
     POINTWISE_FLOP_WEIGHTS,
-    POW_INT_WEIGHT,
+    POINTWISE_WEIGHT_RULES,
     OpClass,
-    get_arg,
     op_class,
     packet,
     qualified_name,
 )
 
 log = logging.getLogger(__name__)
-aten = torch.ops.aten
 
 COST_KEY = "fxremat_cost"
 SYMBOLIC_VALUE_BYTES = 8  # a SymInt/SymFloat kept for backward: tiny, but not free
@@ -244,41 +242,18 @@ def _first_tensor_input(node: fx.Node):
 
 def pointwise_weight(node: fx.Node) -> int:
     """FLOP-equivalents per element of an elementwise op (``ops.POINTWISE_FLOP_WEIGHTS``, measured), reading the
-    arguments where the op's price depends on them."""
+    arguments where the op's price depends on them (``ops.POINTWISE_WEIGHT_RULES``)."""
     pkt = packet(node)
-    if pkt is aten.div and len(node.args) > 1 and not isinstance(node.args[1], fx.Node):
-        return 1  # by a Python scalar: Inductor multiplies by its reciprocal
-    if pkt is aten.pow and len(node.args) > 1 and not isinstance(node.args[1], fx.Node):
-        exponent = node.args[1]
-        if isinstance(exponent, int) or (isinstance(exponent, float) and exponent.is_integer()):
-            return POW_INT_WEIGHT
-    if pkt in (aten.gelu, aten.gelu_backward) and get_arg(node, "approximate", "none") == "tanh":
-        return GELU_TANH_WEIGHT
-    return POINTWISE_FLOP_WEIGHTS.get(pkt, 1)
-
-
-def grouped_mm_flops(a_shape, b_shape, out_shape) -> int:
-    """``aten._grouped_mm`` (MoE experts), which FlopCounterMode does not count: 2 FLOPs per multiply-add.  The
-    groups (``offs``) partition one dimension, so the count needs shapes only: in a 2-D by 2-D product the groups
-    split the contraction (the weight gradient: each group sums over its own rows), otherwise each output element
-    is one dot product over the last dimension of ``a``.  Rows past ``offs[-1]`` are counted too (none in MoE)."""
-    if len(a_shape) == 2 and len(b_shape) == 2:
-        return 2 * a_shape[0] * a_shape[1] * b_shape[1]
-    return 2 * math.prod(out_shape) * a_shape[-1]
+    rule = POINTWISE_WEIGHT_RULES.get(pkt)
+    weight = rule(node) if rule is not None else None
+    return weight if weight is not None else POINTWISE_FLOP_WEIGHTS.get(pkt, 1)
 
 
 def _kernel_flops(node: fx.Node, pkt, name: str, out) -> int:
     """A matmul, convolution or attention node's FLOPs, by formula (see ``count_flops``)."""
-    if name in ("aten._scaled_dot_product_flash_attention_for_cpu", "aten._scaled_dot_product_attention_math"):
-        q, k, v = node.args[:3]
-        return int(flop_counter.sdpa_flop_count(hinted_shape(q), hinted_shape(k), hinted_shape(v)))
-    if name == "aten._scaled_dot_product_flash_attention_for_cpu_backward":
-        grad_out, q, k, v = node.args[:4]
-        shapes = [hinted_shape(a) for a in (grad_out, q, k, v)]
-        return int(flop_counter.sdpa_backward_flop_count(*shapes))
-    if name == "aten._grouped_mm":
-        a, b = node.args[:2]
-        return grouped_mm_flops(hinted_shape(a), hinted_shape(b), hinted_shape(node))
+    formula = FLOP_FORMULAS.get(pkt)
+    if formula is not None:
+        return formula(node, hinted_shape)
     formula = flop_counter.flop_registry.get(pkt)
     if formula is not None:
         args = _as_meta(tuple(node.args))
@@ -289,8 +264,8 @@ def _kernel_flops(node: fx.Node, pkt, name: str, out) -> int:
 
 
 def count_flops(node: fx.Node, cls: OpClass) -> int:
-    """Exact for matmul/convolution/attention (FlopCounterMode's own formulas, which it shares with us), plus our
-    CPU SDPA and grouped-mm formulas (which FlopCounterMode misses); per-element estimates for everything else."""
+    """Exact for matmul/convolution/attention (FlopCounterMode's own formulas, which it shares with us), plus ours
+    where it has none (``ops.FLOP_FORMULAS``: CPU SDPA, grouped_mm); per-element estimates for everything else."""
     out = node.meta.get("val")
     pkt = packet(node)
     name = qualified_name(node)

@@ -32,6 +32,7 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from . import _torch_private as tp
+from .ops import EMPTY
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +168,7 @@ def plan_clean_up(graph: fx.Graph, cse: bool = True) -> CleanUp:
         raise AssertionError(f"expected the output node last, got {output.format_node()}")
     output_storages = {s for s in (_storage(n) for n in output.all_input_nodes) if s is not None}
     random_packets = tp.RANDOM_OP_PACKETS
-    empty = torch.ops.aten.empty
+    empty = EMPTY
     mutation_by_target: dict = {}
     # node -> the node standing for it: itself, or the earlier duplicate it merges into (keys compare these)
     env: dict[fx.Node, fx.Node] = {}

@@ -29,14 +29,8 @@ import torch.fx as fx
 
 from . import _torch_private as tp
 from .costs import value_nbytes
+from .ops import CLONE, CONVOLUTION, CONVOLUTION_BACKWARD, STRIDE_SENSITIVE, VIEW
 from .phase_graph import PhaseGraph
-
-CONVOLUTION = torch.ops.aten.convolution.default
-CONVOLUTION_BACKWARD = torch.ops.aten.convolution_backward.default
-CLONE = torch.ops.aten.clone.default
-# The ops whose result depends on their first input's strides, not only on its values (Inductor's own list of
-# "as_strided ops" in ``GraphLowering.run_node``, less the in-place and resize ones a functional graph has not).
-STRIDE_SENSITIVE = (torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_scatter.default)
 
 
 def _weight(node: fx.Node) -> torch.Tensor | None:
@@ -247,7 +241,6 @@ def _pin(graph: fx.Graph, node: fx.Node) -> int:
     return 1
 
 
-VIEW = torch.ops.aten.view.default
 # meta key of the flat views ``saved_inputs_as_views`` adds to forward (no plan chose to save them)
 SAVED_INPUT_VIEW = "fxremat_saved_input_view"
 

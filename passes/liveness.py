@@ -52,12 +52,9 @@ from .costs import alias_root
 from .fusion import FUSION_DISTANCE  # noqa: F401  (re-exported)
 from .layout import channels_last_copies, layout_optimised, recopied_saved_inputs
 from .lowering import (  # noqa: F401  (re-exported: plan_memory, tests)
-    FUSED_LOADS,
-    HEAVY_OPS,
     KERNEL_CLASSES,
     MAX_READS,
     MAX_READS_CPU,
-    POINTWISE_SCATTERS,
     REALIZE_READS_THRESHOLD,
     _folded_into_addmm,
     _readers_through_views,

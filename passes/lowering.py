@@ -1,8 +1,9 @@
 """How Inductor lowers single ops, where that matters for memory: which ops are its own kernels and how they fuse
 (``inductor_class``, ``column_reduction``), which become other ops (``addmm_matmul``) or buffers of their own
 (``concat_kernel``), what a scatter loops over (``scatter_values``), and which values it stores instead of
-recomputing (``HEAVY_OPS``, the read thresholds).  Facts about one node and its neighbours, each with the Inductor
-source it follows; ``liveness.py`` builds the step's timeline from them.
+recomputing (``ops.HEAVY_OPS``, the read thresholds).  Facts about one node and its neighbours, each with the
+Inductor source it follows; ``liveness.py`` builds the step's timeline from them.  The ops these rules name are sets
+and constants of ``ops.py`` (``FUSED_LOADS``, ``ADD``, ...): a rule on ops that ``ops.py`` names is a change here only.
 """
 
 from __future__ import annotations
@@ -13,10 +14,18 @@ import torch.fx as fx
 
 from . import _torch_private as tp
 from .costs import hinted_numel, hinted_shape
-from .ops import OpClass, op_class
+from .ops import (
+    ADD,
+    BMM,
+    CAT,
+    FUSED_LOADS,
+    MM,
+    POINTWISE_SCATTERS,
+    REDUCTIONS_WITH_DIMS,
+    OpClass,
+    op_class,
+)
 from .phase_graph import PhaseGraph
-
-aten = torch.ops.aten
 
 
 def _users(node: fx.Node, graph: PhaseGraph | None):
@@ -45,15 +54,6 @@ def _readers_through_views(
 KERNEL_CLASSES = frozenset({OpClass.POINTWISE, OpClass.COPY, OpClass.CREATION, OpClass.REDUCTION, OpClass.NORM})
 
 
-# Gathers Inductor lowers to indexed loads inside the kernel that reads them (so they fuse like pointwise ops).
-FUSED_LOADS = frozenset(
-    getattr(aten, name) for name in ("embedding", "index", "index_select", "gather", "_unsafe_index", "take_along_dim")
-)
-# Scatters into a slice Inductor lowers to a pointwise select between the two inputs (``lowering.slice_scatter``):
-# RoPE's backward (the gradient of a cat of two halves) fuses into the add that reads it.
-POINTWISE_SCATTERS = frozenset(getattr(aten, name) for name in ("slice_scatter", "select_scatter"))
-
-
 def concat_kernel(node: fx.Node) -> bool:
     """Whether Inductor lowers ``node`` to a ``ConcatKernel``: on CPU every ``cat`` (``lowering.cat``: "if cpu_device:
     return ConcatKernel.create"; the pointwise cat is GPU-only).  A ConcatKernel is a NopKernel: its buffer is
@@ -62,14 +62,7 @@ def concat_kernel(node: fx.Node) -> bool:
     kernel).  A recomputed SwiGLU's backward writes the gate's and up's gradients into one fresh gate-and-up-sized
     buffer while the recomputed projection it reads is still live (Llama stack, ``memory_budget=0.0``: -11.7%)."""
     val = node.meta.get("val")
-    return node.target is aten.cat.default and isinstance(val, torch.Tensor) and val.device.type == "cpu"
-
-
-REDUCTIONS_WITH_DIMS = frozenset(
-    getattr(aten, name)
-    for name in ("sum", "mean", "amax", "amin", "prod", "var", "std", "var_mean")
-    if hasattr(aten, name)
-)
+    return node.target is CAT and isinstance(val, torch.Tensor) and val.device.type == "cpu"
 
 
 def column_reduction(node: fx.Node) -> tuple[int, int] | None:
@@ -111,7 +104,7 @@ def inductor_class(node: fx.Node, cls: OpClass, graph: PhaseGraph | None = None)
         return OpClass.POINTWISE if packet in FUSED_LOADS or packet in POINTWISE_SCATTERS else OpClass.REDUCTION
     if cls is OpClass.POINTWISE and addmm_matmul(node, graph) is not None:
         return OpClass.MATMUL
-    if cls is OpClass.MATMUL and packet is aten.bmm and len(node.args) >= 2:
+    if cls is OpClass.MATMUL and packet is BMM and len(node.args) >= 2:
         a, b = (arg.meta.get("val") if isinstance(arg, fx.Node) else None for arg in node.args[:2])
         if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == 3 and _bmm_is_reduction(a, b):
             return OpClass.REDUCTION
@@ -173,13 +166,13 @@ def addmm_matmul(node: fx.Node, graph: PhaseGraph | None = None) -> fx.Node | No
     not pointwise).  T5's tied embedding gradient (lm_head's product plus the embedding's scatter) is one.  Of two
     products (a weight read twice: its two gradients summed) the second is folded: ``add(inp, mm)`` is the pattern
     registered first, so tried first; the first product is computed where it stands, its inputs freed there."""
-    if node.op != "call_function" or node.target is not aten.add.Tensor or len(node.args) != 2 or node.kwargs:
+    if node.op != "call_function" or node.target is not ADD or len(node.args) != 2 or node.kwargs:
         return None
     for mm_arg, other in (node.args[::-1], node.args):
         if not isinstance(mm_arg, fx.Node) or not isinstance(other, fx.Node):
             return None
         mm = _noop_view_source(mm_arg, graph)
-        if mm.target is not aten.mm.default or (graph is not None and mm in graph.inputs):
+        if mm.target is not MM or (graph is not None and mm in graph.inputs):
             continue  # no product, or a graph input: no product this graph computes
         if len(_users(mm_arg, graph)) != 1 or len(_users(mm, graph)) != 1:
             continue
@@ -203,7 +196,7 @@ def _only_pointwise_readers(node: fx.Node, graph: PhaseGraph | None = None) -> b
 
 
 def _folded_into_addmm(node: fx.Node, classes: dict[fx.Node, OpClass], graph: PhaseGraph | None = None) -> bool:
-    if node.target is not aten.mm.default:
+    if node.target is not MM:
         return False
     readers = _readers_through_views(node, classes, graph)
     return len(readers) == 1 and addmm_matmul(next(iter(readers)), graph) is node
@@ -225,16 +218,8 @@ def scatter_values(node: fx.Node) -> fx.Node | None:
     return max(args, key=lambda a: hinted_numel(a.meta.get("val")), default=None)
 
 
-# Ops whose Inductor code calls exp, log, sigmoid or tanh (directly or through their decomposition): a value
-# computing one is stored, not recomputed, when several nodes read it on CPU (``_realized_on_reuse``).
-HEAVY_OPS = frozenset(
-    getattr(aten, name)
-    for name in (
-        "exp log log10 log1p log2 sigmoid tanh silu silu_backward gelu_backward softplus softplus_backward mish "
-        "mish_backward logit"
-    ).split()
-    if hasattr(aten, name)
-)
+# A value computing one of ``ops.HEAVY_OPS`` is stored, not recomputed, when several nodes read it on CPU
+# (``_realized_on_reuse``), past this many reads:
 REALIZE_READS_THRESHOLD = 4  # torch._inductor.config.realize_reads_threshold
 # any pointwise value reading more buffers than this is realized (``IRNode.has_exceeded_max_reads``)
 MAX_READS_CPU, MAX_READS = 12, 8

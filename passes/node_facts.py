@@ -18,13 +18,13 @@ import torch.fx as fx
 
 from .access import op_path, step
 from .costs import hinted_numel, value_nbytes
-from .lowering import FUSED_LOADS, HEAVY_OPS, column_reduction, concat_kernel, inductor_class, scatter_values
-from .ops import OpClass, op_class
+from .lowering import column_reduction, concat_kernel, inductor_class, scatter_values
+from .ops import ADD as _ADD
+from .ops import FUSED_LOADS, HEAVY_OPS, OpClass, op_class
+from .ops import MM as _MM
 from .phase_graph import PhaseGraph, _tensor_storage_bytes
 
-aten = torch.ops.aten
 _MISSING = object()
-_ADD, _MM = aten.add.Tensor, aten.mm.default  # looked up once: these run for every node of every plan's phases
 
 
 class NodeFacts:

@@ -1,13 +1,17 @@
 """The one op table: every FX node gets an ``OpClass``, from ``torch.Tag`` where one exists and from a few named
-sets where it does not.  Nobody else matches op names."""
+sets where it does not.  Every op set and single op that another module matches lives here (the lowering facts,
+the layout pass's convolutions, the split's ``copy_``), and so does every op's FLOP price (``POINTWISE_FLOP_WEIGHTS``
+and its argument-dependent cases, ``FLOP_FORMULAS``), which ``costs.py`` only applies: nobody else names an op."""
 
 from __future__ import annotations
 
 import enum
+import math
 import operator
 
 import torch
 import torch.fx as fx
+import torch.utils.flop_counter as flop_counter
 
 aten = torch.ops.aten
 
@@ -139,7 +143,7 @@ SEEDED_ATTENTION_BACKWARD = _packets(
 # constants: the same graph gives the same cut on any machine.
 # Ops not listed cost 1 (add, mul, sub, neg, relu, where, tanh_backward and sigmoid_backward, which are a few muls); a
 # division by a Python scalar costs 1 (Inductor multiplies by the reciprocal) and ``pow`` with an integer exponent
-# is ``POW_INT_WEIGHT`` (Inductor expands it into multiplications): costs.pointwise_weight reads the arguments.
+# is ``POW_INT_WEIGHT`` (Inductor expands it into multiplications): ``POINTWISE_WEIGHT_RULES`` read the arguments.
 POINTWISE_FLOP_WEIGHTS = {
     packet: weight
     for name, weight in (
@@ -172,6 +176,73 @@ POINTWISE_FLOP_WEIGHTS = {
 }
 GELU_TANH_WEIGHT = 20
 POW_INT_WEIGHT = 2
+
+
+def _div_weight(node: fx.Node) -> int | None:
+    # by a Python scalar: Inductor multiplies by its reciprocal
+    return 1 if len(node.args) > 1 and not isinstance(node.args[1], fx.Node) else None
+
+
+def _pow_weight(node: fx.Node) -> int | None:
+    exponent = node.args[1] if len(node.args) > 1 else None
+    if isinstance(exponent, int) or (isinstance(exponent, float) and exponent.is_integer()):
+        return POW_INT_WEIGHT  # Inductor expands an integer power into multiplications
+    return None
+
+
+def _gelu_weight(node: fx.Node) -> int | None:
+    return GELU_TANH_WEIGHT if get_arg(node, "approximate", "none") == "tanh" else None
+
+
+# The weights that depend on an op's arguments, by packet: each returns the weight, or None where the op's entry in
+# POINTWISE_FLOP_WEIGHTS (or 1) holds; costs.pointwise_weight asks here first.
+POINTWISE_WEIGHT_RULES = {
+    aten.div: _div_weight,
+    aten.pow: _pow_weight,
+    aten.gelu: _gelu_weight,
+    aten.gelu_backward: _gelu_weight,
+}
+
+
+def grouped_mm_flops(a_shape, b_shape, out_shape) -> int:
+    """``aten._grouped_mm`` (MoE experts), which FlopCounterMode does not count: 2 FLOPs per multiply-add.  The
+    groups (``offs``) partition one dimension, so the count needs shapes only: in a 2-D by 2-D product the groups
+    split the contraction (the weight gradient: each group sums over its own rows), otherwise each output element
+    is one dot product over the last dimension of ``a``.  Rows past ``offs[-1]`` are counted too (none in MoE)."""
+    if len(a_shape) == 2 and len(b_shape) == 2:
+        return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+    return 2 * math.prod(out_shape) * a_shape[-1]
+
+
+def _sdpa_flops(node: fx.Node, shape) -> int:
+    q, k, v = node.args[:3]
+    return int(flop_counter.sdpa_flop_count(shape(q), shape(k), shape(v)))
+
+
+def _sdpa_backward_flops(node: fx.Node, shape) -> int:
+    grad_out, q, k, v = node.args[:4]
+    return int(flop_counter.sdpa_backward_flop_count(*(shape(a) for a in (grad_out, q, k, v))))
+
+
+def _grouped_mm_flops(node: fx.Node, shape) -> int:
+    a, b = node.args[:2]
+    return grouped_mm_flops(shape(a), shape(b), shape(node))
+
+
+# FLOP formulas of the matmul, convolution and attention ops that FlopCounterMode does not count (the CPU SDPA
+# kernels, grouped_mm), by packet: ``formula(node, shape)``, where ``shape`` gives a node's shape in plain ints
+# (costs.hinted_shape).  costs._kernel_flops asks here first, then FlopCounterMode's registry; an op in neither is
+# estimated from its output size.
+FLOP_FORMULAS = {
+    packet: formula
+    for name, formula in (
+        ("_scaled_dot_product_flash_attention_for_cpu", _sdpa_flops),
+        ("_scaled_dot_product_attention_math", _sdpa_flops),
+        ("_scaled_dot_product_flash_attention_for_cpu_backward", _sdpa_backward_flops),
+        ("_grouped_mm", _grouped_mm_flops),
+    )
+    if (packet := getattr(aten, name, None)) is not None
+}
 SYMBOLIC_TARGETS = frozenset(
     {
         operator.add,
@@ -321,3 +392,44 @@ NEVER_RECOMPUTE_REASONS = {
 NEVER_RECOMPUTE = frozenset(NEVER_RECOMPUTE_REASONS)
 # Classes that Inductor fuses into their consumer (so a recompute costs FLOPs, not a round trip to memory).
 FUSIBLE = frozenset({OpClass.VIEW, OpClass.POINTWISE, OpClass.COPY, OpClass.CREATION, OpClass.GETITEM})
+
+# --- ops other modules match (by identity: ``node.target is ...`` or a packet ``in`` a set) ----------------------
+
+# lowering.py: gathers Inductor lowers to indexed loads inside the kernel that reads them (so they fuse like
+# pointwise ops).
+FUSED_LOADS = _packets("embedding", "index", "index_select", "gather", "_unsafe_index", "take_along_dim")
+# lowering.py: scatters into a slice Inductor lowers to a pointwise select between the two inputs
+# (``lowering.slice_scatter``): RoPE's backward (the gradient of a cat of two halves) fuses into the add that reads it.
+POINTWISE_SCATTERS = _packets("slice_scatter", "select_scatter")
+# lowering.column_reduction: reductions whose second argument is the list of reduced dimensions.
+REDUCTIONS_WITH_DIMS = _packets("sum", "mean", "amax", "amin", "prod", "var", "std", "var_mean")
+# lowering.py: ops whose Inductor code calls exp, log, sigmoid or tanh (directly or through their decomposition): a
+# value computing one is stored, not recomputed, when several nodes read it on CPU (``_realized_on_reuse``).
+HEAVY_OPS = _packets(
+    *(
+        "exp log log10 log1p log2 sigmoid tanh silu silu_backward gelu_backward softplus softplus_backward mish "
+        "mish_backward logit"
+    ).split()
+)
+# lowering.py: single ops its rules name (a CPU ``cat`` is a ConcatKernel, ``add(mm, c)`` an addmm, a ``bmm`` with one
+# row or column per batch a reduction).
+ADD = aten.add.Tensor
+MM = aten.mm.default
+BMM = aten.bmm  # the packet: every overload
+CAT = aten.cat.default
+# layout.py: what Inductor's layout optimisation reads and writes.
+CONVOLUTION = aten.convolution.default
+CONVOLUTION_BACKWARD = aten.convolution_backward.default
+CLONE = aten.clone.default
+VIEW = aten.view.default
+# layout.py: the ops whose result depends on their first input's strides, not only on its values (Inductor's own
+# list of "as_strided ops" in ``GraphLowering.run_node``, less the in-place and resize ones a functional graph has
+# not).
+STRIDE_SENSITIVE = (aten.as_strided.default, aten.as_strided_scatter.default)
+# phase_copies.py: row lookups, where each output element reads one element of the table, found by the index.
+ROW_LOOKUPS = frozenset({aten.index.Tensor, aten.gather.default, aten.index_select.default, aten.embedding.default})
+# cse.py: never merged (as in PyTorch's ``fx_graph_cse``: its values are undefined, so two are not one).
+EMPTY = aten.empty
+# split.py: the in-place copy that PyTorch's autograd-order reordering of backward places before the first reader of
+# a tangent, where it stands (``reordering_to_mimic_autograd_engine``).
+COPY_INTO = aten.copy_.default

@@ -13,7 +13,7 @@ from . import _torch_private as tp
 from .access import add_paths
 from .costs import alias_root, hinted_numel
 from .fusion import Fusion, fusion_order
-from .layout import CONVOLUTION, depthwise_buffer_bytes, workspace_bytes
+from .layout import depthwise_buffer_bytes, workspace_bytes
 from .lowering import (
     KERNEL_CLASSES,
     MAX_READS,
@@ -23,7 +23,7 @@ from .lowering import (
     _readers_through_views,
 )
 from .node_facts import NodeFacts
-from .ops import FUSIBLE, OpClass, op_class
+from .ops import CONVOLUTION, FUSIBLE, OpClass, op_class
 from .phase_graph import PhaseGraph, graph_view
 from .walk import Walk
 

@@ -27,13 +27,10 @@ import torch.fx as fx
 
 from . import _torch_private as tp
 from .costs import value_nbytes
+from .ops import ROW_LOOKUPS
 from .roles import forward_nodes
 
-aten = torch.ops.aten
-
 COPY_OF = "fxremat_copy_of"  # meta key: the name of the node this one computes again
-# row lookups: each output element reads one element of the table, found by the index
-GATHERS = frozenset({aten.index.Tensor, aten.gather.default, aten.index_select.default, aten.embedding.default})
 
 
 def _bytes(node) -> int:
@@ -48,7 +45,7 @@ def _bytes(node) -> int:
 
 def _expanding_gather(node: fx.Node) -> bool:
     """A row lookup larger than everything it reads, read by an op whose inputs Inductor realizes."""
-    if node.op != "call_function" or node.target not in GATHERS:
+    if node.op != "call_function" or node.target not in ROW_LOOKUPS:
         return False
     reads = [a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
     if len(reads) < 2:

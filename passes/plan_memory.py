@@ -23,10 +23,10 @@ import torch.fx as fx
 
 from . import _torch_private as tp
 from .costs import alias_root
-from .layout import CONVOLUTION, channels_last_copies, layout_optimised
+from .layout import channels_last_copies, layout_optimised
 from .liveness import PeakEstimate, _tensor_storage_bytes, inductor_class, simulate_phases, simulate_step, storage_kind
 from .node_facts import NodeFacts
-from .ops import OpClass
+from .ops import CONVOLUTION, OpClass
 from .phase_graph import virtual_phase
 from .roles import GraphRoles
 from .split import UnsupportedSplit, joint_facts, split_recipe

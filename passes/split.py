@@ -33,11 +33,11 @@ import logging
 import operator
 from dataclasses import dataclass
 
-import torch
 import torch.fx as fx
 
 from . import _torch_private as tp
 from .cse import impurity_test, subgraph_node
+from .ops import COPY_INTO
 from .phase_graph import SEGMENTED_BACKWARD_KEY
 
 log = logging.getLogger(__name__)
@@ -245,7 +245,7 @@ def _reorder_like_autograd(
                 result.append(n)
 
     for node in sequence[len(inputs) : first]:
-        if node is not output and node.target is torch.ops.aten.copy_.default:
+        if node is not output and node.target is COPY_INTO:
             place(node)
     for node in sequence[first:]:
         place(node)

@@ -13,7 +13,8 @@ from functorch.compile import make_boxed_func
 import fxremat
 from fxremat.options import Options
 from fxremat_passes import _torch_private as tp
-from fxremat_passes.layout import CONVOLUTION, CONVOLUTION_BACKWARD, depthwise_buffer_bytes
+from fxremat_passes.layout import depthwise_buffer_bytes
+from fxremat_passes.ops import CONVOLUTION, CONVOLUTION_BACKWARD
 from fxremat_passes.phase import _Phase as Phase
 
 

@@ -20,7 +20,8 @@ import fxremat
 from fxremat.measure import max_relative_error, measure_saved
 from fxremat.options import Options
 from fxremat_passes import _torch_private as tp
-from fxremat_passes.layout import CONVOLUTION, saved_inputs_as_views
+from fxremat_passes.layout import saved_inputs_as_views
+from fxremat_passes.ops import CONVOLUTION
 
 
 def _conv_read_placeholders(gm) -> set:
@@ -46,9 +47,15 @@ def _inductor_like(gm, example_inputs):
 
 def _net() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
-                         nn.Conv2d(16, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
-                         nn.Conv2d(32, 8, 3, padding=1))
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1, bias=False),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1, bias=False),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.Conv2d(32, 8, 3, padding=1),
+    )
 
 
 def _pytorch_split():
