@@ -8,8 +8,10 @@ eager, warm up twice, measure one step's peak (CPU profiler memory events, ``fxr
 the report's ``simulated_peak_bytes``.  ``--explain`` also prints, per graph, the profiler's running total at each
 line of Inductor's output code (the line's kernel call, ``empty_strided``, ``del``) next to the simulated timeline
 around its peak, and the output code's path.  Settings: ``default``, ``mbX`` (``memory_budget=X``), ``pbX``
-(``peak_budget=X``).  MODEL: an example, a ``bench_models`` model (at ``--hf-size``) or a ``conv_models`` net.  Set ``TORCHINDUCTOR_CACHE_DIR`` per experiment: a re-run then skips Inductor's C++ compile (the
-AOTAutograd cache is off and our source hash fixed here, so the partitioner, and so the simulator, runs each time).
+(``peak_budget=X``).  MODEL: an example (``fxremat.examples``, the dropout example too), a ``bench_models`` model
+(at ``--hf-size``) or a ``conv_models`` net.  Set ``TORCHINDUCTOR_CACHE_DIR`` per experiment: a re-run then skips
+Inductor's C++ compile (the AOTAutograd cache is off and our source hash fixed here, so the partitioner, and so the
+simulator, runs each time).
 """
 
 from __future__ import annotations
@@ -23,8 +25,6 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-EXAMPLES = ("mlp", "stack", "llama_stack", "block_sdpa", "block_softmax")
 
 
 def _options(setting: str) -> dict:
@@ -40,9 +40,9 @@ def _workload(args):
 
     if args.model in conv_models.CONV_MODELS:
         return conv_models.build_conv_workload(args.model)
-    if args.model in EXAMPLES:
-        from fxremat.examples import example
+    from fxremat.examples import EXAMPLES, example
 
+    if args.model in EXAMPLES:
         torch.manual_seed(0)
         model, inputs = example(args.model, batch=args.batch, seq=args.seq, dim=args.dim)
         return bench_models.Workload(model, args=tuple(inputs))

@@ -125,6 +125,9 @@ CREATION_OPS = _packets(
 )
 COPY_OPS = _packets("_to_copy", "clone", "cat", "constant_pad_nd", "copy", "clamp", "where", "stack")
 SEED_OPS = frozenset({"prims.inductor_seeds"})
+# Inductor's own random draw (its decomposition of dropout and rand*): a pointwise op, registered only once
+# torch._inductor is imported, so matched by name.
+INDUCTOR_RANDOM = "prims.inductor_random"
 # Ops whose "random" tag comes only from an optional dropout argument (SDPA's op is tagged random although it
 # draws nothing without a dropout probability).
 DROPOUT_ARG_OPS = _packets(*_SDPA_FORWARD_NAMES)
@@ -374,7 +377,7 @@ def _op_class(node: fx.Node) -> OpClass:
         return OpClass.REDUCTION
     if pkt in COPY_OPS:
         return OpClass.COPY
-    if has_tag(node, torch.Tag.pointwise) or qualified_name(node) == "prims.inductor_random":
+    if has_tag(node, torch.Tag.pointwise) or qualified_name(node) == INDUCTOR_RANDOM:
         return OpClass.POINTWISE
     if target.namespace in ("aten", "prims"):
         return OpClass.GENERIC

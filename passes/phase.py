@@ -21,6 +21,7 @@ from .lowering import (
     REALIZE_READS_THRESHOLD,
     _folded_into_addmm,
     _readers_through_views,
+    realized_when_lowered,
 )
 from .node_facts import NodeFacts
 from .ops import CONVOLUTION, FUSIBLE, OpClass, op_class
@@ -50,6 +51,8 @@ def storage_kind(node: fx.Node, classes: dict[fx.Node, OpClass], graph: PhaseGra
         return NEVER  # writes into an existing storage (e.g. BatchNorm's running stats)
     if cls is OpClass.MATMUL and _folded_into_addmm(node, classes, graph):
         return NEVER  # the addmm that reads it writes the product and the sum at once (``addmm_matmul``)
+    if cls is OpClass.POINTWISE and realized_when_lowered(node):
+        return ALWAYS
     return FUSIBLE_VALUE if cls in FUSIBLE else ALWAYS
 
 
