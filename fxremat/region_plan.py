@@ -18,8 +18,9 @@ import warnings
 from fxremat_passes.costs import node_cost
 from fxremat_passes.region_budget import REGION_SOURCE, RegionAnnotations, node_region_budget
 from fxremat_passes.region_search import Region, region_bytes, solve_regions
+from fxremat_passes.solvers import MILP_REFINE_LIMIT, MILP_TIME_LIMIT, SOLVERS
 
-from .plan import MILP_REFINE_LIMIT, MILP_TIME_LIMIT, FxrematBudgetWarning, prices
+from .plan import FxrematBudgetWarning, prices
 
 OUTSIDE = "outside regions"  # the report's name for the storages of no region
 
@@ -63,7 +64,7 @@ def choose_plan_for_regions(flow, options, profile, request, annotations: Region
         price,
         top,
         exact=problem.num_values <= MILP_REFINE_LIMIT,
-        exact_only=options.solver == "milp",
+        exact_only=SOLVERS[options.solver].exact,
         time_limit=MILP_TIME_LIMIT,
     )
     rows = [
