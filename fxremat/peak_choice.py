@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fxremat_passes import _torch_private as tp
-from fxremat_passes.budget import Plan, SolveCache, solve_at
+from fxremat_passes.budget import Plan, SolveCache, budget_target, solve_at
 from fxremat_passes.liveness import PeakEstimate, simulate_step
 from fxremat_passes.plan_memory import build_joint_memory, estimate_peak
 from fxremat_passes.roles import Role
@@ -358,8 +358,7 @@ def choose_plan_for_peak(flow, roles, joint, options, profile, request, split, c
         floor = segmented[2].peak_bytes
     else:
         segmented = None
-    target = int(floor + budget * max(0, real[plan_key(default_plan)] - floor)) if isinstance(budget, float) else budget
-    target = int(min(target, peak_cap))
+    target = int(min(budget_target(budget, real[plan_key(default_plan)], floor), peak_cap))
     fields.update(
         peak_budget=budget, peak_budget_bytes=target, peak_candidates=len(candidates), peak_simulated=len(shortlist)
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 
-from fxremat_passes.budget import Plan, SolveCache, frontier
+from fxremat_passes.budget import Plan, SolveCache, budget_target, frontier
 from fxremat_passes.checkpoints import checkpoint_grid
 from fxremat_passes.costs import DeviceProfile
 from fxremat_passes.parametric import ParametricProblem
@@ -29,9 +29,7 @@ class FxrematBudgetWarning(UserWarning):
 
 
 def budget_target_bytes(budget: float | int, default: Plan, fewest: Plan) -> int:
-    if isinstance(budget, float):
-        return int(fewest.saved_bytes + budget * max(0, default.saved_bytes - fewest.saved_bytes))
-    return int(budget)
+    return budget_target(budget, default.saved_bytes, fewest.saved_bytes)
 
 
 def warn_unreachable(graph_id: str, target: int, budget, fewest_bytes: int) -> None:

@@ -4,7 +4,7 @@ where each region keeps at most its own budget, in one solve with the rest of th
 A storage belongs to the region its owner (the node whose output it is, ``costs.alias_root``) was traced in, so a
 view taken in one region of a value made in another counts where the value was made.  Each region's budget is a
 fraction of what that region keeps in fxremat's default plan, from what it keeps in the fewest-bytes plan (0.0), as
-one budget over a whole graph is (``plan.budget_target_bytes``).  Storages outside every region keep the graph's
+one budget over a whole graph is (``budget.budget_target``).  Storages outside every region keep the graph's
 own setting: the default price of memory, or a region of their own under the graph's ``memory_budget`` (fxremat's
 option, PyTorch's ``activation_memory_budget`` or the legacy marker; bytes count the rest's storages only).
 

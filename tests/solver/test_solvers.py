@@ -10,7 +10,7 @@ import sys
 import pytest
 from test_budget import DEFAULT_PRICE, MAX_PRICE, feasible, random_parametric
 
-from fxremat_passes.budget import SolveCache
+from fxremat_passes.budget import SolveCache, budget_target
 from fxremat_passes.mincut import check_plan
 from fxremat_passes.solvers import SOLVERS, Budget
 
@@ -32,10 +32,16 @@ def test_every_solver_meets_the_budgets_it_says_it_met(name, seed):
     default, fewest = solver.default(problem, DEFAULT_PRICE, cache), cache.at(MAX_PRICE)
     assert not check_plan(problem.at(DEFAULT_PRICE)[0], default.saved, default.recomputed)
     for fraction in (0.0, 0.3, 0.7):
-        target = int(fewest.saved_bytes + fraction * max(0, default.saved_bytes - fewest.saved_bytes))
+        target = budget_target(fraction, default.saved_bytes, fewest.saved_bytes)
         plan, met = solver.within(problem, DEFAULT_PRICE, Budget(target, MAX_PRICE, default, fewest), cache)
         assert not met or plan.saved_bytes <= target
         assert not check_plan(problem.at(DEFAULT_PRICE)[0], plan.saved, plan.recomputed)
+
+
+def test_a_fractional_budget_runs_from_the_fewest_to_the_default_and_bytes_are_bytes():
+    assert [budget_target(f, 1000, 200) for f in (0.0, 1.0, 0.5)] == [200, 1000, 600]
+    assert budget_target(0.5, 100, 300) == 300  # a default below the fewest: the fewest
+    assert budget_target(4096, 1000, 200) == 4096
 
 
 def test_the_registry_does_not_import_torch():
