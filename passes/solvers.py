@@ -124,4 +124,3 @@ def register(solver: Solver) -> Solver:
 
 register(MinCut())
 register(Milp())
-
