@@ -14,6 +14,7 @@ from typing import Any
 
 from fxremat_passes import _torch_private as tp
 from fxremat_passes.costs import PROFILES, DeviceProfile
+from fxremat_passes.solvers import SOLVERS
 
 ENV_REPORT_DIR = "FXREMAT_REPORT_DIR"
 ENV_VERIFY = "FXREMAT_VERIFY"
@@ -24,7 +25,6 @@ _FALSE_WORDS = ("", "0", "false", "no", "off")
 # them on, and the reverse.
 _NOT_IN_CACHE_KEY = ("report_dir", "verify")
 
-SOLVERS = ("mincut", "milp")
 # What a user's checkpoint regions mean (fxremat/contract.py): a memory contract, or fxremat's costs decide.
 CHECKPOINT_MODES = ("honour", "replan")
 # Default price of memory, in byte-transfer times per byte kept (lambda = memory_price / bandwidth).
@@ -152,8 +152,8 @@ class Options:
     memory_price     byte-transfer times charged per byte kept for backward (>= 0; higher saves less).
     device           cost profile: "auto" (the graph's device: CUDA by name, else fixed CPU constants), a profile
                      name, "calibrated" (this machine, measured once and cached), or a DeviceProfile.
-    solver           "mincut" (max-flow, with a budget: price search + MILP refinement on small graphs) or
-                     "milp" (the exact MILP for every graph: small graphs only).
+    solver           a name in ``fxremat_passes.solvers.SOLVERS``: "mincut" (max-flow, with a budget: price search +
+                     MILP refinement on small graphs) or "milp" (the exact MILP for every graph: small graphs only).
     compare_default  a report-oriented run: also run PyTorch's default partitioner on a copy (the report's
                      ``baseline_*``), fxremat's memory/recompute frontier, and simulate the step's peaks for every
                      stored report (the compile-cache copy included).  Off by default: a production compile runs

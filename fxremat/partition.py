@@ -46,7 +46,7 @@ from .contract import kept_tagged
 from .knobs import TORCH_CONFIG_SOURCE, effective_options
 from .options import Options
 from .peak_choice import choose, segmented_split
-from .report import CutReport, Deferred, describe_fields, merged_fields, never_recomputed_counts
+from .report import DEFERRED_FIELDS, CutReport, Deferred, describe_fields, merged_fields, never_recomputed_counts
 
 log = logging.getLogger(__name__)
 
@@ -197,9 +197,9 @@ def _later(compute: Callable[[], dict], names: tuple[str, ...], stock: bool = Fa
     return dict.fromkeys(names, Deferred(run))
 
 
-PEAK_FIELDS = ("simulated_peak_bytes", "simulated_activation_peak_bytes", "simulated_peak_at", "memory_timeline")
-# the report keeps no activation peak for PyTorch's split
-BASELINE_PEAK_FIELDS = tuple(f"baseline_{name}" for name in PEAK_FIELDS if name != "simulated_activation_peak_bytes")
+# CutReport's deferred fields (fxremat/report.py): our split's simulation's, and PyTorch's split's (no activation peak)
+PEAK_FIELDS = tuple(name for name in DEFERRED_FIELDS if not name.startswith("baseline_"))
+BASELINE_PEAK_FIELDS = tuple(name for name in DEFERRED_FIELDS if name.startswith("baseline_"))
 
 
 def _report_peak_fields(fw, bw, num_fwd_outputs: int, recipe: SplitRecipe | None, peak: PeakEstimate | None) -> dict:

@@ -18,11 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fxremat_passes import _torch_private as tp
-from fxremat_passes.budget import Plan, SolveCache, solve_at
+from fxremat_passes.budget import Plan, SolveCache, budget_target, solve_at
 from fxremat_passes.liveness import PeakEstimate, simulate_step
 from fxremat_passes.plan_memory import build_joint_memory, estimate_peak
 from fxremat_passes.roles import Role
 from fxremat_passes.segments import lowest_peak_segments, segment_recompute_flops
+from fxremat_passes.solvers import SOLVERS
 from fxremat_passes.stored_sums import block_sums, reads_only
 
 from .contract import CONTRACT_FIELDS, contract_plan, user_contract
@@ -145,7 +146,7 @@ def choose(flow, roles, joint, options, profile, request, split, regions=None):
     contract = user_contract(flow, roles, options, profile)
     if options.peak_budget is not None:
         return choose_plan_for_peak(flow, roles, joint, options, profile, request, split, contract)
-    if options.memory_budget not in (None, 1.0) and options.solver == "mincut":
+    if options.memory_budget not in (None, 1.0) and SOLVERS[options.solver].peak_judged:
         return choose_plan_for_budget(flow, roles, joint, options, profile, request, split, contract)
     if contract is not None:
         estimate, exact = _plan_estimator(flow, roles, joint, request)
@@ -161,7 +162,7 @@ def block_sums_plan(plan: Plan, flow, roles, joint, options, profile, request) -
     """The default plan, or the one that saves the block sums (``stored_sums.py``) in its place where that saves
     no more bytes and its simulated step peak is no higher: memory first, then the fewer distinct kernels.  The
     simulations run only where the two plans differ.  Every choice starts from it (the budgets' 1.0 end)."""
-    if options.solver != "mincut":
+    if not SOLVERS[options.solver].peak_judged:
         return plan
     sums = block_sums(roles, flow.nodes)
     if not sums:
@@ -357,8 +358,7 @@ def choose_plan_for_peak(flow, roles, joint, options, profile, request, split, c
         floor = segmented[2].peak_bytes
     else:
         segmented = None
-    target = int(floor + budget * max(0, real[plan_key(default_plan)] - floor)) if isinstance(budget, float) else budget
-    target = int(min(target, peak_cap))
+    target = int(min(budget_target(budget, real[plan_key(default_plan)], floor), peak_cap))
     fields.update(
         peak_budget=budget, peak_budget_bytes=target, peak_candidates=len(candidates), peak_simulated=len(shortlist)
     )

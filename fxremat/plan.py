@@ -9,28 +9,19 @@ An unreachable budget: one warning, the fewest-bytes plan, ``budget_met=False``.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import warnings
 
-from fxremat_passes.budget import Plan, SolveCache, frontier, search_budget
+from fxremat_passes.budget import Plan, SolveCache, budget_target, frontier
 from fxremat_passes.checkpoints import checkpoint_grid
 from fxremat_passes.costs import DeviceProfile
-from fxremat_passes.milp import MilpFailed, objective, solve_milp
 from fxremat_passes.parametric import ParametricProblem
+from fxremat_passes.solvers import SOLVERS, Budget, cheapest_within
 
 from .options import Options
-
-log = logging.getLogger(__name__)
 
 # The price that stands for "infinity": a byte kept costs a million transfer times, which outweighs any recompute
 # in these graphs, so the cut minimises bytes (then time, as a tie-break).
 FEWEST_BYTES_PRICE_UNITS = 1e6
-# Refine a budget plan with the exact MILP up to this many values, within MILP_TIME_LIMIT seconds (HiGHS returns
-# its best plan so far at the limit); above it the Lagrangian plan stands.  Measured (benchmarks/milp_gap.py and
-# RESULTS.md): the Lagrangian plan alone is a median 23-39% slower than the optimum on transformer blocks at
-# fractional budgets, and HiGHS solves 929 values in 0.14 s and 2785 values (48 blocks) in 0.44 s here.
-MILP_REFINE_LIMIT = 20_000
-MILP_TIME_LIMIT = 5.0
 
 
 class FxrematBudgetWarning(UserWarning):
@@ -38,9 +29,7 @@ class FxrematBudgetWarning(UserWarning):
 
 
 def budget_target_bytes(budget: float | int, default: Plan, fewest: Plan) -> int:
-    if isinstance(budget, float):
-        return int(fewest.saved_bytes + budget * max(0, default.saved_bytes - fewest.saved_bytes))
-    return int(budget)
+    return budget_target(budget, default.saved_bytes, fewest.saved_bytes)
 
 
 def warn_unreachable(graph_id: str, target: int, budget, fewest_bytes: int) -> None:
@@ -55,26 +44,6 @@ def warn_unreachable(graph_id: str, target: int, budget, fewest_bytes: int) -> N
 def prices(options: Options, profile: DeviceProfile) -> tuple[float, float]:
     """(the price of memory of the default plan, the price standing for infinity), in seconds per byte."""
     return options.memory_price / profile.mem_bandwidth, FEWEST_BYTES_PRICE_UNITS / profile.mem_bandwidth
-
-
-def cheapest_within(
-    problem: ParametricProblem,
-    target: int,
-    price: float,
-    max_price: float,
-    default: Plan,
-    fewest: Plan,
-    cache: SolveCache | None = None,
-) -> tuple[Plan, bool]:
-    """The price search's plan within ``target`` saved bytes, refined by the MILP on graphs small enough; and
-    whether the budget was met (if not: the fewest-bytes plan)."""
-    result = search_budget(
-        problem, target, price, max_price, default_plan=default, fewest_bytes_plan=fewest, cache=cache
-    )
-    plan = result.plan
-    if result.budget_met and plan is not default and problem.num_values <= MILP_REFINE_LIMIT:
-        plan = _refine(problem, plan, price, target)
-    return plan, result.budget_met
 
 
 def plan_key(plan: Plan) -> tuple:
@@ -95,22 +64,13 @@ def choose_plan(
     budget = options.memory_budget
     fields: dict = {}
     cache = SolveCache(problem)  # the budget search and the frontier share their max-flows
-    if options.solver == "milp":
-        default = solve_milp(problem, price, None, MILP_TIME_LIMIT)
-    else:
-        default = cache.at(price)
+    solver = SOLVERS[options.solver]
+    default = solver.default(problem, price, cache)
     plan = default
     if budget is not None and budget != 1.0:
         fewest = cache.at(max_price)
         target = budget_target_bytes(budget, default, fewest)
-        if options.solver == "milp":
-            try:
-                plan = solve_milp(problem, price, target, MILP_TIME_LIMIT)
-                met = True
-            except MilpFailed:
-                plan, met = fewest, fewest.saved_bytes <= target
-        else:
-            plan, met = cheapest_within(problem, target, price, max_price, default, fewest, cache)
+        plan, met = solver.within(problem, price, Budget(target, max_price, default, fewest), cache)
         if not met:
             warn_unreachable(graph_id, target, budget, fewest.saved_bytes)
         fields.update(budget_bytes=target, budget_met=met, fewest_saved_bytes=fewest.saved_bytes)
@@ -127,18 +87,6 @@ def frontier_field(problem: ParametricProblem, options: Options, profile: Device
     price, max_price = prices(options, profile)
     points = frontier(problem, price, max_price, cache=cache)
     return tuple((p.saved_bytes, p.recompute_seconds, p.price * profile.mem_bandwidth) for p in points)
-
-
-def _refine(problem: ParametricProblem, plan: Plan, price: float, target: int) -> Plan:
-    """Close the Lagrangian gap with the exact MILP; keep whichever plan is cheaper and within the budget."""
-    try:
-        exact = solve_milp(problem, price, target, MILP_TIME_LIMIT)
-    except MilpFailed as error:
-        log.debug("MILP refinement failed: %s", error)
-        return plan
-    if exact.saved_bytes <= target and objective(problem, exact, price) < objective(problem, plan, price):
-        return exact
-    return plan
 
 
 # Budgets (fractions of the way from the fewest-bytes plan to the default) whose MILP-refined plans join the

@@ -4,7 +4,7 @@ where each region keeps at most its own budget, in one solve with the rest of th
 A storage belongs to the region its owner (the node whose output it is, ``costs.alias_root``) was traced in, so a
 view taken in one region of a value made in another counts where the value was made.  Each region's budget is a
 fraction of what that region keeps in fxremat's default plan, from what it keeps in the fewest-bytes plan (0.0), as
-one budget over a whole graph is (``plan.budget_target_bytes``).  Storages outside every region keep the graph's
+one budget over a whole graph is (``budget.budget_target``).  Storages outside every region keep the graph's
 own setting: the default price of memory, or a region of their own under the graph's ``memory_budget`` (fxremat's
 option, PyTorch's ``activation_memory_budget`` or the legacy marker; bytes count the rest's storages only).
 
@@ -18,8 +18,9 @@ import warnings
 from fxremat_passes.costs import node_cost
 from fxremat_passes.region_budget import REGION_SOURCE, RegionAnnotations, node_region_budget
 from fxremat_passes.region_search import Region, region_bytes, solve_regions
+from fxremat_passes.solvers import MILP_REFINE_LIMIT, MILP_TIME_LIMIT, SOLVERS
 
-from .plan import MILP_REFINE_LIMIT, MILP_TIME_LIMIT, FxrematBudgetWarning, prices
+from .plan import FxrematBudgetWarning, prices
 
 OUTSIDE = "outside regions"  # the report's name for the storages of no region
 
@@ -63,7 +64,7 @@ def choose_plan_for_regions(flow, options, profile, request, annotations: Region
         price,
         top,
         exact=problem.num_values <= MILP_REFINE_LIMIT,
-        exact_only=options.solver == "milp",
+        exact_only=SOLVERS[options.solver].exact,
         time_limit=MILP_TIME_LIMIT,
     )
     rows = [

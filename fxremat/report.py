@@ -16,6 +16,7 @@ from typing import Any
 from fxremat_passes.describe import RecomputedNode, SavedValue, SplitDescription
 
 from .deferred import Deferred, _DeferrableField
+from .report_fields import decoders, derived  # noqa: F401 (derived: for a derived field, docs/examples)
 
 # to_dict's "schema_version": it changes only when a key changes meaning or goes away (README, "Report JSON schema").
 # 2: "extra" (an always-empty object that nothing filled) removed (issue #18).
@@ -33,6 +34,11 @@ class CutReport:
 
     The simulated-peak fields (``DEFERRED_FIELDS``) are computed when first read, not while partitioning: until
     then the report holds what the simulation needs (the joint graph and the split's recipe).
+
+    A new field: declare it here with its type (``from_dict`` reads it back by that type) and a README "Report
+    JSON schema" row.  One computed from fields the report already holds is ``derived(...)``: nothing else to
+    touch.  One a stage makes is also returned by that stage (its dict of fields); a simulated one is a
+    ``_DeferrableField`` filled by ``fxremat/partition.py``'s simulation (``PEAK_FIELDS`` follows from this class).
     """
 
     graph_id: str
@@ -104,6 +110,10 @@ class CutReport:
     from_cache: bool = False
     torch_version: str = ""
 
+    def __post_init__(self) -> None:
+        for name, compute in DERIVED_FIELDS:
+            object.__setattr__(self, name, compute(self))
+
     def __getstate__(self) -> dict[str, Any]:
         # pickle and deepcopy see computed values, never a Deferred (it holds graphs and a closure)
         for name in DEFERRED_FIELDS:
@@ -137,28 +147,23 @@ class CutReport:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CutReport:
-        data = dict(data)
-        data.pop("schema_version", None)
-        data["saved"] = tuple(SavedValue(**{**r, "shape": tuple(r["shape"])}) for r in data.get("saved", ()))
-        data["baseline_saved"] = tuple(
-            SavedValue(**{**r, "shape": tuple(r["shape"])}) for r in data.get("baseline_saved", ())
-        )
-        data["recomputed"] = tuple(RecomputedNode(**r) for r in data.get("recomputed", ()))
-        data["saved_symbols"] = tuple(data.get("saved_symbols", ()))
-        if data.get("layout_simulated_peaks") is not None:
-            data["layout_simulated_peaks"] = tuple(data["layout_simulated_peaks"])
-        for key in ROW_FIELDS:
-            data[key] = tuple(tuple(x) for x in data.get(key, ()))
-        known = {f.name for f in dataclasses.fields(cls)}  # so a schema 1 report's "extra" is dropped
-        return cls(**{k: v for k, v in data.items() if k in known})
+        """The report ``to_dict`` wrote: each field's JSON turned back by its declared type
+        (``report_fields.decoders``), so a new field needs nothing here.  A key no init field has is dropped (a
+        schema 1 report's "extra"; a derived field, made again)."""
+        fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+        values = {}
+        for name, decode in decoders(cls):
+            if name in data:
+                values[name] = decode(data[name])
+            elif fields[name].default is dataclasses.MISSING:
+                values[name] = decode(())  # a row list left out: none
+        values.update((k, v) for k, v in data.items() if k in fields and k not in values)
+        return cls(**values)
 
     def with_changes(self, **changes: Any) -> CutReport:
         return dataclasses.replace(self, **changes)
 
 
-# fields that are lists of rows (tuples in a report, lists in JSON)
-ROW_FIELDS = "recompute_reasons never_recomputed tag_conflicts checkpoint_kept frontier memory_timeline".split()
-ROW_FIELDS += ["region_budgets", "baseline_memory_timeline", "baseline_budget_points"]
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
@@ -183,6 +188,8 @@ def _plain(value: Any) -> Any:
 
 
 DEFERRED_FIELDS = tuple(name for name, value in vars(CutReport).items() if isinstance(value, _DeferrableField))
+# (name, compute) of each ``derived`` field
+DERIVED_FIELDS = tuple((f.name, f.metadata["derive"]) for f in dataclasses.fields(CutReport) if "derive" in f.metadata)
 
 
 def describe_fields(description: SplitDescription) -> dict[str, Any]:

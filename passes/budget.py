@@ -37,6 +37,16 @@ class Plan:
     recompute_seconds: float = 0.0  # the recompute part alone
 
 
+def budget_target(budget: float | int, default: int, fewest: int) -> int:
+    """A budget in bytes: a float ``f`` in [0, 1] is ``fewest + f * (default - fewest)`` (0.0 the fewest, 1.0 the
+    default; docs/DESIGN.md §5.1), an int is itself.  The one reading of a fractional budget: of a graph's saved
+    bytes (``fxremat/plan.py``), of one region's (``region_search.py``) and of a step's simulated peak
+    (``fxremat/peak_choice.py``, where ``fewest`` is the lowest peak)."""
+    if isinstance(budget, float):
+        return int(fewest + budget * max(0, default - fewest))
+    return int(budget)
+
+
 def _positive(price: float, high: float) -> float:
     """Bisect in log space: a price of 0 stands in as a tiny positive one."""
     return price if price > 0 else high * 1e-12

@@ -2,9 +2,9 @@
 solve with the rest of the graph.
 
 A region's budget is a fraction ``f`` of the way from what the region keeps in the fewest-bytes plan to what it
-keeps in the default plan, as ``fxremat/plan.py`` ``budget_target_bytes`` reads one budget for a whole graph, or a
-number of bytes.  The fewest-bytes plan here prices every region's storages at the top price and the others at the
-default price; storages outside every region keep the default price throughout.
+keeps in the default plan, as one budget for a whole graph is (``budget.budget_target``), or a number of bytes.
+The fewest-bytes plan here prices every region's storages at the top price and the others at the default price;
+storages outside every region keep the default price throughout.
 
 Two solvers, as for one budget (``budget.py``, ``milp.py``):
 
@@ -25,7 +25,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .budget import PRICE_RESOLUTION, Plan
+from .budget import PRICE_RESOLUTION, Plan, budget_target
 from .milp import MilpFailed, objective, solve_milp
 from .mincut import solve_min_cut
 from .parametric import ParametricProblem
@@ -132,10 +132,7 @@ def solve_regions(
     fewest = _solve(problem, regions, [top_price] * len(regions), default_price)
     default_bytes = tuple(region_bytes(problem, default_plan.saved, r) for r in regions)
     fewest_bytes = tuple(region_bytes(problem, fewest.saved, r) for r in regions)
-    targets = tuple(
-        int(f + r.budget * max(0, d - f)) if isinstance(r.budget, float) else int(r.budget)
-        for r, d, f in zip(regions, default_bytes, fewest_bytes)
-    )
+    targets = tuple(budget_target(r.budget, d, f) for r, d, f in zip(regions, default_bytes, fewest_bytes))
     met = all(f <= t for f, t in zip(fewest_bytes, targets))
     if all(_fits(problem, default_plan, regions, targets)):
         plan = default_plan

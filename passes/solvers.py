@@ -1,0 +1,126 @@
+"""The solvers a user names with ``fxremat.backend(solver=...)`` (no torch): each takes a ``ParametricProblem``, the
+price of memory, a ``SolveCache`` and, under a budget, a saved-bytes target, and returns a ``Plan``.
+
+``SOLVERS`` maps each name to its implementation; ``fxremat/options.py`` validates ``solver=`` against its names and
+``fxremat/plan.py``, ``fxremat/peak_choice.py`` and ``fxremat/region_plan.py`` dispatch through it.  A new solver is
+a class here with the three attributes and two methods of ``Solver``, and one ``register`` line.
+
+* ``"mincut"``: the cut at the price (one max-flow, ``budget.solve_at``); under a budget the price search
+  (``budget.search_budget``), refined by the exact MILP on graphs up to ``MILP_REFINE_LIMIT`` values.
+* ``"milp"``: the exact MILP for every plan (``milp.py``): small graphs only.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+from .budget import Plan, SolveCache, search_budget
+from .milp import MilpFailed, objective, solve_milp
+from .parametric import ParametricProblem
+
+log = logging.getLogger(__name__)
+
+# Refine a budget plan with the exact MILP up to this many values, within MILP_TIME_LIMIT seconds (HiGHS returns
+# its best plan so far at the limit); above it the Lagrangian plan stands.  Measured (benchmarks/milp_gap.py and
+# RESULTS.md): the Lagrangian plan alone is a median 23-39% slower than the optimum on transformer blocks at
+# fractional budgets, and HiGHS solves 929 values in 0.14 s and 2785 values (48 blocks) in 0.44 s here.
+MILP_REFINE_LIMIT = 20_000
+MILP_TIME_LIMIT = 5.0
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A saved-bytes budget as a solver sees it: the target, and the plans at its two ends."""
+
+    target: int  # saved bytes
+    max_price: float  # the price standing for infinity (seconds per byte)
+    default: Plan  # the solver's plan without a budget
+    fewest: Plan  # the fewest-bytes plan (the cut at ``max_price``)
+
+
+class Solver(Protocol):
+    name: str
+    # exact: the plan is the MILP's optimum; per-region budgets (region_search.solve_regions) run the MILP alone
+    exact: bool
+    # peak_judged: memory_budget chooses among the price search's candidates by simulated step peak and the default
+    # plan may save the block sums (fxremat/peak_choice.py); otherwise this solver's plan stands
+    peak_judged: bool
+
+    def default(self, problem: ParametricProblem, price: float, cache: SolveCache) -> Plan:
+        """The plan without a budget."""
+        ...
+
+    def within(self, problem: ParametricProblem, price: float, budget: Budget, cache: SolveCache) -> tuple[Plan, bool]:
+        """The plan within ``budget.target`` saved bytes, and whether the budget was met (if not: a plan over it,
+        the fewest-bytes one where nothing fits)."""
+        ...
+
+
+def cheapest_within(
+    problem: ParametricProblem,
+    target: int,
+    price: float,
+    max_price: float,
+    default: Plan,
+    fewest: Plan,
+    cache: SolveCache | None = None,
+) -> tuple[Plan, bool]:
+    """The price search's plan within ``target`` saved bytes, refined by the MILP on graphs small enough; and
+    whether the budget was met (if not: the fewest-bytes plan)."""
+    result = search_budget(
+        problem, target, price, max_price, default_plan=default, fewest_bytes_plan=fewest, cache=cache
+    )
+    plan = result.plan
+    if result.budget_met and plan is not default and problem.num_values <= MILP_REFINE_LIMIT:
+        plan = _refine(problem, plan, price, target)
+    return plan, result.budget_met
+
+
+def _refine(problem: ParametricProblem, plan: Plan, price: float, target: int) -> Plan:
+    """Close the Lagrangian gap with the exact MILP; keep whichever plan is cheaper and within the budget."""
+    try:
+        exact = solve_milp(problem, price, target, MILP_TIME_LIMIT)
+    except MilpFailed as error:
+        log.debug("MILP refinement failed: %s", error)
+        return plan
+    if exact.saved_bytes <= target and objective(problem, exact, price) < objective(problem, plan, price):
+        return exact
+    return plan
+
+
+class MinCut:
+    name, exact, peak_judged = "mincut", False, True
+
+    def default(self, problem: ParametricProblem, price: float, cache: SolveCache) -> Plan:
+        return cache.at(price)
+
+    def within(self, problem: ParametricProblem, price: float, budget: Budget, cache: SolveCache) -> tuple[Plan, bool]:
+        b = budget
+        return cheapest_within(problem, b.target, price, b.max_price, b.default, b.fewest, cache)
+
+
+class Milp:
+    name, exact, peak_judged = "milp", True, False
+
+    def default(self, problem: ParametricProblem, price: float, cache: SolveCache) -> Plan:
+        return solve_milp(problem, price, None, MILP_TIME_LIMIT)
+
+    def within(self, problem: ParametricProblem, price: float, budget: Budget, cache: SolveCache) -> tuple[Plan, bool]:
+        try:
+            return solve_milp(problem, price, budget.target, MILP_TIME_LIMIT), True
+        except MilpFailed:
+            return budget.fewest, budget.fewest.saved_bytes <= budget.target
+
+
+SOLVERS: dict[str, Solver] = {}
+
+
+def register(solver: Solver) -> Solver:
+    SOLVERS[solver.name] = solver
+    return solver
+
+
+register(MinCut())
+register(Milp())

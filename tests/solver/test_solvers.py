@@ -1,0 +1,49 @@
+"""The solver registry (passes/solvers.py) on plain-number problems (no torch): every registered solver keeps a
+budget it says it met, and plans the graph can run."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+
+import pytest
+from test_budget import DEFAULT_PRICE, MAX_PRICE, feasible, random_parametric
+
+from fxremat_passes.budget import SolveCache, budget_target
+from fxremat_passes.mincut import check_plan
+from fxremat_passes.solvers import SOLVERS, Budget
+
+
+def test_the_registry_names_each_solver_by_its_own_name():
+    assert {"mincut", "milp"} <= set(SOLVERS)
+    assert all(name == solver.name for name, solver in SOLVERS.items())
+    assert not SOLVERS["mincut"].exact and SOLVERS["mincut"].peak_judged
+    assert SOLVERS["milp"].exact and not SOLVERS["milp"].peak_judged
+
+
+@pytest.mark.parametrize("name", sorted(SOLVERS))
+@pytest.mark.parametrize("seed", range(8))
+def test_every_solver_meets_the_budgets_it_says_it_met(name, seed):
+    problem = random_parametric(random.Random(seed), 14, shared_storage=True)
+    if not feasible(problem):
+        return
+    solver, cache = SOLVERS[name], SolveCache(problem)
+    default, fewest = solver.default(problem, DEFAULT_PRICE, cache), cache.at(MAX_PRICE)
+    assert not check_plan(problem.at(DEFAULT_PRICE)[0], default.saved, default.recomputed)
+    for fraction in (0.0, 0.3, 0.7):
+        target = budget_target(fraction, default.saved_bytes, fewest.saved_bytes)
+        plan, met = solver.within(problem, DEFAULT_PRICE, Budget(target, MAX_PRICE, default, fewest), cache)
+        assert not met or plan.saved_bytes <= target
+        assert not check_plan(problem.at(DEFAULT_PRICE)[0], plan.saved, plan.recomputed)
+
+
+def test_a_fractional_budget_runs_from_the_fewest_to_the_default_and_bytes_are_bytes():
+    assert [budget_target(f, 1000, 200) for f in (0.0, 1.0, 0.5)] == [200, 1000, 600]
+    assert budget_target(0.5, 100, 300) == 300  # a default below the fewest: the fewest
+    assert budget_target(4096, 1000, 200) == 4096
+
+
+def test_the_registry_does_not_import_torch():
+    code = "import sys, fxremat_passes.solvers; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
