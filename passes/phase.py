@@ -30,7 +30,7 @@ from .walk import Walk
 # Readers a fusible producer folds into (Inductor's pointwise fusion, reduction prologues); views are looked through.
 FUSES_INTO = (FUSIBLE - {OpClass.VIEW, OpClass.GETITEM}) | {OpClass.REDUCTION, OpClass.NORM}
 
-# Classes whose nodes no kernel produces (``_Phase._own_unit``).
+# Classes whose nodes no kernel produces (``_Phase._unit_of``).
 _NO_UNIT = frozenset({OpClass.PLACEHOLDER, OpClass.OUTPUT, OpClass.VIEW, OpClass.SYMBOLIC})
 _UNKNOWN = object()
 
@@ -200,10 +200,6 @@ class _Phase:
 
     def _unit_of(self, node: fx.Node) -> fx.Node | None:
         """The node whose kernel produces ``node``'s storage, or None (placeholders, views, values fused away)."""
-        found = self._plain_unit[node] = self._own_unit(node)
-        return found
-
-    def _own_unit(self, node: fx.Node) -> fx.Node | None:
         cls = self.classes[node]
         if cls in _NO_UNIT:
             return None
@@ -212,7 +208,7 @@ class _Phase:
             if self.classes.get(parent) is OpClass.VIEW:
                 return None
             known = self._plain_unit.get(parent, _UNKNOWN)  # the parent comes first in graph order
-            return self._own_unit(parent) if known is _UNKNOWN else known
+            return self._unit_of(parent) if known is _UNKNOWN else known
         if cls is OpClass.MUTATION or self.facts.is_tuple(node):
             return node
         return node if materialises(node, self.classes, self.returned, self.view, self.kinds[node]) else None
@@ -225,7 +221,8 @@ class _Phase:
         # every node's ``_unit_of``, in graph order: an item's is its parent's (the loop runs for every node of every
         # plan's phases, so it asks each node once)
         self._plain_unit: dict[fx.Node, fx.Node | None] = {}
-        kinds, computation_key, computed_of, unit_of = self.kinds, self._computation_key, self._computed, self._unit_of
+        plain, kinds = self._plain_unit, self.kinds
+        computation_key, computed_of, unit_of = self._computation_key, self._computed, self._unit_of
         for node in self.nodes:
             if known is None:
                 found = computed_of(node, computed)
@@ -235,7 +232,7 @@ class _Phase:
                 if found is None:
                     found = known[key] = computed_of(node, computed)
             computed[node] = found
-            node_unit = unit_of(node)
+            node_unit = plain[node] = unit_of(node)
             # ``_realized_on_reuse`` is False but for a fusible value
             if node_unit is None and kinds[node] == FUSIBLE_VALUE and self._realized_on_reuse(node, found[0], found[2]):
                 node_unit = node
