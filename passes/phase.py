@@ -31,6 +31,10 @@ from .walk import Walk
 # Readers a fusible producer folds into (Inductor's pointwise fusion, reduction prologues); views are looked through.
 FUSES_INTO = (FUSIBLE - {OpClass.VIEW, OpClass.GETITEM}) | {OpClass.REDUCTION, OpClass.NORM}
 
+# Classes whose nodes no kernel produces (``_Phase._unit_of``).
+_NO_UNIT = frozenset({OpClass.PLACEHOLDER, OpClass.OUTPUT, OpClass.VIEW, OpClass.SYMBOLIC})
+_UNKNOWN = object()
+
 # How a node's output is held: never (views, tuples, placeholders, in-place mutations), always, or only when some
 # reader does not fuse it away (``materialises``).
 NEVER, ALWAYS, FUSIBLE_VALUE = 0, 1, 2
@@ -200,12 +204,15 @@ class _Phase:
     def _unit_of(self, node: fx.Node) -> fx.Node | None:
         """The node whose kernel produces ``node``'s storage, or None (placeholders, views, values fused away)."""
         cls = self.classes[node]
-        if cls in (OpClass.PLACEHOLDER, OpClass.OUTPUT, OpClass.VIEW, OpClass.SYMBOLIC):
+        if cls in _NO_UNIT:
             return None
         if cls is OpClass.GETITEM:
             parent = node.args[0]
-            return self._unit_of(parent) if self.classes.get(parent) is not OpClass.VIEW else None
-        if self.facts.is_tuple(node) or cls is OpClass.MUTATION:
+            if self.classes.get(parent) is OpClass.VIEW:
+                return None
+            known = self._plain_unit.get(parent, _UNKNOWN)  # the parent comes first in graph order
+            return self._unit_of(parent) if known is _UNKNOWN else known
+        if cls is OpClass.MUTATION or self.facts.is_tuple(node):
             return node
         return node if materialises(node, self.classes, self.returned, self.view, self.kinds[node]) else None
 
@@ -214,17 +221,23 @@ class _Phase:
         # a built graph's facts are its own: nothing to share, so nothing kept
         known = self.facts.computations if self.view.facts is not None else None
         computed: dict[fx.Node, tuple] = {}  # node -> (reads, loop, heavy, access), see ``_computed``
+        # every node's ``_unit_of``, in graph order: an item's is its parent's (the loop runs for every node of every
+        # plan's phases, so it asks each node once)
+        self._plain_unit: dict[fx.Node, fx.Node | None] = {}
+        plain, kinds = self._plain_unit, self.kinds
+        computation_key, computed_of, unit_of = self._computation_key, self._computed, self._unit_of
         for node in self.nodes:
             if known is None:
-                found = self._computed(node, computed)
+                found = computed_of(node, computed)
             else:
-                key = self._computation_key(node, computed)
+                key = computation_key(node, computed)
                 found = known.get(key)
                 if found is None:
-                    found = known[key] = self._computed(node, computed)
+                    found = known[key] = computed_of(node, computed)
             computed[node] = found
-            node_unit = self._unit_of(node)
-            if node_unit is None and self._realized_on_reuse(node, found[0], found[2]):
+            node_unit = plain[node] = unit_of(node)
+            # ``_realized_on_reuse`` is False but for a fusible value
+            if node_unit is None and kinds[node] == FUSIBLE_VALUE and self._realized_on_reuse(node, found[0], found[2]):
                 node_unit = node
             unit[node] = node_unit
         self.units = [n for n in self.nodes if unit[n] is n]

@@ -87,6 +87,8 @@ class _Joint:
                 self.forward_only.add(node)
         self.is_impure = impurity_test()
         self._free_symbols: dict[fx.Node, object] = {}
+        # the forward's inputs are the same in every split: what they reach, found once (``_extract``)
+        self._forward_reach: tuple[frozenset, set, list] | None = None
 
     def free_symbols(self, node: fx.Node):
         """``value_free_symbols`` of a node's value, computed once (every split binds its saved values')."""
@@ -99,17 +101,8 @@ class _Joint:
 def _extract(joint: _Joint, inputs: list[fx.Node], outputs: list, subgraph: str) -> list[fx.Node]:
     """The joint nodes (joint order, inputs excluded) of the subgraph from ``inputs`` to ``outputs``, after dead
     code elimination: ``_extract_graph_with_inputs_outputs`` without building the graph."""
-    input_set = set(inputs)
-    valid = set(inputs)
-    excluded = joint.backward_only if subgraph == "forward" else joint.forward_only
+    valid, candidates = _reach(joint, inputs, subgraph)
     inputs_of = joint.inputs_of
-    candidates = []
-    for node in joint.calls:
-        if node in input_set or node in excluded:
-            continue
-        if valid.issuperset(inputs_of[node]):
-            valid.add(node)
-            candidates.append(node)
     needed = set()
     for out in outputs:
         if isinstance(out, fx.Node):
@@ -123,6 +116,28 @@ def _extract(joint: _Joint, inputs: list[fx.Node], outputs: list, subgraph: str)
             needed.update(inputs_of[node])
     kept.reverse()
     return kept
+
+
+def _reach(joint: _Joint, inputs: list[fx.Node], subgraph: str) -> tuple[set, list[fx.Node]]:
+    """(the inputs and the nodes computable from them alone, those nodes in joint order): read, never changed.  A
+    peak-aware choice splits tens of plans, all with one forward's inputs: that reach is kept (``_Joint``)."""
+    input_set = frozenset(inputs)
+    forward = subgraph == "forward"
+    if forward and joint._forward_reach is not None and joint._forward_reach[0] == input_set:
+        return joint._forward_reach[1], joint._forward_reach[2]
+    valid = set(inputs)
+    excluded = joint.backward_only if forward else joint.forward_only
+    inputs_of = joint.inputs_of
+    candidates = []
+    for node in joint.calls:
+        if node in input_set or node in excluded:
+            continue
+        if valid.issuperset(inputs_of[node]):
+            valid.add(node)
+            candidates.append(node)
+    if forward:
+        joint._forward_reach = (input_set, valid, candidates)
+    return valid, candidates
 
 
 def _input_readers(joint: _Joint, inputs: list[fx.Node], kept: list[fx.Node], outputs: list) -> dict[fx.Node, list]:
@@ -178,7 +193,10 @@ def _bind_symbols(joint: _Joint, saved_values: list, saved_sym_nodes: list) -> N
     for node in derived + saved_values + joint.tangents:
         if "val" not in node.meta:
             continue
-        new_symbols = joint.free_symbols(node) - saved_symbols
+        free = joint.free_symbols(node)
+        if not free:  # a static shape (most values): nothing to bind, no set to build
+            continue
+        new_symbols = free - saved_symbols
         if not new_symbols:
             continue
         if bindings is None:
