@@ -8,8 +8,9 @@ eager, warm up twice, measure one step's peak (CPU profiler memory events, ``fxr
 the report's ``simulated_peak_bytes``.  ``--explain`` also prints, per graph, the profiler's running total at each
 line of Inductor's output code (the line's kernel call, ``empty_strided``, ``del``) next to the simulated timeline
 around its peak, and the output code's path.  Settings: ``default``, ``mbX`` (``memory_budget=X``), ``pbX``
-(``peak_budget=X``).  MODEL: an example, a ``bench_models`` model (at ``--hf-size``) or a ``conv_models`` net.  Set ``TORCHINDUCTOR_CACHE_DIR`` per experiment: a re-run then skips Inductor's C++ compile (the
-AOTAutograd cache is off and our source hash fixed here, so the partitioner, and so the simulator, runs each time).
+(``peak_budget=X``).  MODEL: an example, a ``bench_models`` model (at ``--hf-size``) or a ``conv_models`` net.
+Set ``TORCHINDUCTOR_CACHE_DIR`` per experiment: a re-run then skips Inductor's C++ compile (the AOTAutograd cache
+is off and our source hash fixed here, so the partitioner, and so the simulator, runs each time).
 """
 
 from __future__ import annotations
@@ -181,8 +182,12 @@ def run_setting(args, setting: str) -> dict:
 
     def capturing(request, options):
         fw, bw, report = original(request, options)
-        # copies: Inductor rewrites the graphs it gets
-        captured.append((fb.tp.copy_graph_module(fw), fb.tp.copy_graph_module(bw), request.num_fwd_outputs))
+        # copies: Inductor rewrites the graphs it gets; with the module's ``meta``, which a copy drops and which
+        # marks a segmented backward (``phase_graph.SEGMENTED_BACKWARD_KEY``: its fusion differs)
+        copies = [fb.tp.copy_graph_module(g) for g in (fw, bw)]
+        for copy_, g in zip(copies, (fw, bw)):
+            copy_.meta.update(g.meta)
+        captured.append((*copies, request.num_fwd_outputs))
         return fw, bw, report
 
     fb.partition = capturing
