@@ -181,8 +181,12 @@ def run_setting(args, setting: str) -> dict:
 
     def capturing(request, options):
         fw, bw, report = original(request, options)
-        # copies: Inductor rewrites the graphs it gets
-        captured.append((fb.tp.copy_graph_module(fw), fb.tp.copy_graph_module(bw), request.num_fwd_outputs))
+        # copies: Inductor rewrites the graphs it gets; with the module's ``meta``, which a copy drops and which
+        # marks a segmented backward (``phase_graph.SEGMENTED_BACKWARD_KEY``: its fusion differs)
+        copies = [fb.tp.copy_graph_module(g) for g in (fw, bw)]
+        for copy_, g in zip(copies, (fw, bw)):
+            copy_.meta.update(g.meta)
+        captured.append((*copies, request.num_fwd_outputs))
         return fw, bw, report
 
     fb.partition = capturing

@@ -172,6 +172,7 @@ class _Phase:
         # channels-last copies of saved inputs that fxremat's compile makes in backward (``layout.py``)
         self.arrivals = arrivals or {}
         self.activation_peak = 0
+        self._load_orders: dict[fx.Node, list[fx.Node]] = {}  # unit -> storages in load order
         self._find_units()
         self.workspace = {u: workspace_bytes(u, channels_last) for u in self.units}
         if channels_last and any(n.target is CONVOLUTION for n in self.nodes):  # Inductor lays this graph out too
@@ -376,10 +377,14 @@ class _Phase:
         fused kernel (``decide_inplace_update``: one remaining use, ancestors excepted): a storage that two units of
         one kernel read, neither feeding the other, is written over by neither.  E.g. a recomputed SwiGLU backward
         reads gate, up and the incoming gradient in three units of one kernel, so its three outputs are new buffers.
-        ``remaining`` still counts this kernel's readers."""
+        ``remaining`` still counts this kernel's readers.  It takes the first such read in the order the unit's
+        loop loads them (``_load_order``); when that is a buffer stored only inside this kernel (allocating
+        nothing here), the result is a fresh buffer and no live storage is written over."""
         ancestors: set[fx.Node] | None = None
-        for r in sorted(self.unit_reads[unit], key=lambda r: self.index[r]):
-            if live.get(r.name) != nbytes or r.name in self.keep:
+        for r in self._load_order(unit):
+            local = r.name not in live and self.unit.get(r) is r and r in kernel
+            size = self.facts.nbytes(r) if local else live.get(r.name)
+            if size != nbytes or r.name in self.keep:
                 continue
             if r.name in self.carried and r.name not in self.donated:
                 continue
@@ -387,8 +392,36 @@ class _Phase:
                 ancestors = self._ancestors_within(unit, kernel)
             done = sum(1 for v in ancestors or () if r in self.unit_reads[v])
             if remaining[r.name] == 1 + done:
-                return r.name
+                return None if local else r.name
         return None
+
+    def _load_order(self, unit: fx.Node) -> list[fx.Node]:
+        """The storages ``unit`` reads, in the order its loop first loads them: Inductor's ``decide_inplace_update``
+        walks ``read_writes.reads`` in that order (``extract_loop_body_with_args`` records the loop body's loads as
+        its ``inner_fn`` made them: arguments left to right, through each fused-away producer in turn).  E.g. a
+        SiLU backward ``g * sigmoid(x) * (1 + x * (1 - sigmoid(x)))`` with ``sigmoid(x)`` stored: its buffer is
+        loaded before ``x``, so the result is written over it, not over ``x``."""
+        found = self._load_orders.get(unit)
+        if found is None:
+            found = self._load_orders[unit] = list(dict.fromkeys(self._loads(unit)))
+        return found
+
+    def _loads(self, unit: fx.Node):
+        """Depth first, arguments left to right (a stack, not recursion: a fused chain can be long)."""
+        facts, roots, inputs, stored = self.facts, self.roots, self.view.inputs, self.unit
+        seen: set[fx.Node] = set()
+        stack = [iter(self.view.inputs_of[unit])]
+        while stack:
+            arg = next(stack[-1], None)
+            if arg is None:
+                stack.pop()
+            elif facts.is_tensor(arg):
+                root = roots[arg]
+                if root in inputs or stored[root] is not None:
+                    yield root
+                elif root not in seen:  # a fused-away value: its loads, once (a second load adds nothing new)
+                    seen.add(root)
+                    stack.append(iter(self.view.inputs_of[root]))
 
     def _ancestors_within(self, unit: fx.Node, kernel: list[fx.Node]) -> set[fx.Node]:
         """The units of ``kernel`` that ``unit`` depends on (a path between two members never leaves the kernel:
