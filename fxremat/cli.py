@@ -176,25 +176,11 @@ def call_model(model: Callable, inputs: Any) -> Any:
     return model(**inputs) if isinstance(inputs, dict) else model(*inputs)
 
 
-def first_tensor(value: Any):
-    """The first tensor in ``value``, depth first through tuples, lists and dicts (a ModelOutput is a dict)."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value
-    if isinstance(value, dict):
-        value = list(value.values())
-    if isinstance(value, (tuple, list)):
-        for item in value:
-            found = first_tensor(item)
-            if found is not None:
-                return found
-    return None
-
-
 def loss_of(out: Any):
     """``out.loss`` if it is a tensor, else the first tensor in ``out``; summed to a scalar for backward."""
     import torch
+
+    from fxremat_passes.costs import first_tensor
 
     loss = getattr(out, "loss", None)
     if not isinstance(loss, torch.Tensor):

@@ -139,15 +139,24 @@ def symbolic_nbytes(val) -> str:
     return str(value_nbytes(val))
 
 
-def _tensor_dtype(val) -> torch.dtype | None:
-    if isinstance(val, torch.Tensor):
-        return val.dtype
-    if isinstance(val, (tuple, list)):
-        for v in val:
-            d = _tensor_dtype(v)
-            if d is not None:
-                return d
+def first_tensor(value):
+    """The first tensor in ``value``, depth first through tuples, lists and dicts (a node's value, or a model's
+    output: a transformers ModelOutput is a dict)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            found = first_tensor(item)
+            if found is not None:
+                return found
     return None
+
+
+def _tensor_dtype(val) -> torch.dtype | None:
+    tensor = first_tensor(val)
+    return None if tensor is None else tensor.dtype
 
 
 def alias_root(node: fx.Node, classes: dict[fx.Node, OpClass] | None = None) -> fx.Node:

@@ -51,19 +51,6 @@ from .buffer_pool import _pool_held  # noqa: F401  (re-exported: tests)
 from .costs import alias_root
 from .fusion import FUSION_DISTANCE  # noqa: F401  (re-exported)
 from .layout import channels_last_copies, layout_optimised, recopied_saved_inputs
-from .lowering import (  # noqa: F401  (re-exported: plan_memory, tests)
-    KERNEL_CLASSES,
-    MAX_READS,
-    MAX_READS_CPU,
-    REALIZE_READS_THRESHOLD,
-    _folded_into_addmm,
-    _readers_through_views,
-    addmm_matmul,
-    column_reduction,
-    concat_kernel,
-    inductor_class,
-    scatter_values,
-)
 from .phase import (  # noqa: F401  (re-exported: plan_memory, tests, benchmarks)
     ALWAYS,
     FUSES_INTO,

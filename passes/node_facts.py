@@ -27,19 +27,31 @@ from .phase_graph import PhaseGraph, _tensor_storage_bytes
 _MISSING = object()
 
 
+class _Memo(dict):
+    """A per-node fact computed on its first lookup and kept (a hit is one dict lookup, which these hot paths need)."""
+
+    def __init__(self, compute) -> None:
+        super().__init__()
+        self.compute = compute
+
+    def __missing__(self, key):
+        found = self[key] = self.compute(key)
+        return found
+
+
 class NodeFacts:
     def __init__(self) -> None:
-        self._nbytes: dict[fx.Node, int] = {}
+        self._nbytes: dict[fx.Node, int] = _Memo(_tensor_storage_bytes)
         self._numel: dict[fx.Node, int] = {}
         self._value: dict[fx.Node, tuple] = {}  # (is a tensor, is a tuple or list, on the CPU)
-        self._class: dict[fx.Node, OpClass] = {}
+        self._class: dict[fx.Node, OpClass] = _Memo(op_class)
         self._inductor: dict[fx.Node, OpClass] = {}
         self._reads: dict[fx.Node, tuple] = {}  # (has a costly op, the table a fused load picks rows from)
         self._loop: dict[fx.Node, object] = {}  # column_reduction, or the scatter's values (``phase._Phase._loop``)
-        self._concat: dict[fx.Node, bool] = {}
+        self._concat: dict[fx.Node, bool] = _Memo(concat_kernel)
         self._kind: dict[fx.Node, int] = {}
         self._step: dict[tuple[fx.Node, fx.Node], tuple] = {}  # (read, its storage's root) -> ``access.step``
-        self._op_path: dict[fx.Node, tuple] = {}  # ``access.op_path``
+        self._op_path: dict[fx.Node, tuple] = _Memo(op_path)  # ``access.op_path``
         self._tensor_reads: dict[fx.Node, tuple] = {}  # the tensors a computed node reads (``tensor_reads``)
         self._reuse: dict[fx.Node, tuple] = {}  # (bytes, dtype): ``phase._Phase._reuse_key``
         # a node's computation and a unit's summary in a phase, under what they depend on (``phase._Phase``): kept
@@ -58,16 +70,10 @@ class NodeFacts:
         """``access.through`` for a node of class ``cls`` in this phase."""
         if cls is OpClass.POINTWISE:
             return ()
-        found = self._op_path.get(node)
-        if found is None:
-            found = self._op_path[node] = op_path(node)
-        return found
+        return self._op_path[node]
 
     def nbytes(self, node: fx.Node) -> int:
-        found = self._nbytes.get(node)
-        if found is None:
-            found = self._nbytes[node] = _tensor_storage_bytes(node)
-        return found
+        return self._nbytes[node]
 
     def tensor_reads(self, node: fx.Node, graph: PhaseGraph) -> tuple:
         """The tensors ``node`` reads in ``graph``, in order: a node computed in ``graph`` reads the same in every
@@ -113,10 +119,7 @@ class NodeFacts:
         return self._value_facts(node)[2]
 
     def op_class(self, node: fx.Node) -> OpClass:
-        found = self._class.get(node)
-        if found is None:
-            found = self._class[node] = op_class(node)
-        return found
+        return self._class[node]
 
     def inductor_class(self, node: fx.Node, graph: PhaseGraph) -> OpClass:
         """``lowering.inductor_class`` in ``graph``: only an ``add`` (a possible addmm) depends on the graph."""
@@ -156,7 +159,4 @@ class NodeFacts:
         return found
 
     def concat_kernel(self, node: fx.Node) -> bool:
-        found = self._concat.get(node)
-        if found is None:
-            found = self._concat[node] = concat_kernel(node)
-        return found
+        return self._concat[node]

@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 import torch.fx as fx
 
 from .flow_problem import FlowProblem
-from .liveness import NEVER
 from .peak_milp import ScheduleGraph
+from .phase import NEVER
 from .plan_memory import JointMemory, build_joint_memory
 from .roles import GraphRoles, Role
 

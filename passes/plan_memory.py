@@ -24,9 +24,11 @@ import torch.fx as fx
 from . import _torch_private as tp
 from .costs import alias_root
 from .layout import channels_last_copies, layout_optimised
-from .liveness import PeakEstimate, _tensor_storage_bytes, inductor_class, simulate_phases, simulate_step, storage_kind
+from .liveness import PeakEstimate, _tensor_storage_bytes, simulate_phases, simulate_step
+from .lowering import inductor_class
 from .node_facts import NodeFacts
 from .ops import CONVOLUTION, OpClass
+from .phase import storage_kind
 from .phase_graph import virtual_phase
 from .roles import GraphRoles
 from .split import UnsupportedSplit, joint_facts, split_recipe

@@ -300,7 +300,7 @@ class AddToProduct(nn.Module):
 
 
 def test_an_add_of_a_matmul_is_one_addmm_whose_product_never_exists_alone():
-    from fxremat_passes.liveness import addmm_matmul
+    from fxremat_passes.lowering import addmm_matmul
 
     for share in (False, True):
         torch.manual_seed(0)
@@ -323,7 +323,7 @@ def test_of_two_products_summed_inductor_folds_the_second_into_the_addmm():
     traversal's backward (issue #22's model B, simulated 40.6 MiB where Inductor measured 23.6)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from fxremat_passes.liveness import addmm_matmul
+    from fxremat_passes.lowering import addmm_matmul
 
     def two_products(a, b, c, d):
         return torch.mm(a, b) + torch.mm(c, d)

@@ -33,7 +33,6 @@ def test_monotone_choice_never_raises_the_peak_a_looser_budget_reached():
     assert not any(chosen[t].raised for t in (100, 70, 60, 50, 40))
 
 
-
 def test_a_raised_choice_is_held_to_its_segmented_peak_and_so_is_every_tighter_budget():
     """A budget that leaves no plan as low as a looser budget's runs its plan segmented where that is lower
     (``lowered``); the tighter budgets below it are held to that peak, and one that cannot reach it is raised by
