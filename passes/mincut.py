@@ -18,8 +18,9 @@ smallest source side, i.e. among equal-cost plans the one that computes the most
 zero-cost edge lets a value stay on the sink side, which the demand walk below then drops if nobody needs it.
 
 Why not networkx: on the same random 40k-vertex DAG networkx's ``minimum_cut`` took 6.7 s against scipy's 1.7 s
-(measured when the solver was chosen), and networkx's running time varied ~60x with the capacity range.  scipy takes **int32**
-capacities and silently truncates larger ones, so capacities are bounded here (``CAPACITY_LIMIT``) and checked.
+(measured when the solver was chosen), and networkx's running time varied ~60x with the capacity range.  scipy takes
+**int32** capacities and silently truncates larger ones, so capacities are bounded here (``CAPACITY_LIMIT``) and
+checked.
 
 Tested against networkx and brute force in ``tests/solver``.  This module never imports torch.
 """
