@@ -399,8 +399,9 @@ FUSIBLE = frozenset({OpClass.VIEW, OpClass.POINTWISE, OpClass.COPY, OpClass.CREA
 # --- ops other modules match (by identity: ``node.target is ...`` or a packet ``in`` a set) ----------------------
 
 # lowering.py: gathers Inductor lowers to indexed loads inside the kernel that reads them (so they fuse like
-# pointwise ops).
-FUSED_LOADS = _packets("embedding", "index", "index_select", "gather", "_unsafe_index", "take_along_dim")
+# pointwise ops): the gathers that read only the rows they pick, one set for both facts, so that a new gather is
+# priced and lowered alike.
+FUSED_LOADS = PARTIAL_READ_OPS
 # lowering.py: scatters into a slice Inductor lowers to a pointwise select between the two inputs
 # (``lowering.slice_scatter``): RoPE's backward (the gradient of a cat of two halves) fuses into the add that reads it.
 POINTWISE_SCATTERS = _packets("slice_scatter", "select_scatter")
