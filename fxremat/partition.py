@@ -24,6 +24,7 @@ import torch.fx as fx
 
 from fxremat_passes import _torch_private as tp
 from fxremat_passes.budget import Plan
+from fxremat_passes.choice import ChoiceSettings, choose, kept_tagged, segmented_split
 from fxremat_passes.costs import DeviceProfile, annotate_costs
 from fxremat_passes.cse import MetaSnapshot, prepare_joint_graph
 from fxremat_passes.describe import describe_split
@@ -42,10 +43,8 @@ from fxremat_passes.region_budget import annotations_hidden
 from fxremat_passes.roles import Policy, Role, classify, recompute_tag
 from fxremat_passes.split import SplitRecipe, split_with_recipe
 
-from .contract import kept_tagged
 from .knobs import TORCH_CONFIG_SOURCE, effective_options
 from .options import Options
-from .peak_choice import choose, segmented_split
 from .report import DEFERRED_FIELDS, CutReport, Deferred, describe_fields, merged_fields, never_recomputed_counts
 
 log = logging.getLogger(__name__)
@@ -123,7 +122,7 @@ def _plan_fields(plan: Plan, flow, roles, options: Options) -> dict:
         recompute_reasons=tuple(
             (n.name, _why_recomputed(n, options.checkpoints)) for n in recomputed if roles.role[n] is Role.FORWARD
         ),
-        checkpoint_kept=kept_tagged(plan, flow, roles, options),
+        checkpoint_kept=kept_tagged(plan, flow, roles, options.checkpoints),
     )
 
 
@@ -326,7 +325,9 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
     _enter("solve_min_cut")
     solve_start = time.perf_counter()
     split = _splitter(joint, flow, roles, request.num_fwd_outputs)
-    plan, plan_fields, split_done, peak = choose(flow, roles, joint, options, profile, request, split, regions)
+    plan, plan_fields, split_done, peak = choose(
+        flow, roles, joint, ChoiceSettings.of(options), profile, request, split, regions
+    )
     fields.update(plan_fields, solve_seconds=time.perf_counter() - solve_start)
     for node in (flow.nodes[i] for i in plan.recomputed):
         if node in roles.no_recompute and roles.role[node] is not Role.BACKWARD_ONLY:

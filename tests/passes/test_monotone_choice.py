@@ -6,8 +6,8 @@ torch, and tests/solver runs without torch (.ci/run).
 
 from __future__ import annotations
 
-from fxremat.plan import monotone_choice
 from fxremat_passes.budget import Plan
+from fxremat_passes.choice.plan import monotone_choice
 
 
 def _plan(saved_bytes: int, seconds: float, name: int):

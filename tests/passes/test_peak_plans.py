@@ -21,8 +21,8 @@ from fxremat_passes.roles import classify
 
 def _candidates_and_memory(name):
     from fxremat.options import Options
-    from fxremat.plan import peak_candidates
     from fxremat_passes.budget import SolveCache
+    from fxremat_passes.choice.plan import peak_candidates
     from fxremat_passes.roles import Role
 
     model, inputs = example(name)

@@ -14,11 +14,11 @@ from helpers import run_aot
 
 import fxremat
 from fxremat import partition as partition_module
-from fxremat import peak_choice
 from fxremat.examples import example
 from fxremat.options import Options
 from fxremat.report import DEFERRED_FIELDS
 from fxremat_passes import liveness
+from fxremat_passes.choice import peak as peak_choice
 
 
 def _partition(name: str, monkeypatch, **options):

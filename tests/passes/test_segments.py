@@ -44,7 +44,7 @@ def _partition(model, inputs, **options):
 
 def _recipe(model, inputs, **options):
     """The recipe of fxremat's split (before segmenting) for these options."""
-    import fxremat.peak_choice as peak_choice
+    import fxremat_passes.choice.peak as peak_choice
 
     recipes = []
     with pytest.MonkeyPatch.context() as patch:

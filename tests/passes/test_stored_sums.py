@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from helpers import assert_grads_close, eager_grads, run_fxremat_aot
 
-from fxremat import peak_choice
 from fxremat.examples import Stack
+from fxremat_passes.choice import peak as peak_choice
 from fxremat_passes.stored_sums import block_sums, reads_only
 
 

@@ -9,41 +9,17 @@ An unreachable budget: one warning, the fewest-bytes plan, ``budget_met=False``.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 
-from fxremat_passes.budget import Plan, SolveCache, budget_target, frontier
-from fxremat_passes.checkpoints import checkpoint_grid
-from fxremat_passes.costs import DeviceProfile
-from fxremat_passes.parametric import ParametricProblem
-from fxremat_passes.solvers import SOLVERS, Budget, cheapest_within
-
-from .options import Options
-
-# The price that stands for "infinity": a byte kept costs a million transfer times, which outweighs any recompute
-# in these graphs, so the cut minimises bytes (then time, as a tie-break).
-FEWEST_BYTES_PRICE_UNITS = 1e6
-
-
-class FxrematBudgetWarning(UserWarning):
-    """A memory budget could not be met; the fewest-bytes plan was used."""
+from ..budget import Plan, SolveCache, budget_target, frontier
+from ..checkpoints import checkpoint_grid
+from ..costs import DeviceProfile
+from ..parametric import ParametricProblem
+from ..solvers import SOLVERS, Budget, cheapest_within
+from .settings import ChoiceSettings, prices, warn_unreachable
 
 
 def budget_target_bytes(budget: float | int, default: Plan, fewest: Plan) -> int:
     return budget_target(budget, default.saved_bytes, fewest.saved_bytes)
-
-
-def warn_unreachable(graph_id: str, target: int, budget, fewest_bytes: int) -> None:
-    warnings.warn(
-        f"fxremat: {graph_id} cannot keep its saved activations within {target} bytes (memory_budget="
-        f"{budget!r}); the fewest it can keep is {fewest_bytes} bytes. Using that plan.",
-        FxrematBudgetWarning,
-        stacklevel=5,
-    )
-
-
-def prices(options: Options, profile: DeviceProfile) -> tuple[float, float]:
-    """(the price of memory of the default plan, the price standing for infinity), in seconds per byte."""
-    return options.memory_price / profile.mem_bandwidth, FEWEST_BYTES_PRICE_UNITS / profile.mem_bandwidth
 
 
 def plan_key(plan: Plan) -> tuple:
@@ -58,7 +34,7 @@ def fastest_first(plans) -> list[Plan]:
 
 
 def choose_plan(
-    problem: ParametricProblem, options: Options, profile: DeviceProfile, graph_id: str
+    problem: ParametricProblem, options: ChoiceSettings, profile: DeviceProfile, graph_id: str
 ) -> tuple[Plan, dict]:
     price, max_price = prices(options, profile)
     budget = options.memory_budget
@@ -81,7 +57,9 @@ def choose_plan(
     return plan, fields
 
 
-def frontier_field(problem: ParametricProblem, options: Options, profile: DeviceProfile, cache: SolveCache) -> tuple:
+def frontier_field(
+    problem: ParametricProblem, options: ChoiceSettings, profile: DeviceProfile, cache: SolveCache
+) -> tuple:
     """The report's ``frontier``: (saved bytes, estimated recompute seconds, memory_price) per vertex, the same axes
     as the report's own figures."""
     price, max_price = prices(options, profile)
@@ -95,7 +73,7 @@ PEAK_CANDIDATE_FRACTIONS = (0.75, 0.5, 0.25, 0.1)
 
 
 def candidate_plans(
-    problem: ParametricProblem, options: Options, profile: DeviceProfile, cache: SolveCache | None = None
+    problem: ParametricProblem, options: ChoiceSettings, profile: DeviceProfile, cache: SolveCache | None = None
 ) -> list[Plan]:
     """Distinct plans spanning default to fewest bytes, fastest (estimated) first (``cache``: the caller's
     max-flows, shared)."""
@@ -116,7 +94,7 @@ CHECKPOINT_FRONTIER_SOLVES = 6
 def peak_candidates(
     problem: ParametricProblem,
     forward: list[bool],
-    options: Options,
+    options: ChoiceSettings,
     profile: DeviceProfile,
     budget_bytes: int | None = None,
     cache: SolveCache | None = None,

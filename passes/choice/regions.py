@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import warnings
 
-from fxremat_passes.costs import node_cost
-from fxremat_passes.region_budget import REGION_SOURCE, RegionAnnotations, node_region_budget
-from fxremat_passes.region_search import Region, region_bytes, solve_regions
-from fxremat_passes.solvers import MILP_REFINE_LIMIT, MILP_TIME_LIMIT, SOLVERS
-
-from .plan import FxrematBudgetWarning, prices
+from ..costs import node_cost
+from ..region_budget import REGION_SOURCE, RegionAnnotations, node_region_budget
+from ..region_search import Region, region_bytes, solve_regions
+from ..solvers import MILP_REFINE_LIMIT, MILP_TIME_LIMIT, SOLVERS
+from .settings import FxrematBudgetWarning, prices
 
 OUTSIDE = "outside regions"  # the report's name for the storages of no region
 

@@ -17,19 +17,17 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fxremat_passes import _torch_private as tp
-from fxremat_passes.budget import Plan, SolveCache, budget_target, solve_at
-from fxremat_passes.liveness import PeakEstimate, simulate_step
-from fxremat_passes.plan_memory import build_joint_memory, estimate_peak
-from fxremat_passes.roles import Role
-from fxremat_passes.segments import lowest_peak_segments, segment_recompute_flops
-from fxremat_passes.solvers import SOLVERS
-from fxremat_passes.stored_sums import block_sums, reads_only
-
+from .. import _torch_private as tp
+from ..budget import Plan, SolveCache, budget_target, solve_at
+from ..liveness import PeakEstimate, simulate_step
+from ..plan_memory import build_joint_memory, estimate_peak
+from ..roles import Role
+from ..segments import lowest_peak_segments, segment_recompute_flops
+from ..solvers import SOLVERS
+from ..stored_sums import block_sums, reads_only
 from .contract import CONTRACT_FIELDS, contract_plan, user_contract
 from .plan import (
     LOWERED_CANDIDATES,
-    FxrematBudgetWarning,
     budget_shortlist,
     budget_target_bytes,
     cheapest_within,
@@ -40,10 +38,9 @@ from .plan import (
     peak_candidates,
     peak_shortlist,
     plan_key,
-    prices,
-    warn_unreachable,
 )
-from .region_plan import choose_plan_for_regions
+from .regions import choose_plan_for_regions
+from .settings import FxrematBudgetWarning, prices, warn_unreachable
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from fxremat_passes.budget import Plan, SolveCache, solve_at
-from fxremat_passes.roles import Policy, Role, recompute_tag
-from fxremat_passes.user_plan import ForcedProblem, force_recompute
-
-from .plan import candidate_plans, cheapest_within, choose_plan, fastest_first, plan_key, prices
+from ..budget import Plan, SolveCache, solve_at
+from ..roles import Policy, Role, recompute_tag
+from ..user_plan import ForcedProblem, force_recompute
+from .plan import candidate_plans, cheapest_within, choose_plan, fastest_first, plan_key
+from .settings import prices
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +105,9 @@ def contract_plan(flow, options, profile, graph_id: str, contract: Contract, jud
     return chosen, fields
 
 
-def kept_tagged(plan: Plan, flow, roles, options) -> tuple[tuple[str, str], ...]:
+def kept_tagged(plan: Plan, flow, roles, checkpoints: str) -> tuple[tuple[str, str], ...]:
     """The report's ``checkpoint_kept``: (name, why) for every value still tagged for recompute that ``plan`` keeps
-    for backward."""
+    for backward (``checkpoints``: the user's setting, ``ChoiceSettings.checkpoints``)."""
     tagged = tagged_values(flow, roles)
     unforced = force_recompute(flow.parametric, tagged).unforced
     rows = []
@@ -117,7 +117,7 @@ def kept_tagged(plan: Plan, flow, roles, options) -> tuple[tuple[str, str], ...]
             why = f"never recomputed: {roles.no_recompute[node]}"
         elif v in unforced:
             why = "cannot be recomputed: it reads a value that is neither saved nor recomputed"
-        elif options.checkpoints == "replan":
+        elif checkpoints == "replan":
             why = "checkpoints='replan': cheaper to keep at fxremat's costs"
         else:
             why = "re-planned inside the region: no more saved bytes and no higher simulated peak than the user's plan"
