@@ -17,8 +17,10 @@ import logging
 
 from ..budget import Plan, SolveCache, solve_at
 from ..roles import Policy, Role, recompute_tag
+from ..shortlists import fastest_first, plan_key
+from ..solvers import cheapest_within
 from ..user_plan import ForcedProblem, force_recompute
-from .plan import candidate_plans, cheapest_within, choose_plan, fastest_first, plan_key
+from .plan import candidate_plans, choose_plan
 from .settings import prices
 
 log = logging.getLogger(__name__)

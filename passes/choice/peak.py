@@ -1,6 +1,6 @@
 """Choosing a plan by the simulated peak of its real split: for ``peak_budget`` (the fastest plan whose activation
 peak fits) and for ``memory_budget`` (the fastest plan within the saved bytes whose step peak is no higher than at
-any looser budget: ``plan.monotone_choice``).
+any looser budget: ``shortlists.monotone_choice``).
 
 Both start from the same candidates (``plan.peak_candidates``: the price search's plans and checkpointed ones),
 rank them by the plan-level estimate (``plan_memory.estimate_peak``) into a shortlist that does not depend on the
@@ -23,22 +23,18 @@ from ..liveness import PeakEstimate, simulate_step
 from ..plan_memory import build_joint_memory, estimate_peak
 from ..roles import Role
 from ..segments import lowest_peak_segments, segment_recompute_flops
-from ..solvers import SOLVERS
-from ..stored_sums import block_sums, reads_only
-from .contract import CONTRACT_FIELDS, contract_plan, user_contract
-from .plan import (
+from ..shortlists import (
     LOWERED_CANDIDATES,
     budget_shortlist,
-    budget_target_bytes,
-    cheapest_within,
-    choose_plan,
     fastest_first,
-    frontier_field,
     monotone_choice,
-    peak_candidates,
     peak_shortlist,
     plan_key,
 )
+from ..solvers import SOLVERS, cheapest_within
+from ..stored_sums import block_sums, reads_only
+from .contract import CONTRACT_FIELDS, contract_plan, user_contract
+from .plan import budget_target_bytes, choose_plan, frontier_field, peak_candidates
 from .regions import choose_plan_for_regions
 from .settings import FxrematBudgetWarning, prices, warn_unreachable
 
