@@ -325,10 +325,9 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
     _enter("solve_min_cut")
     solve_start = time.perf_counter()
     split = _splitter(joint, flow, roles, request.num_fwd_outputs)
-    plan, plan_fields, split_done, peak = choose(
-        flow, roles, joint, ChoiceSettings.of(options), profile, request, split, regions
-    )
-    fields.update(plan_fields, solve_seconds=time.perf_counter() - solve_start)
+    choice = choose(flow, roles, joint, ChoiceSettings.of(options), profile, request, split, regions)
+    plan, split_done, peak = choice.plan, choice.split, choice.peak
+    fields.update(choice.fields, solve_seconds=time.perf_counter() - solve_start)
     for node in (flow.nodes[i] for i in plan.recomputed):
         if node in roles.no_recompute and roles.role[node] is not Role.BACKWARD_ONLY:
             raise AssertionError(f"solver recomputed a banned node: {node.format_node()}")

@@ -1,11 +1,25 @@
 """Plan choice: from the user's settings (``ChoiceSettings``) to one plan of a graph, with its report fields.
 
-The one place plan choice lives (docs/ARCHITECTURE.md).  ``choose`` is the entry; ``segmented_split`` runs a split's
-backward segment by segment; ``kept_tagged`` says which checkpointed values a plan keeps.
+The one place plan choice lives (docs/ARCHITECTURE.md).  ``choose`` is the entry (``choose.CHOOSERS``: which kind of
+choice a graph gets); ``segmented_split`` runs a split's backward segment by segment; ``kept_tagged`` says which
+checkpointed values a plan keeps.  The plain-number parts are the solver tier's (``passes/shortlists.py``).
 """
 
+from .choose import CHOOSERS, choose
 from .contract import CONTRACT_FIELDS, kept_tagged
-from .peak import choose, segmented_split
+from .records import Choice, Chooser, Choosing
+from .segmented import segmented_split
 from .settings import ChoiceSettings, FxrematBudgetWarning
 
-__all__ = ["CONTRACT_FIELDS", "ChoiceSettings", "FxrematBudgetWarning", "choose", "kept_tagged", "segmented_split"]
+__all__ = [
+    "CHOOSERS",
+    "CONTRACT_FIELDS",
+    "Choice",
+    "ChoiceSettings",
+    "Chooser",
+    "Choosing",
+    "FxrematBudgetWarning",
+    "choose",
+    "kept_tagged",
+    "segmented_split",
+]

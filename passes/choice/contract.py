@@ -6,8 +6,8 @@ forced to be recomputed (``passes/user_plan.py``), untagged values priced as usu
 (the default) a graph with such tags gets the fastest candidate plan whose saved bytes and simulated step peak are
 both no higher than the user's plan's: fxremat may save less, or re-plan inside a region where that raises neither.
 The user's plan is itself a candidate, so one always fits.  ``memory_budget`` and ``peak_budget`` apply on top
-(``peak_choice.py``).  ``checkpoints="replan"`` hands the regions to fxremat's costs (a tag is a bias then,
-``flow_problem.PREFER_FACTOR``).
+(``memory_budget.py``, ``peak.py``).  ``checkpoints="replan"`` hands the regions to fxremat's costs (a tag is a
+bias then, ``flow_problem.PREFER_FACTOR``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from ..roles import Policy, Role, recompute_tag
 from ..shortlists import fastest_first, plan_key
 from ..solvers import cheapest_within
 from ..user_plan import ForcedProblem, force_recompute
+from .judged import judged_plans
 from .plan import candidate_plans, choose_plan
+from .records import Choice, Chooser, Choosing
 from .settings import prices
 
 log = logging.getLogger(__name__)
@@ -74,7 +76,7 @@ def contract_plan(flow, options, profile, graph_id: str, contract: Contract, jud
     problem = flow.parametric
     price, max_price = prices(options, profile)
     cache = SolveCache(problem)
-    # the default cut without budgets (they apply on top of the contract: peak_choice.py)
+    # the default cut without budgets (they apply on top of the contract: memory_budget.py, peak.py)
     plain = dataclasses.replace(options, memory_budget=None, peak_budget=None)
     default, fields = choose_plan(problem, plain, profile, graph_id)
     user = contract.user
@@ -105,6 +107,16 @@ def contract_plan(flow, options, profile, graph_id: str, contract: Contract, jud
         chosen.saved_bytes,
     )
     return chosen, fields
+
+
+def choose_within_contract(c: Choosing) -> Choice:
+    """Without a budget, under the user's checkpoints: the contract's plan (``contract_plan``)."""
+    judged = judged_plans(c, {plan_key(c.contract.user)})
+    plan, fields = contract_plan(c.flow, c.settings, c.profile, c.request.graph_id, c.contract, judged)
+    return Choice(plan, fields, *judged.handed_on(plan))
+
+
+CHOOSER = Chooser("the user's checkpoints", lambda c: c.contract is not None, choose_within_contract)
 
 
 def kept_tagged(plan: Plan, flow, roles, checkpoints: str) -> tuple[tuple[str, str], ...]:

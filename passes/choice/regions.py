@@ -8,7 +8,7 @@ one budget over a whole graph is (``budget.budget_target``).  Storages outside e
 own setting: the default price of memory, or a region of their own under the graph's ``memory_budget`` (fxremat's
 option, PyTorch's ``activation_memory_budget`` or the legacy marker; bytes count the rest's storages only).
 
-The choice is by saved bytes alone: §5.3's peak check (``peak_choice.py``) is not applied to per-region plans.
+The choice is by saved bytes alone: §5.3's peak check (``memory_budget.py``) is not applied to per-region plans.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from ..costs import node_cost
 from ..region_budget import REGION_SOURCE, RegionAnnotations, node_region_budget
 from ..region_search import Region, region_bytes, solve_regions
 from ..solvers import MILP_REFINE_LIMIT, MILP_TIME_LIMIT, SOLVERS
+from .records import Choice, Chooser, Choosing
 from .settings import FxrematBudgetWarning, prices
 
 OUTSIDE = "outside regions"  # the report's name for the storages of no region
@@ -46,8 +47,9 @@ def storage_regions(flow, annotations: RegionAnnotations, profile) -> dict[float
     return groups
 
 
-def choose_plan_for_regions(flow, options, profile, request, annotations: RegionAnnotations):
-    """(plan, report fields, None, None), as ``peak_choice.choose``."""
+def choose_plan_for_regions(c: Choosing) -> Choice:
+    """The plan where each region keeps within its own budget, by saved bytes alone."""
+    flow, options, profile, request, annotations = c.flow, c.settings, c.profile, c.request, c.regions
     problem = flow.parametric
     groups = storage_regions(flow, annotations, profile)
     names = [region_name(b) for b in annotations.budgets]
@@ -89,4 +91,7 @@ def choose_plan_for_regions(flow, options, profile, request, annotations: Region
         default_plan_saved_bytes=result.default_plan.saved_bytes,
         plan_method=result.plan.method,
     )
-    return result.plan, fields, None, None
+    return Choice(result.plan, fields)
+
+
+CHOOSER = Chooser("per-region budgets", lambda c: c.regions is not None, choose_plan_for_regions)
