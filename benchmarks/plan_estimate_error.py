@@ -1,5 +1,6 @@
 """The plan-level memory estimate (``plan_memory.estimate_peak``) against ``liveness.simulate_step`` of the real
-split, on every candidate plan a peak-aware choice ranks (``plan.peak_candidates``, as ``peak_choice`` gets them).
+split, on every candidate plan a peak-aware choice ranks (``passes/choice/plan.py``'s ``peak_candidates``, as
+``passes/choice/judged.py`` gets them).
 
     python benchmarks/plan_estimate_error.py [--models llama_stack stack mlp block_sdpa] [--batch 2 --seq 128 --dim 192]
 

@@ -108,7 +108,7 @@ def _why_recomputed(node: fx.Node, checkpoints: str) -> str:
     if recompute_tag(node) == Policy.MUST_RECOMPUTE:
         return "tagged MUST_RECOMPUTE"
     if recompute_tag(node) == Policy.PREFER_RECOMPUTE:
-        # honoured: the user's checkpoint (fxremat/contract.py); replan: the tag's bias made it the cheaper side
+        # honoured: the user's checkpoint (passes/choice/contract.py); replan: the tag's bias made it the cheaper side
         return (
             "tagged PREFER_RECOMPUTE, honoured" if checkpoints == "honour" else "tagged PREFER_RECOMPUTE, and cheaper"
         )
