@@ -23,7 +23,7 @@ from ..user_plan import ForcedProblem, force_recompute
 from .judged import judged_plans
 from .plan import candidate_plans, choose_plan
 from .records import Choice, Chooser, Choosing
-from .settings import prices
+from .settings import ChoiceSettings, prices
 
 log = logging.getLogger(__name__)
 
@@ -53,15 +53,15 @@ def tagged_values(flow, roles) -> frozenset[int]:
     )
 
 
-def user_contract(flow, roles, options, profile) -> Contract | None:
+def user_contract(flow, roles, settings: ChoiceSettings, profile) -> Contract | None:
     """The contract for this graph, or None: with ``checkpoints="replan"``, or where no tag forces anything."""
-    if options.checkpoints != "honour":
+    if settings.checkpoints != "honour":
         return None
     tagged = tagged_values(flow, roles)
     forced = force_recompute(flow.parametric, tagged)
     if not forced.forced:
         return None
-    price, _ = prices(options, profile)
+    price, _ = prices(settings, profile)
     user = dataclasses.replace(solve_at(forced.problem, price), method="user checkpoints")
     return Contract(user, forced, tagged)
 
@@ -70,14 +70,16 @@ def fits(plan: Plan, bytes_cap: float, peak_cap: float, peak_of) -> bool:
     return plan.saved_bytes <= bytes_cap and peak_of(plan) <= peak_cap
 
 
-def contract_plan(flow, options, profile, graph_id: str, contract: Contract, judged) -> tuple[Plan, dict]:
+def contract_plan(
+    flow, settings: ChoiceSettings, profile, graph_id: str, contract: Contract, judged
+) -> tuple[Plan, dict]:
     """The default plan under the contract: the fastest candidate within the user's plan's saved bytes whose
     simulated step peak (``judged.peak``) is no higher than the user's plan's; (plan, report fields)."""
     problem = flow.parametric
-    price, max_price = prices(options, profile)
+    price, max_price = prices(settings, profile)
     cache = SolveCache(problem)
     # the default cut without budgets (they apply on top of the contract: memory_budget.py, peak.py)
-    plain = dataclasses.replace(options, memory_budget=None, peak_budget=None)
+    plain = dataclasses.replace(settings, memory_budget=None, peak_budget=None)
     default, fields = choose_plan(problem, plain, profile, graph_id)
     user = contract.user
     bytes_cap, peak_cap = user.saved_bytes, judged.peak(user)
@@ -88,7 +90,7 @@ def contract_plan(flow, options, profile, graph_id: str, contract: Contract, jud
         # the price search's other plans within the user's bytes and faster than it, fastest first
         more = [
             p
-            for p in candidate_plans(problem, options, profile, cache)
+            for p in candidate_plans(problem, settings, profile, cache)
             if p.saved_bytes <= bytes_cap and p.seconds < user.seconds
         ]
         fitting = (p for p in fastest_first(more)[:CONTRACT_JUDGED] if fits(p, bytes_cap, peak_cap, judged.peak))

@@ -25,9 +25,9 @@ log = logging.getLogger(__name__)
 def choose_plan_for_budget(c: Choosing) -> Choice:
     """``memory_budget``'s plan, peak-safe: ``monotone_choice`` over the budget-independent shortlist, judged by
     the simulated step peak; under a checkpoint contract its plan is the 1.0 end (``contract.contract_plan``)."""
-    options, request, contract = c.settings, c.request, c.contract
+    settings, request, contract = c.settings, c.request, c.contract
     problem = c.flow.parametric
-    price, max_price = prices(options, c.profile)
+    price, max_price = prices(settings, c.profile)
     cache = SolveCache(problem)
     default, fewest = block_sums_plan(cache.at(price), c), cache.at(max_price)
     candidates, estimator = ranked_candidates(c, None, cache)
@@ -35,12 +35,12 @@ def choose_plan_for_budget(c: Choosing) -> Choice:
     contract_fields = {}
     if contract is not None:  # its plan is the default plan: budget 1.0, and the peak every budget stays below
         simulated.required = {plan_key(contract.user)}
-        default, contract_fields = contract_plan(c.flow, options, c.profile, request.graph_id, contract, simulated)
+        default, contract_fields = contract_plan(c.flow, settings, c.profile, request.graph_id, contract, simulated)
         candidates = [*candidates, contract.user]
-    target = budget_target_bytes(options.memory_budget, default, fewest)
+    target = budget_target_bytes(settings.memory_budget, default, fewest)
     met = fewest.saved_bytes <= target
     if not met:
-        warn_unreachable(request.graph_id, target, options.memory_budget, fewest.saved_bytes)
+        warn_unreachable(request.graph_id, target, settings.memory_budget, fewest.saved_bytes)
     judged: set = set()  # the plans the walk judged (report: budget_simulated)
 
     def peak_of(plan: Plan) -> float:
@@ -52,17 +52,17 @@ def choose_plan_for_budget(c: Choosing) -> Choice:
     try:
         plans = [*candidates, default, fewest]
         shortlist = budget_shortlist(plans, simulated.peak, default, fewest, PEAK_SIMULATED_CANDIDATES)
-        lowered = segmentations.peak if options.backward_segments is None else None
+        lowered = segmentations.peak if settings.backward_segments is None else None
         choice = monotone_choice(shortlist, default, target, peak_of, lowered)
         if choice.peak == float("inf"):
             raise RuntimeError("no candidate plan within the budget could be simulated")
         fw_bw_recipe, simulation = simulated.handed_on(choice.plan)
     except Exception as error:  # the default plan could not be simulated: the bytes-only choice, said once
-        _warn_unsimulated(request.graph_id, options.memory_budget, error)
-        return Choice(*choose_plan(problem, options, c.profile, request.graph_id))
+        _warn_unsimulated(request.graph_id, settings.memory_budget, error)
+        return Choice(*choose_plan(problem, settings, c.profile, request.graph_id))
     fields = _budget_fields(target, met, fewest, default, choice, len(candidates), len(judged), contract_fields)
-    if options.compare_default:  # a report-oriented run: also show the frontier
-        fields["frontier"] = frontier_field(problem, options, c.profile, cache)
+    if settings.compare_default:  # a report-oriented run: also show the frontier
+        fields["frontier"] = frontier_field(problem, settings, c.profile, cache)
     segmented = segmentations.of(choice.plan)
     if segmented is not None and segmented[1].peak_bytes == choice.peak < simulation.peak_bytes:
         # the walk chose it recomputed segment by segment in backward (``Segmentations.peak``): built so
@@ -71,7 +71,7 @@ def choose_plan_for_budget(c: Choosing) -> Choice:
     if fields["peak_raised_by_budget"]:
         message = "%s: memory_budget=%r leaves no plan as low as a looser budget's (%d bytes): %d bytes higher"
         raised = choice.peak - choice.lowest_looser_peak
-        log.info(message, request.graph_id, options.memory_budget, choice.lowest_looser_peak, raised)
+        log.info(message, request.graph_id, settings.memory_budget, choice.lowest_looser_peak, raised)
     return Choice(choice.plan, fields, fw_bw_recipe, simulation)
 
 

@@ -1,4 +1,4 @@
-"""choose_plan: from options (price, budget, solver) to one plan over a ParametricProblem, plus report fields.
+"""choose_plan: from settings (price, budget, solver) to one plan over a ParametricProblem, plus report fields.
 
 Budget semantics (docs/DESIGN.md §5.1): ``None`` or ``1.0`` is the default plan (the cut at ``memory_price``); a
 float ``f`` in [0, 1) is ``fewest + f * (default - fewest)`` saved bytes, where ``fewest`` is the fewest-bytes plan
@@ -24,13 +24,13 @@ def budget_target_bytes(budget: float | int, default: Plan, fewest: Plan) -> int
 
 
 def choose_plan(
-    problem: ParametricProblem, options: ChoiceSettings, profile: DeviceProfile, graph_id: str
+    problem: ParametricProblem, settings: ChoiceSettings, profile: DeviceProfile, graph_id: str
 ) -> tuple[Plan, dict]:
-    price, max_price = prices(options, profile)
-    budget = options.memory_budget
+    price, max_price = prices(settings, profile)
+    budget = settings.memory_budget
     fields: dict = {}
     cache = SolveCache(problem)  # the budget search and the frontier share their max-flows
-    solver = SOLVERS[options.solver]
+    solver = SOLVERS[settings.solver]
     default = solver.default(problem, price, cache)
     plan = default
     if budget is not None and budget != 1.0:
@@ -42,17 +42,17 @@ def choose_plan(
         fields.update(budget_bytes=target, budget_met=met, fewest_saved_bytes=fewest.saved_bytes)
     fields["default_plan_saved_bytes"] = default.saved_bytes
     fields["plan_method"] = plan.method
-    if options.compare_default:  # a report-oriented run: also show the frontier
-        fields["frontier"] = frontier_field(problem, options, profile, cache)
+    if settings.compare_default:  # a report-oriented run: also show the frontier
+        fields["frontier"] = frontier_field(problem, settings, profile, cache)
     return plan, fields
 
 
 def frontier_field(
-    problem: ParametricProblem, options: ChoiceSettings, profile: DeviceProfile, cache: SolveCache
+    problem: ParametricProblem, settings: ChoiceSettings, profile: DeviceProfile, cache: SolveCache
 ) -> tuple:
     """The report's ``frontier``: (saved bytes, estimated recompute seconds, memory_price) per vertex, the same axes
     as the report's own figures."""
-    price, max_price = prices(options, profile)
+    price, max_price = prices(settings, profile)
     points = frontier(problem, price, max_price, cache=cache)
     return tuple((p.saved_bytes, p.recompute_seconds, p.price * profile.mem_bandwidth) for p in points)
 
@@ -63,11 +63,11 @@ PEAK_CANDIDATE_FRACTIONS = (0.75, 0.5, 0.25, 0.1)
 
 
 def candidate_plans(
-    problem: ParametricProblem, options: ChoiceSettings, profile: DeviceProfile, cache: SolveCache | None = None
+    problem: ParametricProblem, settings: ChoiceSettings, profile: DeviceProfile, cache: SolveCache | None = None
 ) -> list[Plan]:
     """Distinct plans spanning default to fewest bytes, fastest (estimated) first (``cache``: the caller's
     max-flows, shared)."""
-    price, max_price = prices(options, profile)
+    price, max_price = prices(settings, profile)
     cache = cache or SolveCache(problem)
     plans = frontier(problem, price, max_price, cache=cache)
     default, fewest = plans[0], plans[-1]
@@ -84,7 +84,7 @@ CHECKPOINT_FRONTIER_SOLVES = 6
 def peak_candidates(
     problem: ParametricProblem,
     forward: list[bool],
-    options: ChoiceSettings,
+    settings: ChoiceSettings,
     profile: DeviceProfile,
     budget_bytes: int | None = None,
     cache: SolveCache | None = None,
@@ -93,8 +93,8 @@ def peak_candidates(
     spacings (``checkpoints.py``), the plans that keep those checkpoints and recompute the segments between them
     lazily (the bytes-only frontier has no plan whose recompute is spread over backward).  With a saved-bytes
     budget too, each checkpoint set also gets its cheapest plan within that budget."""
-    plans = candidate_plans(problem, options, profile, cache)
-    price, max_price = prices(options, profile)
+    plans = candidate_plans(problem, settings, profile, cache)
+    price, max_price = prices(settings, profile)
     for constrained in checkpoint_grid(problem, forward):
         cache = SolveCache(constrained)
         found = frontier(constrained, price, max_price, max_solves=CHECKPOINT_FRONTIER_SOLVES, cache=cache)

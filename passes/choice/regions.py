@@ -49,23 +49,23 @@ def storage_regions(flow, annotations: RegionAnnotations, profile) -> dict[float
 
 def choose_plan_for_regions(c: Choosing) -> Choice:
     """The plan where each region keeps within its own budget, by saved bytes alone."""
-    flow, options, profile, request, annotations = c.flow, c.settings, c.profile, c.request, c.regions
+    flow, settings, profile, request, annotations = c.flow, c.settings, c.profile, c.request, c.regions
     problem = flow.parametric
     groups = storage_regions(flow, annotations, profile)
     names = [region_name(b) for b in annotations.budgets]
     regions = [Region(tuple(groups[b]), b) for b in annotations.budgets]
-    rest = Region(tuple(groups[None]), options.memory_budget)
-    if options.memory_budget not in (None, 1.0):
+    rest = Region(tuple(groups[None]), settings.memory_budget)
+    if settings.memory_budget not in (None, 1.0):
         names.append(OUTSIDE)
         regions.append(rest)
-    price, top = prices(options, profile)
+    price, top = prices(settings, profile)
     result = solve_regions(
         problem,
         regions,
         price,
         top,
         exact=problem.num_values <= MILP_REFINE_LIMIT,
-        exact_only=SOLVERS[options.solver].exact,
+        exact_only=SOLVERS[settings.solver].exact,
         time_limit=MILP_TIME_LIMIT,
     )
     rows = [

@@ -3,6 +3,9 @@ simulates, and ``monotone_choice``, the peak-safe choice among a shortlist of pl
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from fxremat_passes.budget import Plan
 from fxremat_passes.shortlists import budget_shortlist, fastest_first, monotone_choice, peak_shortlist, plan_key
 
@@ -83,3 +86,8 @@ def test_budget_shortlist_drops_beaten_plans_and_keeps_both_ends():
     default, fewest = candidates[0], candidates[3]
     shortlist = budget_shortlist(candidates, lambda p: peak[p.saved], default, fewest, most=10)
     assert [p.saved[0] for p in shortlist] == [0, 1, 3]
+
+
+def test_shortlists_module_does_not_import_torch():
+    code = "import sys, fxremat_passes.shortlists; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
