@@ -215,7 +215,7 @@ def _later(compute: Callable[[], dict], names: tuple[str, ...], stock: bool = Fa
     return dict.fromkeys(names, Deferred(run))
 
 
-def _report_peak(fw, bw, num_fwd_outputs: int, recipe: SplitRecipe | None, peak: PeakEstimate | None):
+def _report_peak(fw, bw, num_fwd_outputs: int, recipe: SplitRecipe | None, peak: PeakEstimate | None) -> SimulatedPeak:
     """The simulated-peak fields of our split: the simulation the peak budget already ran, or one deferred to the
     first read of the fields (from the recipe's own copy of the split), or, where neither applies, one run now."""
     if peak is not None:
@@ -245,7 +245,7 @@ def _baseline(request: PartitionRequest, profile: DeviceProfile, compare_budgets
         described = describe_split(fw, bw, request.num_fwd_outputs, profile)
     except Exception as error:  # the baseline is informative only; never let it break a compile
         log.warning("PyTorch's default partitioner failed on %s: %s", request.graph_id, error)
-        return Baseline(baseline_error=f"{type(error).__name__}: {error}"), 0.0
+        return Baseline(baseline_error=f"{type(error).__name__}: {error}"), 0.0  # its time counted as ours, as before
     default_seconds = time.perf_counter() - start
     # PyTorch's split is ours alone (nobody compiles it): simulated on the first read of its fields
     if _can_simulate_later(fw.graph.nodes):
