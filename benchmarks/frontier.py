@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     from fxremat.examples import example
     from fxremat.options import Options
     from fxremat.partition import PartitionRequest, partition
-    from fxremat.report import format_bytes
+    from fxremat.render import format_bytes
     from fxremat_passes.costs import PROFILES
     from fxremat_passes.describe import describe_split
 

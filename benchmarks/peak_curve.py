@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     from bench_models import build_workload
     from tabulate import tabulate
 
-    from fxremat.report import format_bytes
+    from fxremat.render import format_bytes
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["mlp", "block_sdpa", "block_softmax", "stack", "convnet"])

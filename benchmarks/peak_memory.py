@@ -44,7 +44,7 @@ def main(argv=None) -> int:
 
     import fxremat
     from fxremat.measure import step_peak_bytes
-    from fxremat.report import format_bytes
+    from fxremat.render import format_bytes
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=[*EXAMPLES, "gpt2", "llama"])

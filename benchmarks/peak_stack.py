@@ -26,7 +26,7 @@ def main(argv=None) -> int:
 
     from fxremat.options import Options
     from fxremat.partition import PartitionRequest, partition
-    from fxremat.report import format_bytes
+    from fxremat.render import format_bytes
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, nargs="+", default=[4, 16, 64])

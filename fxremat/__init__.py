@@ -12,7 +12,8 @@ from .backend import FxrematBackend, backend, make_partition_fn, string_backend_
 from .knobs import FxrematKnobWarning
 from .options import Options
 from .partition import FxrematFallbackWarning
-from .report import CutReport, format_text
+from .render import format_text
+from .report import CutReport
 from .verify import FxrematVerifyError, FxrematVerifyWarning
 
 __all__ = [

@@ -239,9 +239,7 @@ def compiled_step_reports(model: Any, inputs: Any, options, no_codegen: bool) ->
 
 
 def render(report, fmt: str, diff: bool) -> str:
-    from .report import format_text
-    from .report_format import format_json
-    from .report_html import format_html
+    from .render import format_html, format_json, format_text
 
     if fmt == "json":
         return format_json(report, diff) + "\n"
@@ -252,8 +250,7 @@ def render(report, fmt: str, diff: bool) -> str:
 
 def render_all(reports: Sequence, fmt: str, diff: bool, target: str) -> str:
     """Everything in one document, for stdout: a JSON array, one HTML page, or the text reports in turn."""
-    from .report_format import format_json_many
-    from .report_html import format_html
+    from .render import format_html, format_json_many
 
     if fmt == "json":
         return format_json_many(reports, diff) + "\n"

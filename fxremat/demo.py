@@ -92,7 +92,7 @@ def _time_steps(runs: dict[str, dict], x: torch.Tensor, repeats: int) -> None:
 
 
 def _table_rows(report, ours: dict, theirs: dict, repeats: int) -> list[list[str]]:
-    from fxremat.report import format_bytes
+    from fxremat.render import format_bytes
 
     t_ours, t_theirs = statistics.median(ours["times"]), statistics.median(theirs["times"])
     saved_ours, saved_theirs = ours["saved"].nbytes, theirs["saved"].nbytes

@@ -12,10 +12,12 @@ Any exception inside our passes: one warning naming the graph and the cause, the
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -45,7 +47,23 @@ from fxremat_passes.split import SplitRecipe, split_with_recipe
 
 from .knobs import TORCH_CONFIG_SOURCE, effective_options
 from .options import Options
-from .report import DEFERRED_FIELDS, CutReport, Deferred, describe_fields, merged_fields, never_recomputed_counts
+from .report import (
+    BASELINE_PEAK_FIELDS,
+    PEAK_FIELDS,
+    Baseline,
+    Choice,
+    Classified,
+    CompileFacts,
+    CutReport,
+    Deferred,
+    Described,
+    Layout,
+    Outcome,
+    Recomputation,
+    SimulatedPeak,
+    build_report,
+    given,
+)
 
 log = logging.getLogger(__name__)
 
@@ -115,10 +133,10 @@ def _why_recomputed(node: fx.Node, checkpoints: str) -> str:
     return "cheaper to recompute than to keep"
 
 
-def _plan_fields(plan: Plan, flow, roles, options: Options) -> dict:
+def _plan_fields(plan: Plan, flow, roles, options: Options) -> Recomputation:
     """Why each forward node is recomputed, and which checkpointed values are kept (``contract.kept_tagged``)."""
     recomputed = (flow.nodes[i] for i in plan.recomputed)
-    return dict(
+    return Recomputation(
         recompute_reasons=tuple(
             (n.name, _why_recomputed(n, options.checkpoints)) for n in recomputed if roles.role[n] is Role.FORWARD
         ),
@@ -177,7 +195,7 @@ def _can_simulate_later(fw_nodes) -> bool:
     return not any(n.target is CONVOLUTION for n in fw_nodes)
 
 
-def _later(compute: Callable[[], dict], names: tuple[str, ...], stock: bool = False) -> dict:
+def _later(compute: Callable[[], dict], names: tuple[str, ...], stock: bool = False) -> dict[str, Deferred]:
     """The report fields ``names``, all filled by one ``compute()`` on the first read of any of them (informative:
     a failure is logged and leaves them at their defaults).  ``stock``: they simulate PyTorch's split, which stock
     Inductor would compile (its buffer reuse, not fxremat's)."""
@@ -196,26 +214,24 @@ def _later(compute: Callable[[], dict], names: tuple[str, ...], stock: bool = Fa
     return dict.fromkeys(names, Deferred(run))
 
 
-# CutReport's deferred fields (fxremat/report.py): our split's simulation's, and PyTorch's split's (no activation peak)
-PEAK_FIELDS = tuple(name for name in DEFERRED_FIELDS if not name.startswith("baseline_"))
-BASELINE_PEAK_FIELDS = tuple(name for name in DEFERRED_FIELDS if name.startswith("baseline_"))
-
-
-def _report_peak_fields(fw, bw, num_fwd_outputs: int, recipe: SplitRecipe | None, peak: PeakEstimate | None) -> dict:
+def _report_peak(fw, bw, num_fwd_outputs: int, recipe: SplitRecipe | None, peak: PeakEstimate | None) -> SimulatedPeak:
     """The simulated-peak fields of our split: the simulation the peak budget already ran, or one deferred to the
     first read of the fields (from the recipe's own copy of the split), or, where neither applies, one run now."""
     if peak is not None:
-        return _peak_fields(peak)
+        return SimulatedPeak(**_peak_fields(peak))
     if recipe is not None and _can_simulate_later(recipe.fw_order):
-        return _later(lambda: _peak_fields(simulate_step(*recipe.build(lazy=True), num_fwd_outputs)), PEAK_FIELDS)
-    return _peak_fields(_simulate(fw, bw, num_fwd_outputs))
+        later = _later(lambda: _peak_fields(simulate_step(*recipe.build(lazy=True), num_fwd_outputs)), PEAK_FIELDS)
+        return SimulatedPeak(**later)
+    return SimulatedPeak(**_peak_fields(_simulate(fw, bw, num_fwd_outputs)))
 
 
 # PyTorch's activation_memory_budget values shown beside fxremat's frontier (compare_budgets).
 PYTORCH_BUDGETS = (0.5, 0.1, 0.0)
 
 
-def _baseline(request: PartitionRequest, profile: DeviceProfile, compare_budgets: bool = False) -> dict:
+def _baseline(request: PartitionRequest, profile: DeviceProfile, compare_budgets: bool = False):
+    """PyTorch's default partition of the same joint graph, for the report: (its record, the seconds every
+    comparison took, which the partition's own time leaves out)."""
     start = time.perf_counter()
     try:
         joint = tp.copy_graph_module(request.joint)
@@ -228,7 +244,7 @@ def _baseline(request: PartitionRequest, profile: DeviceProfile, compare_budgets
         described = describe_split(fw, bw, request.num_fwd_outputs, profile)
     except Exception as error:  # the baseline is informative only; never let it break a compile
         log.warning("PyTorch's default partitioner failed on %s: %s", request.graph_id, error)
-        return dict(baseline_error=f"{type(error).__name__}: {error}")
+        return Baseline(baseline_error=f"{type(error).__name__}: {error}"), 0.0  # its time counted as ours, as before
     default_seconds = time.perf_counter() - start
     # PyTorch's split is ours alone (nobody compiles it): simulated on the first read of its fields
     if _can_simulate_later(fw.graph.nodes):
@@ -255,7 +271,7 @@ def _baseline(request: PartitionRequest, profile: DeviceProfile, compare_budgets
             budget_points.append((budget, d.saved_bytes, d.recompute_seconds))
         except Exception as error:  # informative only
             log.warning("PyTorch at activation_memory_budget=%s failed on %s: %s", budget, request.graph_id, error)
-    return dict(
+    baseline = Baseline(
         **peak_fields,
         baseline_budget_points=tuple(budget_points),
         baseline_saved_bytes=described.saved_bytes,
@@ -263,8 +279,8 @@ def _baseline(request: PartitionRequest, profile: DeviceProfile, compare_budgets
         baseline_est_recompute_seconds=described.recompute_seconds,
         baseline_saved=described.saved,
         baseline_seconds=default_seconds,  # PyTorch's default partition alone (comparable to ours)
-        _comparison_seconds=time.perf_counter() - start,  # everything spent on comparisons, not ours
     )
+    return baseline, time.perf_counter() - start
 
 
 @dataclass
@@ -273,7 +289,7 @@ class _Split:
 
     fw: fx.GraphModule
     bw: fx.GraphModule
-    fields: dict
+    records: list  # the report's stage records (fxremat/report.py) made on the way
     recipe: SplitRecipe | None = None  # None where PyTorch's extraction made the split
     peak: PeakEstimate | None = None  # the split's simulation, where choosing the plan ran it already
 
@@ -300,10 +316,9 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
     )
     if request.inductor:
         _keep_convolutions_for_depthwise(joint, roles)
-    fields: dict = dict(
-        never_recomputed=never_recomputed_counts(
-            {n: r for n, r in roles.no_recompute.items() if roles.role[n] is not Role.INPUT}
-        ),
+    reasons = Counter(r for n, r in roles.no_recompute.items() if roles.role[n] is not Role.INPUT)
+    classified = Classified(
+        never_recomputed=tuple(sorted(reasons.items())),
         tag_conflicts=tuple((n.name, why) for n, why in roles.tag_conflicts.items()),
     )
     if not roles.has_backward:
@@ -316,7 +331,7 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
             num_fwd_outputs=request.num_fwd_outputs,
             static_lifetime_input_nodes=roles.static_inputs,
         )
-        return _Split(fw, bw, fields, recipe)
+        return _Split(fw, bw, [classified], recipe)
     _enter("annotate_costs")
     # the values the cut decides on; backward's own nodes are never priced by it (half the graph)
     costs = annotate_costs(joint.graph, profile, [n for n, r in roles.role.items() if r in VALUE_ROLES])
@@ -325,19 +340,19 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
     _enter("solve_min_cut")
     solve_start = time.perf_counter()
     split = _splitter(joint, flow, roles, request.num_fwd_outputs)
-    choice = choose(flow, roles, joint, ChoiceSettings.of(options), profile, request, split, regions)
-    plan, split_done, peak = choice.plan, choice.split, choice.peak
-    fields.update(choice.fields, solve_seconds=time.perf_counter() - solve_start)
+    chosen = choose(flow, roles, joint, ChoiceSettings.of(options), profile, request, split, regions)
+    plan, split_done, peak = chosen.plan, chosen.split, chosen.peak
+    choice = Choice(**chosen.fields, solve_seconds=time.perf_counter() - solve_start)  # the choice modules' dict
     for node in (flow.nodes[i] for i in plan.recomputed):
         if node in roles.no_recompute and roles.role[node] is not Role.BACKWARD_ONLY:
             raise AssertionError(f"solver recomputed a banned node: {node.format_node()}")
-    fields.update(_plan_fields(plan, flow, roles, options))
+    recomputation = _plan_fields(plan, flow, roles, options)
     _enter("split")
     fw, bw, recipe = split_done if split_done is not None else split(plan)
     if options.backward_segments and recipe is not None and not recipe.bw_checkpoints:  # asked for every plan
         (fw, bw, recipe), peak, segment_fields = segmented_split(recipe, request.num_fwd_outputs, profile)
-        fields.update(segment_fields)
-    return _Split(fw, bw, fields, recipe, peak)
+        choice = dataclasses.replace(choice, **segment_fields)  # this split's segments, not the choice's
+    return _Split(fw, bw, [classified, choice, recomputation], recipe, peak)
 
 
 def _splitter(joint: fx.GraphModule, flow, roles, num_fwd_outputs: int):
@@ -379,7 +394,7 @@ def partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModu
 
 
 def _fallback(request: PartitionRequest, profile: DeviceProfile, reason: str, torch_budget=1.0, regions=None):
-    """PyTorch's default partition of the joint graph, with one warning: (fw, bw, described, peak fields).  Its
+    """PyTorch's default partition of the joint graph, with one warning: (fw, bw, its report records).  Its
     budget is the user's ``activation_memory_budget`` where fxremat took its budget from there (a region
     annotation PyTorch reads itself), else PyTorch's default."""
     warnings.warn(
@@ -398,26 +413,27 @@ def _fallback(request: PartitionRequest, profile: DeviceProfile, reason: str, to
         activation_memory_budget=torch_budget,
     )
     described = describe_split(fw, bw, request.num_fwd_outputs, profile)
-    return fw, bw, described, _peak_fields(_simulate(fw, bw, request.num_fwd_outputs))
+    peak = SimulatedPeak(**_peak_fields(_simulate(fw, bw, request.num_fwd_outputs)))
+    return fw, bw, [Described.of(described), peak]
 
 
-def _choose_layout(request: PartitionRequest, fw: fx.GraphModule, bw: fx.GraphModule, peak_fields: dict):
+def _choose_layout(request: PartitionRequest, fw: fx.GraphModule, bw: fx.GraphModule, peak: SimulatedPeak):
     """The layout Inductor gets for our split of a CPU graph with convolutions (``layout_choice.py``): (the report's
-    peak fields under it, the layout fields).  A simulation that fails leaves the contiguous layout, logged."""
-    contiguous = peak_fields.get("simulated_peak_bytes")
-    if not isinstance(contiguous, int):  # the simulation failed
-        return peak_fields, {}
+    simulated peak under it, the layout's record).  A simulation that fails leaves the contiguous layout, logged."""
+    contiguous = given(peak, "simulated_peak_bytes")
+    if not isinstance(contiguous, int):  # the simulation failed (or is deferred)
+        return peak, Layout()
     try:
         channels_last = decide_layout(request.layout, fw, bw, request.num_fwd_outputs, contiguous)
     except Exception as error:
         log.debug("channels-last simulation failed, the layout stays contiguous: %s", error, exc_info=True)
         request.layout.channels_last, request.layout.peaks = None, None
-        return peak_fields, {}
-    layout = dict(
+        return peak, Layout()
+    layout = Layout(
         inductor_layout="channels_last" if request.layout.channels_last else "contiguous",
         layout_simulated_peaks=request.layout.peaks,
     )
-    return (peak_fields if channels_last is None else _peak_fields(channels_last)), layout
+    return (peak if channels_last is None else SimulatedPeak(**_peak_fields(channels_last))), layout
 
 
 def _ready_for_compiler(request: PartitionRequest, fw: fx.GraphModule, bw: fx.GraphModule) -> None:
@@ -435,7 +451,7 @@ def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphMod
     options, budget_source, regions = effective_options(options, request.joint, request.num_fwd_outputs)
     device_type, device_name = graph_device(request.joint)
     profile = options.profile_for(device_type, device_name)
-    common = dict(
+    common = CompileFacts(
         graph_id=request.graph_id,
         num_joint_nodes=len(request.joint.graph.nodes),
         device_profile=profile.name,
@@ -444,18 +460,16 @@ def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphMod
         memory_budget_source=budget_source,
         torch_version=torch.__version__,
     )
-    baseline = {}
+    baseline, comparison_seconds = Baseline(), 0.0
     if options.compare_default:  # PyTorch's partitioner refuses per-region budgets: its default, without them
         with annotations_hidden(request.joint, hide=regions is not None):
-            baseline = _baseline(request, profile, options.compare_budgets)
-    comparison_seconds = baseline.pop("_comparison_seconds", 0.0)
-    fallback_reason = None
+            baseline, comparison_seconds = _baseline(request, profile, options.compare_budgets)
     # our passes mark the joint's own nodes (prepare cleans it up in place, as PyTorch does): a fallback gets their
     # meta back as it came
     joint_meta = MetaSnapshot(request.joint.graph)
     try:
-        fw, bw, fields = _ours_described(request, options, profile, regions)
-        fields = merged_fields(common, baseline, fields)  # a field made twice is our bug: inside the fallback
+        fw, bw, records = _ours_described(request, options, profile, regions)
+        report = build_report(common, baseline, *records)  # a field made twice is our bug: inside the fallback
     except Exception as error:
         joint_meta.restore()
         if options.strict:
@@ -463,23 +477,23 @@ def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphMod
         fallback_reason = f"{type(error).__name__}: {error}"
         torch_budget = options.memory_budget if budget_source == TORCH_CONFIG_SOURCE else 1.0
         with annotations_hidden(request.joint, hide=regions is not None):  # not applied, and the warning says so
-            fw, bw, described, peak_fields = _fallback(request, profile, fallback_reason, torch_budget, regions)
-        fields = merged_fields(common, baseline, describe_fields(described), peak_fields)
+            fw, bw, records = _fallback(request, profile, fallback_reason, torch_budget, regions)
+        report = build_report(common, baseline, *records, Outcome(fallback_reason=fallback_reason))
     _ready_for_compiler(request, fw, bw)
     seconds = time.perf_counter() - start - comparison_seconds
-    report = CutReport(**fields, partition_seconds=seconds, fallback_reason=fallback_reason)
+    report = report.with_changes(partition_seconds=seconds)  # the deferred fields stay deferred
     log.debug("partition %s: saved %d bytes, %.3fs", request.graph_id, report.saved_bytes, seconds)
     return fw, bw, report
 
 
 def _ours_described(request: PartitionRequest, options: Options, profile: DeviceProfile, regions):
-    """fxremat's split and every report field it makes: (fw, bw, fields)."""
+    """fxremat's split and every report record it makes: (fw, bw, records)."""
     ours = _fxremat_partition(request, options, profile, regions)
     fw, bw = ours.fw, ours.bw
     _enter("describe")
     described = describe_split(fw, bw, request.num_fwd_outputs, profile)
-    peak_fields = _report_peak_fields(fw, bw, request.num_fwd_outputs, ours.recipe, ours.peak)
-    layout_fields: dict = {}
+    peak = _report_peak(fw, bw, request.num_fwd_outputs, ours.recipe, ours.peak)
+    layout = Layout()
     if request.layout is not None and has_convolution(fw):
-        peak_fields, layout_fields = _choose_layout(request, fw, bw, peak_fields)
-    return fw, bw, merged_fields(describe_fields(described), peak_fields, ours.fields, layout_fields)
+        peak, layout = _choose_layout(request, fw, bw, peak)
+    return fw, bw, [Described.of(described), peak, *ours.records, layout]

@@ -1,14 +1,16 @@
-"""CutReport: what fxremat chose for one joint graph, as data; formatters are separate functions.
+"""CutReport: what fxremat chose for one joint graph, as data only (its renderings: ``fxremat/render/``).
 
-Build the record first (``CutReport``), then format it (``format_text``, ``CutReport.to_dict``).
+Each stage returns a record of the report fields it makes (``STAGE_RECORDS``); ``build_report`` joins them, the one
+place a report is assembled.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import inspect
 import json
-import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -23,53 +25,74 @@ from .report_fields import decoders, derived  # noqa: F401 (derived: for a deriv
 SCHEMA_VERSION = 2
 
 
-@dataclass(frozen=True)
-class CutReport:
-    """One compiled joint graph.
+# Each stage's record: frozen, keyword-only, its field names CutReport's.  ``CutReport`` is composed of them (below),
+# so a field a stage makes is declared once, in its stage's record, and from_dict/to_dict/DEFERRED_FIELDS follow.
+_RECORD = dict(frozen=True, kw_only=True)
 
-    ``saved_bytes``: activation bytes kept for backward (distinct storages, graph inputs excluded).
-    ``baseline_*``: the same figures for PyTorch's default ``min_cut_rematerialization_partition`` on a copy of
-    the same joint graph (None when ``compare_default=False`` or when it failed).
-    ``fallback_reason``: None unless fxremat fell back to PyTorch's partitioner for this graph.
 
-    The simulated-peak fields (``DEFERRED_FIELDS``) are computed when first read, not while partitioning: until
-    then the report holds what the simulation needs (the joint graph and the split's recipe).
-
-    A new field: declare it here with its type (``from_dict`` reads it back by that type) and a README "Report
-    JSON schema" row.  One computed from fields the report already holds is ``derived(...)``: nothing else to
-    touch.  One a stage makes is also returned by that stage (its dict of fields); a simulated one is a
-    ``_DeferrableField`` filled by ``fxremat/partition.py``'s simulation (``PEAK_FIELDS`` follows from this class).
-    """
+@dataclass(**_RECORD)
+class CompileFacts:
+    """What the compile itself says (``partition._partition``)."""
 
     graph_id: str
     num_joint_nodes: int
+    device_profile: str = "cpu"
+    memory_price: float = 0.0
+    memory_budget: float | int | None = None  # as asked (by fxremat's option, PyTorch's knob or an annotation)
+    memory_budget_source: str | None = None  # which: fxremat/knobs.py's sources; None without a budget
+    torch_version: str = ""
+
+
+@dataclass(**_RECORD)
+class Described:
+    """The split handed on (ours or the fallback's), as ``passes/describe.py`` describes it.
+
+    ``saved_bytes``: activation bytes kept for backward (distinct storages, graph inputs excluded)."""
+
     saved_bytes: int
     recompute_flops: int
     est_recompute_seconds: float
     saved: tuple[SavedValue, ...]
     recomputed: tuple[RecomputedNode, ...]
     saved_symbols: tuple[str, ...] = ()
-    recompute_reasons: tuple[tuple[str, str], ...] = ()  # (node name, why it is recomputed)
+
+    @classmethod
+    def of(cls, description: SplitDescription) -> Described:
+        return cls(
+            saved_bytes=description.saved_bytes,
+            recompute_flops=description.recompute_flops,
+            est_recompute_seconds=description.recompute_seconds,
+            saved=description.saved,
+            recomputed=description.recomputed,
+            saved_symbols=description.saved_symbols,
+        )
+
+
+@dataclass(**_RECORD)
+class Classified:
+    """What classification (``passes/roles.py``) kept from recomputation."""
+
     never_recomputed: tuple[tuple[str, int], ...] = ()  # (reason, how many nodes)
     tag_conflicts: tuple[tuple[str, str], ...] = ()  # (node name, what the tag asked and why safety won)
-    # checkpoint regions (fxremat/contract.py): tagged values kept (name, why), and the user's plan's figures
-    checkpoint_kept: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(**_RECORD)
+class Recomputation:
+    """Why the chosen plan recomputes each forward node, and the checkpointed values it keeps
+    (``fxremat/contract.py``)."""
+
+    recompute_reasons: tuple[tuple[str, str], ...] = ()  # (node name, why it is recomputed)
+    checkpoint_kept: tuple[tuple[str, str], ...] = ()  # tagged values kept (name, why)
+
+
+@dataclass(**_RECORD)
+class Choice:
+    """The plan choice's figures (``fxremat/peak_choice.py`` and the modules it calls: their dict of fields)."""
+
+    solve_seconds: float = 0.0
+    # checkpoint regions (fxremat/contract.py): the user's plan's figures
     user_plan_saved_bytes: int | None = None
     user_plan_simulated_peak_bytes: int | None = None
-    baseline_saved_bytes: int | None = None
-    baseline_recompute_flops: int | None = None
-    baseline_est_recompute_seconds: float | None = None
-    baseline_saved: tuple[SavedValue, ...] = ()
-    # PyTorch at activation_memory_budget b: (b, saved bytes, est. recompute seconds); with compare_budgets only
-    baseline_budget_points: tuple[tuple[float, int, float], ...] = ()
-    baseline_seconds: float | None = None
-    baseline_error: str | None = None
-    solve_seconds: float = 0.0
-    partition_seconds: float = 0.0
-    device_profile: str = "cpu"
-    memory_price: float = 0.0
-    memory_budget: float | int | None = None  # as asked (by fxremat's option, PyTorch's knob or an annotation)
-    memory_budget_source: str | None = None  # which: fxremat/knobs.py's sources; None without a budget
     budget_bytes: int | None = None  # the budget resolved to saved bytes for this graph
     budget_met: bool | None = None  # None when no budget was asked
     fewest_saved_bytes: int | None = None  # the fewest-bytes plan's saved bytes (budget runs)
@@ -93,22 +116,78 @@ class CutReport:
     peak_budget_met: bool | None = None
     peak_candidates: int | None = None  # candidate plans whose peak was estimated
     peak_simulated: int | None = None  # ... and of those, the shortlist judged by simulated peak (unsplit)
-    # the layout fxremat handed Inductor for a CPU graph with convolutions ("contiguous" or "channels_last"; None:
-    # Inductor's own decision), and the simulated step peaks (contiguous, channels-last) it chose by
-    inductor_layout: str | None = None
-    layout_simulated_peaks: tuple[int, int] | None = None
-    # liveness simulation of the step (passes/liveness.py), computed when first read (_DeferrableField)
+
+
+@dataclass(**_RECORD)
+class Baseline:
+    """PyTorch's default ``min_cut_rematerialization_partition`` of a copy of the same joint graph
+    (``partition._baseline``): every field None or empty when ``compare_default=False`` or when it failed."""
+
+    baseline_saved_bytes: int | None = None
+    baseline_recompute_flops: int | None = None
+    baseline_est_recompute_seconds: float | None = None
+    baseline_saved: tuple[SavedValue, ...] = ()
+    # PyTorch at activation_memory_budget b: (b, saved bytes, est. recompute seconds); with compare_budgets only
+    baseline_budget_points: tuple[tuple[float, int, float], ...] = ()
+    baseline_seconds: float | None = None
+    baseline_error: str | None = None
+    # the liveness simulation of PyTorch's split, as SimulatedPeak's (no activation peak)
+    baseline_simulated_peak_bytes: int | None = _DeferrableField(None)
+    baseline_simulated_peak_at: str | None = _DeferrableField(None)
+    baseline_memory_timeline: tuple[tuple[str, str, int], ...] = _DeferrableField(())
+
+
+@dataclass(**_RECORD)
+class SimulatedPeak:
+    """The liveness simulation of our split's step (``passes/liveness.py``), computed when first read."""
+
     simulated_peak_bytes: int | None = _DeferrableField(None)
     simulated_activation_peak_bytes: int | None = _DeferrableField(None)  # the same, less the gradients
     simulated_peak_at: str | None = _DeferrableField(None)  # "phase:node" where the simulated peak is reached
     memory_timeline: tuple[tuple[str, str, int], ...] = _DeferrableField(())  # (phase, node, bytes live), downsampled
-    # the same for PyTorch's default split of the same joint graph
-    baseline_simulated_peak_bytes: int | None = _DeferrableField(None)
-    baseline_simulated_peak_at: str | None = _DeferrableField(None)
-    baseline_memory_timeline: tuple[tuple[str, str, int], ...] = _DeferrableField(())
-    fallback_reason: str | None = None
+
+
+@dataclass(**_RECORD)
+class Layout:
+    """The layout fxremat handed Inductor for a CPU graph with convolutions (``passes/layout_choice.py``)."""
+
+    inductor_layout: str | None = None  # "contiguous" or "channels_last"; None: Inductor's own decision
+    layout_simulated_peaks: tuple[int, int] | None = None  # the simulated step peaks (contiguous, channels-last)
+
+
+@dataclass(**_RECORD)
+class Outcome:
+    """How the report came to be: the partition's time, its fallback, the compile cache (``fxremat/backend.py``)."""
+
+    partition_seconds: float = 0.0
+    fallback_reason: str | None = None  # None unless fxremat fell back to PyTorch's partitioner for this graph
     from_cache: bool = False
-    torch_version: str = ""
+
+
+STAGE_RECORDS = (CompileFacts, Described, Classified, Recomputation, Choice, Baseline, SimulatedPeak, Layout, Outcome)
+
+
+def _declared_once(records: tuple[type, ...]) -> tuple[type, ...]:
+    """``records``, refused where two declare one field (a dataclass base would silently win over the other)."""
+    names = Counter(f.name for record in records for f in dataclasses.fields(record))
+    twice = sorted(name for name, count in names.items() if count > 1)
+    if twice:
+        raise TypeError(f"report fields declared by two stage records: {twice}")
+    return records
+
+
+@dataclass(frozen=True, kw_only=True)
+class CutReport(*_declared_once(STAGE_RECORDS)):
+    """One compiled joint graph: every stage record's fields (``STAGE_RECORDS``), made by ``build_report``.
+
+    The simulated-peak fields (``DEFERRED_FIELDS``) are computed when first read, not while partitioning: until
+    then the report holds what the simulation needs (the joint graph and the split's recipe).
+
+    A new field a stage makes: declare it with its type in that stage's record above (``from_dict`` reads it back
+    by that type; a simulated one is a ``_DeferrableField``, and ``PEAK_FIELDS`` follows), set it where the stage
+    makes it, and add a README "Report JSON schema" row.  One computed from fields the report already holds is
+    ``derived(...)``, declared here: nothing else to touch.  Renderers (``fxremat/render/``) read fields by name.
+    """
 
     def __post_init__(self) -> None:
         for name, compute in DERIVED_FIELDS:
@@ -161,7 +240,9 @@ class CutReport:
         return cls(**values)
 
     def with_changes(self, **changes: Any) -> CutReport:
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes``; a deferred field not computed yet stays so (the copy shares its computation)."""
+        kept = {f.name: given(self, f.name) for f in dataclasses.fields(self) if f.init and f.name not in changes}
+        return type(self)(**kept, **changes)
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
@@ -187,36 +268,37 @@ def _plain(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
-DEFERRED_FIELDS = tuple(name for name, value in vars(CutReport).items() if isinstance(value, _DeferrableField))
+@functools.cache
+def _deferrable(record: type, name: str) -> bool:
+    return isinstance(inspect.getattr_static(record, name, None), _DeferrableField)
+
+
+DEFERRED_FIELDS = tuple(f.name for f in dataclasses.fields(CutReport) if _deferrable(CutReport, f.name))
+# the deferred fields of our split's simulation, and of PyTorch's split's (fxremat/partition.py fills each in one go)
+PEAK_FIELDS = tuple(f.name for f in dataclasses.fields(SimulatedPeak))
+BASELINE_PEAK_FIELDS = tuple(f.name for f in dataclasses.fields(Baseline) if _deferrable(Baseline, f.name))
 # (name, compute) of each ``derived`` field
 DERIVED_FIELDS = tuple((f.name, f.metadata["derive"]) for f in dataclasses.fields(CutReport) if "derive" in f.metadata)
 
 
-def describe_fields(description: SplitDescription) -> dict[str, Any]:
-    return dict(
-        saved_bytes=description.saved_bytes,
-        recompute_flops=description.recompute_flops,
-        est_recompute_seconds=description.recompute_seconds,
-        saved=description.saved,
-        recomputed=description.recomputed,
-        saved_symbols=description.saved_symbols,
-    )
+def given(record: Any, name: str) -> Any:
+    """The value ``record`` (a stage record or a report) holds for field ``name``: a deferred field's ``Deferred``
+    as it is, not computed."""
+    return record.__dict__[f"_{name}"] if _deferrable(type(record), name) else getattr(record, name)
 
 
-def merged_fields(*parts: dict) -> dict:
-    """The report's fields, made by several stages, in one dict.  A field two stages both make is a bug of ours:
-    an error naming it (inside the partition's fallback), never one value silently over the other."""
-    merged: dict = {}
-    for part in parts:
-        clash = merged.keys() & part.keys()
+def build_report(*records: Any) -> CutReport:
+    """The report from its stages' records: the one place a report is assembled.  A field two records both carry
+    is a bug of ours: an error naming it (raised inside the partition's fallback), never one value silently over
+    the other."""
+    fields: dict[str, Any] = {}
+    for record in records:
+        part = {f.name: given(record, f.name) for f in dataclasses.fields(record)}
+        clash = fields.keys() & part.keys()
         if clash:
             raise ValueError(f"report fields made twice: {sorted(clash)}")
-        merged.update(part)
-    return merged
-
-
-def never_recomputed_counts(reasons: dict[Any, str]) -> tuple[tuple[str, int], ...]:
-    return tuple(sorted(Counter(reasons.values()).items()))
+        fields.update(part)
+    return CutReport(**fields)
 
 
 @dataclass(frozen=True)
@@ -229,7 +311,7 @@ class SavedDiff:
     both: tuple[str, ...]
 
 
-def _by_bytes(rows) -> tuple[SavedValue, ...]:
+def saved_by_bytes(rows) -> tuple[SavedValue, ...]:
     return tuple(sorted(rows, key=lambda r: (-r.nbytes * r.counted, r.name)))
 
 
@@ -240,248 +322,7 @@ def diff_default(report: CutReport) -> SavedDiff | None:
     ours = {r.name: r for r in report.saved}
     theirs = {r.name: r for r in report.baseline_saved}
     return SavedDiff(
-        only_fxremat=_by_bytes(r for name, r in ours.items() if name not in theirs),
-        only_default=_by_bytes(r for name, r in theirs.items() if name not in ours),
+        only_fxremat=saved_by_bytes(r for name, r in ours.items() if name not in theirs),
+        only_default=saved_by_bytes(r for name, r in theirs.items() if name not in ours),
         both=tuple(sorted(set(ours) & set(theirs))),
     )
-
-
-# --- formatting ----------------------------------------------------------------------------------------------------
-
-
-def format_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    return f"{n} B"
-
-
-_SOURCE_LINE = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
-
-
-def short_source(source: str | None) -> str:
-    """'File "/src/model.py", line 39, in _attend' -> 'model.py:39 _attend': the full path rarely fits a table."""
-    if not source:
-        return ""
-    match = _SOURCE_LINE.search(source)
-    if not match:
-        return source
-    filename = re.split(r"[\\/]", match.group("path"))[-1]
-    return f"{filename}:{match.group('line')} {match.group('func')}"
-
-
-def _ratio(a: float | None, b: float | None) -> str:
-    if a is None or b is None or b == 0:
-        return "-"
-    return f"{a / b:.2f}x"
-
-
-# What a report without PyTorch's default partition says in its place (never zeros, never a blank).
-NOT_COMPARED = "not compared (compare_default=False)"
-
-
-def baseline_status(report: CutReport) -> str | None:
-    """None when the report carries PyTorch's default partition of the same graph; otherwise why it does not:
-    the comparison was not asked for (``compare_default=False``, the default), or it failed."""
-    if report.baseline_saved_bytes is not None:
-        return None
-    if report.baseline_error:
-        return f"failed: {report.baseline_error}"
-    return NOT_COMPARED
-
-
-def peak_status(report: CutReport) -> str | None:
-    """None when the report has its simulated peak (or can still compute it); otherwise why it has none."""
-    if report.pending_fields() or report.simulated_peak_bytes is not None:
-        return None
-    if report.from_cache:
-        return "not stored with the compile-cache entry (the store keeps peaks with compare_default=True)"
-    return "not simulated"
-
-
-def summary_headers(report: CutReport) -> list[str]:
-    """The summary table's columns: PyTorch default's and the ratio only when the report has that partition."""
-    return ["", "fxremat"] if baseline_status(report) else ["", "fxremat", "PyTorch default", "ratio"]
-
-
-def summary_rows(report: CutReport) -> list[list[str]]:
-    """The summary table (columns as ``summary_headers``)."""
-    rows = _summary_rows(report)
-    return [row[:2] for row in rows] if baseline_status(report) else rows
-
-
-def _summary_rows(report: CutReport) -> list[list[str]]:
-    return [
-        [
-            "saved bytes",
-            format_bytes(report.saved_bytes),
-            format_bytes(report.baseline_saved_bytes),
-            _ratio(report.saved_bytes, report.baseline_saved_bytes),
-        ],
-        [
-            "recompute FLOPs",
-            f"{report.recompute_flops:,}",
-            "-" if report.baseline_recompute_flops is None else f"{report.baseline_recompute_flops:,}",
-            _ratio(report.recompute_flops, report.baseline_recompute_flops),
-        ],
-        [
-            "est. recompute time",
-            f"{report.est_recompute_seconds * 1e6:.1f} us",
-            "-"
-            if report.baseline_est_recompute_seconds is None
-            else f"{report.baseline_est_recompute_seconds * 1e6:.1f} us",
-            _ratio(report.est_recompute_seconds, report.baseline_est_recompute_seconds),
-        ],
-        [
-            "partition time",
-            f"{report.partition_seconds * 1e3:.1f} ms",
-            "-" if report.baseline_seconds is None else f"{report.baseline_seconds * 1e3:.1f} ms",
-            "-",
-        ],
-    ] + _peak_rows(report)
-
-
-def _peak_rows(report: CutReport) -> list[list[str]]:
-    """The simulated step peak (passes/liveness.py) and the node where it is reached, when simulated."""
-    if report.simulated_peak_bytes is None:
-        return []
-    return [
-        [
-            "simulated step peak",
-            format_bytes(report.simulated_peak_bytes),
-            format_bytes(report.baseline_simulated_peak_bytes),
-            _ratio(report.simulated_peak_bytes, report.baseline_simulated_peak_bytes),
-        ],
-        ["simulated peak at", report.simulated_peak_at or "-", report.baseline_simulated_peak_at or "-", "-"],
-    ]
-
-
-def saved_value_cells(r: SavedValue) -> list[str]:
-    """name, op, shape, dtype, bytes, module, source: one saved value as table cells (text and HTML alike)."""
-    shape = "x".join(map(str, r.shape))
-    return [r.name, r.op, shape, r.dtype, format_bytes(r.nbytes), r.module or "", short_source(r.source)]
-
-
-def _saved_table(saved: tuple[SavedValue, ...], max_rows: int) -> str:
-    from tabulate import tabulate
-
-    rows = [[*saved_value_cells(r), "" if r.counted else "not counted"] for r in saved[:max_rows]]
-    table = tabulate(rows, headers=["value", "op", "shape", "dtype", "bytes", "module", "source", ""])
-    if len(saved) > max_rows:
-        table += f"\n... and {len(saved) - max_rows} more"
-    return table
-
-
-def format_diff_text(report: CutReport, max_rows: int = 20) -> str:
-    """``--diff-default``: the values only one of the two partitioners keeps for backward."""
-    diff = diff_default(report)
-    if diff is None:
-        return f"no PyTorch default partition to compare with: {baseline_status(report)}"
-    lines = [f"saved by both: {len(diff.both)} values"]
-    for title, rows in (
-        ("saved only by fxremat", diff.only_fxremat),
-        ("saved only by PyTorch default", diff.only_default),
-    ):
-        # a saved slice keeps its whole storage alive: count storages, as saved_bytes does
-        counted = sum(r.nbytes if r.storage_nbytes is None else r.storage_nbytes for r in rows if r.counted)
-        lines.append("")
-        lines.append(f"{title}: {len(rows)} values, {format_bytes(counted)} counted")
-        if rows:
-            lines.append(_saved_table(rows, max_rows))
-    return "\n".join(lines)
-
-
-def budget_lines(report: CutReport) -> list[str]:
-    """What was asked and what was achieved: the saved-bytes budget and the peak budget."""
-    lines = []
-    if report.budget_bytes is not None:
-        lines.append(
-            f"memory_budget {report.memory_budget!r} (from {report.memory_budget_source}): "
-            f"at most {format_bytes(report.budget_bytes)} saved -> "
-            f"{format_bytes(report.saved_bytes)} ({'met' if report.budget_met else 'NOT met: fewest-bytes plan'})"
-        )
-    if report.region_budgets:
-        lines.append(f"per-region budgets ({'met' if report.budget_met else 'NOT met: fewest-bytes plan'}):")
-    for name, budget, saved, target, _, _ in report.region_budgets:
-        bound = "no budget" if target is None else f"budget {budget!r}, at most {format_bytes(target)}"
-        lines.append(f"  {name}: {bound} -> {format_bytes(saved)} saved")
-    if report.budget_simulated is not None:
-        raised = report.peak_raised_by_budget
-        lines.append(
-            f"  the fastest of {report.budget_simulated} simulated plans (of {report.budget_candidates} candidates) "
-            "whose step peak is no higher than at any looser budget"
-            + (f"; NONE within this budget: the lowest-peak one, {format_bytes(raised)} higher" if raised else "")
-        )
-    if isinstance(report.peak_budget, float):  # relative to the candidates' estimated peaks
-        lines.append(
-            f"peak_budget {report.peak_budget!r}: the fastest of {report.peak_simulated} simulated plans (of "
-            f"{report.peak_candidates} candidates) whose step peak is at most "
-            f"{format_bytes(report.peak_budget_bytes)} -> {format_bytes(report.simulated_peak_bytes)}"
-        )
-    elif report.peak_budget is not None:
-        lines.append(
-            f"peak_budget {report.peak_budget!r}: step peak at most {format_bytes(report.peak_budget_bytes)} "
-            f"-> {format_bytes(report.simulated_peak_bytes)} simulated "
-            f"({'met' if report.peak_budget_met else 'NOT met: lowest-peak plan'}; "
-            f"{report.peak_candidates} candidate plans)"
-        )
-    return lines
-
-
-def format_text(report: CutReport, max_rows: int = 20, diff: bool = False) -> str:
-    from tabulate import tabulate
-
-    lines = [
-        f"fxremat cut report: {report.graph_id} ({report.num_joint_nodes} joint nodes, "
-        f"device profile {report.device_profile})"
-    ]
-    if report.fallback_reason:
-        lines.append(f"FELL BACK to PyTorch's default partitioner: {report.fallback_reason}")
-    lines.append(tabulate(summary_rows(report), headers=summary_headers(report)))
-    status = baseline_status(report)
-    if status:
-        lines.append(f"PyTorch default partition: {status}")
-    peak = peak_status(report)
-    if peak:
-        lines.append(f"simulated step peak: {peak}")
-    if report.layout_simulated_peaks is not None:
-        contiguous, channels_last = (format_bytes(n) for n in report.layout_simulated_peaks)
-        lines.append(
-            f"layout handed to Inductor: {report.inductor_layout} (simulated step peak contiguous {contiguous}, "
-            f"channels-last {channels_last})"
-        )
-    lines.extend(budget_lines(report))
-    saved = _by_bytes(report.saved)
-    if saved:
-        lines.append("")
-        lines.append(f"saved for backward ({len(saved)} tensors; inputs and repeated storages not counted):")
-        lines.append(_saved_table(saved, max_rows))
-    if report.recomputed:
-        why = dict(report.recompute_reasons)
-        lines.append("")
-        lines.append(f"recomputed in backward ({len(report.recomputed)} nodes):")
-        ordered = sorted(report.recomputed, key=lambda r: (-r.flops, r.name))
-        rows = [[r.name, r.op, f"{r.flops:,}", why.get(r.name, "")] for r in ordered[:max_rows]]
-        lines.append(tabulate(rows, headers=["node", "op", "FLOPs", "why"]))
-        if len(ordered) > max_rows:
-            lines.append(f"... and {len(ordered) - max_rows} more")
-    if report.never_recomputed:
-        lines.append("")
-        lines.append(
-            "never recomputed: " + "; ".join(f"{reason} ({count})" for reason, count in report.never_recomputed)
-        )
-    for name, conflict in report.tag_conflicts:
-        lines.append(f"tag overridden on {name}: {conflict}")
-    if report.user_plan_saved_bytes is not None:
-        user = (format_bytes(report.user_plan_saved_bytes), format_bytes(report.user_plan_simulated_peak_bytes))
-        lines.append("checkpoints honoured: within the user's plan's %s saved and %s simulated peak" % user)
-    lines.extend(f"checkpointed value kept: {name}: {why}" for name, why in report.checkpoint_kept)
-    if diff:
-        lines.append("")
-        lines.append("compared with PyTorch's default partition:")
-        lines.append(format_diff_text(report, max_rows))
-    return "\n".join(lines)

@@ -3,6 +3,7 @@ rules and the fallback path, in milliseconds per case (no Inductor)."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
@@ -14,6 +15,7 @@ import fxremat
 from fxremat import partition as partition_module
 from fxremat.examples import EXAMPLES, example
 from fxremat.options import Options
+from fxremat.report import Recomputation
 from fxremat_passes import _torch_private as tp
 from fxremat_passes.ops import OpClass, op_class
 from fxremat_passes.roles import Role, classify
@@ -193,10 +195,15 @@ def test_fault_in_any_pass_falls_back_with_one_warning(pass_name):
 
 
 def test_a_report_field_made_twice_falls_back_instead_of_failing_the_compile(monkeypatch):
-    """Report fields come from several stages; a field two stages both make is our bug, caught inside the
-    fallback (it used to raise TypeError from the report's constructor, after it, failing the compile)."""
+    """Report fields come from several stages' records; a field two records both carry is our bug, caught inside
+    the fallback (it used to raise TypeError from the report's constructor, after it, failing the compile)."""
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Twice(Recomputation):  # a stage's record that also carries the compile's graph_id
+        graph_id: str = "twice"
+
     real = partition_module._plan_fields
-    monkeypatch.setattr(partition_module, "_plan_fields", lambda *a: {**real(*a), "graph_id": "twice"})
+    monkeypatch.setattr(partition_module, "_plan_fields", lambda *a: Twice(**vars(real(*a))))
     model, inputs = example("mlp")
     _, expected = eager_grads(model, inputs)
     with warnings.catch_warnings(record=True) as caught:

@@ -151,6 +151,6 @@ def test_report_text_says_what_was_asked_and_achieved():
     assert report.peak_budget_met and report.budget_met
     assert report.peak_budget_bytes == 2**30 and report.saved_bytes <= report.budget_bytes
     assert "peak_budget 1073741824: step peak at most 1.00 GiB" in text and "(met;" in text
-    budget_bytes = fxremat.report.format_bytes(report.budget_bytes)
+    budget_bytes = fxremat.render.format_bytes(report.budget_bytes)
     assert f"memory_budget 0.5 (from fxremat): at most {budget_bytes} saved" in text
     assert text.count("simulated step peak") == 1 and report.simulated_peak_at in text

@@ -25,9 +25,8 @@ from fxremat import cli
 from fxremat.examples import EXAMPLES, example
 from fxremat.measure import measure_saved
 from fxremat.options import Options
-from fxremat.report import CutReport, format_bytes
-from fxremat.report_format import module_bytes, svg_pareto
-from fxremat.report_html import format_html
+from fxremat.render import format_bytes, format_html, module_bytes, svg_pareto
+from fxremat.report import CutReport
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,6 @@
 """CutReport's fields read back by their declarations alone (fxremat/report_fields.py, issue #18): a report with
-every kind of field filled round-trips through JSON, and README's "Report JSON schema" names every field."""
+every kind of field filled round-trips through JSON, and README's "Report JSON schema" names every field.  Each
+field is declared by one stage record, and ``build_report`` refuses one made twice (fxremat/report.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,21 @@ import json
 import re
 from pathlib import Path
 
-from fxremat.report import CutReport, RecomputedNode, SavedValue
+import pytest
+
+from fxremat.deferred import Deferred
+from fxremat.report import (
+    PEAK_FIELDS,
+    STAGE_RECORDS,
+    CompileFacts,
+    CutReport,
+    Described,
+    RecomputedNode,
+    SavedValue,
+    SimulatedPeak,
+    _declared_once,
+    build_report,
+)
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -47,3 +62,38 @@ def test_the_readme_schema_names_every_field():
     named = {name for line in text.splitlines() if line.startswith("| `") for name in re.findall(r"`(\w+)`", line)}
     missing = [f.name for f in dataclasses.fields(CutReport) if f.name not in named]
     assert not missing, f"README's Report JSON schema has no row for {missing}"
+
+
+def test_each_field_is_declared_by_one_stage_record():
+    names = [f.name for record in STAGE_RECORDS for f in dataclasses.fields(record)]
+    assert len(names) == len(set(names))
+    assert {f.name for f in dataclasses.fields(CutReport) if f.init} == set(names)
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Again:
+        saved_bytes: int = 0
+
+    with pytest.raises(TypeError, match=r"declared by two stage records: \['saved_bytes'\]"):
+        _declared_once((Described, Again))
+
+
+_FACTS = CompileFacts(graph_id="graph_0", num_joint_nodes=3)
+_DESCRIBED = Described(saved_bytes=64, recompute_flops=0, est_recompute_seconds=0.0, saved=(), recomputed=())
+
+
+def test_build_report_refuses_a_field_made_twice():
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Twice:
+        graph_id: str = "twice"
+
+    with pytest.raises(ValueError, match=r"made twice: \['graph_id'\]"):
+        build_report(_FACTS, _DESCRIBED, Twice())
+
+
+def test_deferred_fields_stay_deferred_through_build_and_with_changes():
+    calls = []
+    deferred = Deferred(lambda: calls.append(1) or {"simulated_peak_bytes": 5})
+    report = build_report(_FACTS, _DESCRIBED, SimulatedPeak(**dict.fromkeys(PEAK_FIELDS, deferred)))
+    changed = report.with_changes(partition_seconds=1.0)
+    assert calls == [] and changed.pending_fields() == PEAK_FIELDS and changed.partition_seconds == 1.0
+    assert changed.simulated_peak_bytes == 5 == report.simulated_peak_bytes and calls == [1]

@@ -1,5 +1,5 @@
-"""The HTML rendering of ``CutReport``: one self-contained file, inline CSS and SVG (``report_format.py`` draws the
-charts), no script, nothing fetched from the network, every piece of text passed through ``html.escape``."""
+"""The HTML rendering of ``CutReport``: one self-contained file, inline CSS and SVG (``svg.py`` draws the charts),
+no script, nothing fetched from the network, every piece of text passed through ``html.escape``."""
 
 from __future__ import annotations
 
@@ -8,16 +8,9 @@ from typing import Any
 
 from fxremat_passes.describe import SavedValue
 
-from .report import (
-    CutReport,
-    baseline_status,
-    diff_default,
-    peak_status,
-    saved_value_cells,
-    summary_headers,
-    summary_rows,
-)
-from .report_format import _e, _natural_key, format_seconds, svg_memory_timelines, svg_module_bars, svg_pareto
+from ..report import CutReport, diff_default
+from .svg import _e, _natural_key, format_seconds, svg_memory_timelines, svg_module_bars, svg_pareto
+from .text import baseline_status, peak_status, saved_value_cells, summary_headers, summary_rows
 
 _CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #111827; margin: 24px auto;

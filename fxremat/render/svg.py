@@ -1,24 +1,23 @@
-"""The JSON rendering of ``CutReport`` and the SVG charts of its HTML one (``report_html.py``; the text rendering is
-``fxremat.report.format_text``).
+"""The SVG charts of ``CutReport``'s HTML rendering (``html.py``).
 
-Data first: ``report_dict``, ``module_bytes``, ``pareto_points`` and ``timeline_series`` compute what is shown;
-the ``_svg_*`` helpers only draw it, every piece of text passed through ``html.escape``.
+Data first: ``module_bytes``, ``pareto_points`` and ``timeline_series`` compute what is shown; the ``_svg_*``
+helpers only draw it, every piece of text passed through ``html.escape``.
 """
 
 from __future__ import annotations
 
 import html
-import json
 import logging
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from fxremat_passes.describe import SavedValue
 
-from .report import CutReport, diff_default, format_bytes
+from ..report import CutReport
+from .text import format_bytes
 
 log = logging.getLogger(__name__)
 
@@ -26,36 +25,6 @@ TOP_LEVEL = "(top level)"  # saved values computed by the compiled module's own 
 FXREMAT_COLOR = "#2563eb"
 DEFAULT_COLOR = "#9ca3af"
 FRONTIER_COLOR = "#ea580c"
-
-
-# --- JSON ----------------------------------------------------------------------------------------------------------
-
-
-def report_dict(report: CutReport, diff: bool = False) -> dict[str, Any]:
-    """``report.to_dict()`` (with ``schema_version``), plus ``diff_default`` when asked for."""
-    data = report.to_dict()
-    if diff:
-        found = diff_default(report)
-        data["diff_default"] = (
-            None
-            if found is None
-            else {
-                "only_fxremat": [r.name for r in found.only_fxremat],
-                "only_default": [r.name for r in found.only_default],
-                "both": list(found.both),
-            }
-        )
-    return data
-
-
-def format_json(report: CutReport, diff: bool = False) -> str:
-    """One report as a JSON object; keys sorted so that two runs diff cleanly."""
-    return json.dumps(report_dict(report, diff), indent=2, sort_keys=True)
-
-
-def format_json_many(reports: Sequence[CutReport], diff: bool = False) -> str:
-    """Several reports as one JSON array (what the CLI prints when there is no ``--out``)."""
-    return json.dumps([report_dict(r, diff) for r in reports], indent=2, sort_keys=True)
 
 
 # --- chart data ----------------------------------------------------------------------------------------------------
