@@ -7,14 +7,14 @@ checkpointed values a plan keeps.  The plain-number parts are the solver tier's 
 
 from .choose import CHOOSERS, choose
 from .contract import CONTRACT_FIELDS, kept_tagged
-from .records import Choice, Chooser, Choosing
+from .records import Chooser, Choosing, PlanChoice
 from .segmented import segmented_split
 from .settings import ChoiceSettings, FxrematBudgetWarning
 
 __all__ = [
     "CHOOSERS",
     "CONTRACT_FIELDS",
-    "Choice",
+    "PlanChoice",
     "ChoiceSettings",
     "Chooser",
     "Choosing",

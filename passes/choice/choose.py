@@ -10,7 +10,7 @@ from .contract import CHOOSER as CONTRACT
 from .default import CHOOSER as SAVED_BYTES
 from .memory_budget import CHOOSER as MEMORY_BUDGET
 from .peak import CHOOSER as PEAK_BUDGET
-from .records import Choice, Chooser, Choosing
+from .records import Chooser, Choosing, PlanChoice
 from .regions import CHOOSER as REGIONS
 from .settings import ChoiceSettings
 
@@ -23,7 +23,7 @@ CHOOSERS: tuple[Chooser, ...] = (
 )
 
 
-def choose(flow, roles, joint, settings: ChoiceSettings, profile, request, split, regions=None) -> Choice:
+def choose(flow, roles, joint, settings: ChoiceSettings, profile, request, split, regions=None) -> PlanChoice:
     """The plan for these settings (``CHOOSERS``).  ``split(plan)`` makes a plan's split; ``regions``: per-region
     budgets (``regions.py``, chosen by saved bytes alone).  Otherwise, with checkpoint tags in the graph (and
     ``checkpoints="honour"``), every choice also keeps within the user's plan (``contract.py``)."""

@@ -22,7 +22,7 @@ from ..solvers import cheapest_within
 from ..user_plan import ForcedProblem, force_recompute
 from .judged import judged_plans
 from .plan import candidate_plans, choose_plan
-from .records import Choice, Chooser, Choosing
+from .records import Chooser, Choosing, PlanChoice
 from .settings import ChoiceSettings, prices
 
 log = logging.getLogger(__name__)
@@ -111,11 +111,11 @@ def contract_plan(
     return chosen, fields
 
 
-def choose_within_contract(c: Choosing) -> Choice:
+def choose_within_contract(c: Choosing) -> PlanChoice:
     """Without a budget, under the user's checkpoints: the contract's plan (``contract_plan``)."""
     judged = judged_plans(c, {plan_key(c.contract.user)})
     plan, fields = contract_plan(c.flow, c.settings, c.profile, c.request.graph_id, c.contract, judged)
-    return Choice(plan, fields, *judged.handed_on(plan))
+    return PlanChoice(plan, fields, *judged.handed_on(plan))
 
 
 CHOOSER = Chooser("the user's checkpoints", lambda c: c.contract is not None, choose_within_contract)

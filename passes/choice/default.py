@@ -12,7 +12,7 @@ from ..solvers import SOLVERS
 from ..stored_sums import block_sums, reads_only
 from .judged import plan_estimator
 from .plan import choose_plan
-from .records import Choice, Chooser, Choosing
+from .records import Chooser, Choosing, PlanChoice
 from .settings import prices
 
 log = logging.getLogger(__name__)
@@ -40,10 +40,10 @@ def block_sums_plan(plan: Plan, c: Choosing) -> Plan:
     return dataclasses.replace(other, seconds=problem.seconds(other.saved, other.recomputed))
 
 
-def choose_by_bytes(c: Choosing) -> Choice:
+def choose_by_bytes(c: Choosing) -> PlanChoice:
     """The bytes-only choice, its default plan maybe saving the block sums."""
     plan, fields = choose_plan(c.flow.parametric, c.settings, c.profile, c.request.graph_id)
-    return Choice(block_sums_plan(plan, c), fields)
+    return PlanChoice(block_sums_plan(plan, c), fields)
 
 
 CHOOSER = Chooser("saved bytes", lambda c: True, choose_by_bytes)

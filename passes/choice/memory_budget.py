@@ -15,14 +15,14 @@ from .contract import CONTRACT_FIELDS, contract_plan
 from .default import block_sums_plan
 from .judged import PEAK_SIMULATED_CANDIDATES, judged_plans, ranked_candidates
 from .plan import budget_target_bytes, choose_plan, frontier_field
-from .records import Choice, Chooser, Choosing
+from .records import Chooser, Choosing, PlanChoice
 from .segmented import Segmentations, built
 from .settings import FxrematBudgetWarning, prices, warn_unreachable
 
 log = logging.getLogger(__name__)
 
 
-def choose_plan_for_budget(c: Choosing) -> Choice:
+def choose_plan_for_budget(c: Choosing) -> PlanChoice:
     """``memory_budget``'s plan, peak-safe: ``monotone_choice`` over the budget-independent shortlist, judged by
     the simulated step peak; under a checkpoint contract its plan is the 1.0 end (``contract.contract_plan``)."""
     settings, request, contract = c.settings, c.request, c.contract
@@ -59,7 +59,7 @@ def choose_plan_for_budget(c: Choosing) -> Choice:
         fw_bw_recipe, simulation = simulated.handed_on(choice.plan)
     except Exception as error:  # the default plan could not be simulated: the bytes-only choice, said once
         _warn_unsimulated(request.graph_id, settings.memory_budget, error)
-        return Choice(*choose_plan(problem, settings, c.profile, request.graph_id))
+        return PlanChoice(*choose_plan(problem, settings, c.profile, request.graph_id))
     fields = _budget_fields(target, met, fewest, default, choice, len(candidates), len(judged), contract_fields)
     if settings.compare_default:  # a report-oriented run: also show the frontier
         fields["frontier"] = frontier_field(problem, settings, c.profile, cache)
@@ -72,7 +72,7 @@ def choose_plan_for_budget(c: Choosing) -> Choice:
         message = "%s: memory_budget=%r leaves no plan as low as a looser budget's (%d bytes): %d bytes higher"
         raised = choice.peak - choice.lowest_looser_peak
         log.info(message, request.graph_id, settings.memory_budget, choice.lowest_looser_peak, raised)
-    return Choice(choice.plan, fields, fw_bw_recipe, simulation)
+    return PlanChoice(choice.plan, fields, fw_bw_recipe, simulation)
 
 
 def _budget_fields(target, met, fewest, default, choice, candidates: int, judged: int, contract_fields) -> dict:

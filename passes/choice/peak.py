@@ -14,12 +14,12 @@ from .contract import CONTRACT_FIELDS, contract_plan
 from .default import block_sums_plan
 from .judged import PEAK_SIMULATED_CANDIDATES, judged_plans, ranked_candidates
 from .plan import choose_plan
-from .records import Choice, Chooser, Choosing
+from .records import Chooser, Choosing, PlanChoice
 from .segmented import Segmentations, built
 from .settings import FxrematBudgetWarning, prices
 
 
-def choose_plan_for_peak(c: Choosing) -> Choice:
+def choose_plan_for_peak(c: Choosing) -> PlanChoice:
     """``peak_budget``'s plan: the fastest shortlisted plan whose simulated step peak (above what the step starts
     with, gradients included: what a user measures) fits it, and whose saved bytes fit ``memory_budget`` when both
     are given.  A float budget is a fraction of the way from the lowest simulated step peak (0.0) to the default
@@ -59,7 +59,7 @@ def choose_plan_for_peak(c: Choosing) -> Choice:
         segmented_plan, recipe, peak, segment_fields = segmented
         fields.update(segment_fields, peak_budget_met=peak.peak_bytes <= target)
         if peak.peak_bytes <= target:
-            return Choice(segmented_plan, fields, built(recipe), peak)
+            return PlanChoice(segmented_plan, fields, built(recipe), peak)
     if chosen is None:
         warnings.warn(
             f"fxremat: {c.request.graph_id} cannot keep its simulated step peak within {target} bytes "
@@ -68,9 +68,9 @@ def choose_plan_for_peak(c: Choosing) -> Choice:
             stacklevel=4,
         )
         if segmented is not None:
-            return Choice(segmented_plan, fields, built(recipe), peak)
+            return PlanChoice(segmented_plan, fields, built(recipe), peak)
     plan = chosen if chosen is not None else lowest
-    return Choice(plan, dict(fields, peak_budget_met=chosen is not None), *simulated.handed_on(plan))
+    return PlanChoice(plan, dict(fields, peak_budget_met=chosen is not None), *simulated.handed_on(plan))
 
 
 def _peak_candidates(c: Choosing):

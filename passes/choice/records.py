@@ -1,4 +1,4 @@
-"""What plan choice reads of one graph (``Choosing``), what it returns (``Choice``), and the row a kind of choice
+"""What plan choice reads of one graph (``Choosing``), what it returns (``PlanChoice``), and the row a kind of choice
 adds to the dispatch (``Chooser``, listed in ``passes/choice/choose.py``'s ``CHOOSERS``)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Choice:
+class PlanChoice:
     """The chosen plan and its report fields (README's JSON schema); ``split``: its (fw, bw, recipe) where choosing
     split it, else None; ``peak``: that split's simulation, or None."""
 
@@ -57,4 +57,4 @@ class Chooser:
 
     kind: str
     applies: Callable[[Choosing], bool]
-    choose: Callable[[Choosing], Choice]
+    choose: Callable[[Choosing], PlanChoice]

@@ -19,7 +19,7 @@ from ..costs import node_cost
 from ..region_budget import REGION_SOURCE, RegionAnnotations, node_region_budget
 from ..region_search import Region, region_bytes, solve_regions
 from ..solvers import MILP_REFINE_LIMIT, MILP_TIME_LIMIT, SOLVERS
-from .records import Choice, Chooser, Choosing
+from .records import Chooser, Choosing, PlanChoice
 from .settings import FxrematBudgetWarning, prices
 
 OUTSIDE = "outside regions"  # the report's name for the storages of no region
@@ -47,7 +47,7 @@ def storage_regions(flow, annotations: RegionAnnotations, profile) -> dict[float
     return groups
 
 
-def choose_plan_for_regions(c: Choosing) -> Choice:
+def choose_plan_for_regions(c: Choosing) -> PlanChoice:
     """The plan where each region keeps within its own budget, by saved bytes alone."""
     flow, settings, profile, request, annotations = c.flow, c.settings, c.profile, c.request, c.regions
     problem = flow.parametric
@@ -91,7 +91,7 @@ def choose_plan_for_regions(c: Choosing) -> Choice:
         default_plan_saved_bytes=result.default_plan.saved_bytes,
         plan_method=result.plan.method,
     )
-    return Choice(result.plan, fields)
+    return PlanChoice(result.plan, fields)
 
 
 CHOOSER = Chooser("per-region budgets", lambda c: c.regions is not None, choose_plan_for_regions)
