@@ -142,7 +142,7 @@ def classify(
     needed = _needed_by_backward(nodes, role, inputs_of, facts.bwd_outputs)
     primals = facts.primals
     static = frozenset(primals[i] for i in (static_lifetime_input_indices or []) if i < len(primals))
-    reads_mutated = _reads_mutated_inputs(nodes, role, classes, inputs_of, tp.mutated_inputs(joint, num_fwd_outputs))
+    reads_mutated = _reads_mutated_inputs(nodes, role, classes, inputs_of, tp.mutated_inputs(nodes, facts.fwd_descs))
     no_recompute, no_save = _recompute_and_save_limits(nodes, role, classes, reads_mutated)
     conflicts = _apply_must_recompute(facts, role, no_recompute, no_save)
     result = GraphRoles(
