@@ -266,7 +266,7 @@ def _reorder_like_autograd(
     return result
 
 
-def _raise_getitems(order: list[fx.Node], placeholders: list[fx.Node]) -> list[fx.Node]:
+def _raise_getitems(joint: _Joint, order: list[fx.Node], placeholders: list[fx.Node]) -> list[fx.Node]:
     """``raise_getitems``: each getitem moved right after its producer, last getitem first (a linked list, so that
     nested getitems land exactly where PyTorch's in-place moves put them)."""
     getitems = [n for n in order if n.target is operator.getitem]
@@ -278,7 +278,7 @@ def _raise_getitems(order: list[fx.Node], placeholders: list[fx.Node]) -> list[f
     nxt = {a: b for a, b in zip(sequence, sequence[1:])}
     prv = {b: a for a, b in zip(sequence, sequence[1:])}
     for node in reversed(getitems):
-        parents = node.all_input_nodes
+        parents = joint.inputs_of[node]
         if len(parents) != 1:
             raise UnsupportedSplit(f"getitem {node.name} with {len(parents)} inputs")
         parent = parents[0]
@@ -445,14 +445,14 @@ def split_recipe(
     fw_inputs = j.primals + j.fwd_seeds
     fw_outputs = j.fwd_outputs + saved_values + saved_sym_nodes
     fw_descs = j.fwd_descs + tp.saved_output_descs(len(saved_values), len(checked), len(saved_sym_nodes))
-    fw_order = _raise_getitems(_extract(j, fw_inputs, fw_outputs, "forward"), fw_inputs)
+    fw_order = _raise_getitems(j, _extract(j, fw_inputs, fw_outputs, "forward"), fw_inputs)
 
     bw_inputs = saved_sym_nodes + saved_values + j.tangents + j.bwd_seeds
     # an extraction depends on its inputs as a set: the first one's result stands when nothing was dropped or added
     same = first_inputs == set(bw_inputs)
     bw_kept = first_kept if same else _extract(j, bw_inputs, j.bwd_outputs, "backward")
     reordered = _reorder_like_autograd(j, bw_inputs, bw_kept, j.bwd_outputs)
-    bw_order = _raise_getitems(reordered if reordered is not None else bw_kept, bw_inputs)
+    bw_order = _raise_getitems(j, reordered if reordered is not None else bw_kept, bw_inputs)
     return SplitRecipe(
         joint,
         fw_inputs,
