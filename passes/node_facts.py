@@ -3,8 +3,9 @@ graph holds it: its bytes and elements, whether its value is a tensor or a tuple
 (``lowering.inductor_class``, except an ``add``'s, which may be an addmm in one graph and not in another), and the
 lowering facts of one op (``column_reduction``, ``scatter_values``, ``concat_kernel``, ``HEAVY_OPS``,
 ``FUSED_LOADS``).  Each is computed on first demand and kept: a plan's virtual split shows the joint graph's own
-nodes (``phase_graph.virtual_phase``), so one ``NodeFacts`` per joint graph (``plan_memory.JointMemory``) serves
-every plan the peak-aware choice estimates; a built graph gets its own.  It also keeps ``phase._Phase``'s per-node
+nodes (``phase_graph.virtual_phase``), so one ``NodeFacts`` per joint graph (``plan_memory.JointMemory``, started
+from the joint's ``graph_facts.GraphFacts``) serves every plan the peak-aware choice estimates; a built graph gets
+its own.  It also keeps ``phase._Phase``'s per-node
 computations, unit summaries and fusions under keys that hold all they depend on (``computations``): plans differ
 in a few places (a forward mostly only in what it returns), so most of a plan's phases are found there.
 """

@@ -12,8 +12,9 @@ is the joint nodes it copies, under their names, with their ``meta``, targets an
 layout decision on a graph with convolutions, which is taken once on the joint graph (``layout.py``) rather than on
 each forward.  A plan the split does not handle (``split.UnsupportedSplit``) is split by PyTorch and simulated.
 
-``JointMemory`` also keeps the joint graph as plain integers, for the peak MILP's graph (``peak_milp_graph.py``).
-"""
+``JointMemory`` also keeps the joint graph as plain integers, for the peak MILP's graph (``peak_milp_graph.py``),
+read off the joint graph's ``graph_facts.GraphFacts`` (``roles.facts``): its index, inputs, users, alias roots,
+Inductor classes, simulated bytes and outputs; its ``NodeFacts`` start from those facts too."""
 
 from __future__ import annotations
 
