@@ -31,6 +31,7 @@ from fxremat_passes.costs import DeviceProfile, annotate_costs
 from fxremat_passes.cse import MetaSnapshot, prepare_joint_graph
 from fxremat_passes.describe import describe_split
 from fxremat_passes.flow_problem import VALUE_ROLES, build_flow_problem
+from fxremat_passes.graph_facts import attach as attach_graph_facts
 from fxremat_passes.layout import (
     convolutions_kept_for_depthwise,
     has_convolution,
@@ -308,6 +309,7 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
     _enter("prepare")
     joint = prepare_joint_graph(joint)  # request.joint itself, cleaned up (see _partition's snapshot)
     copy_gathers_per_phase(joint, request.num_fwd_outputs)  # so no plan makes Inductor store one for two readers
+    attach_graph_facts(joint, request.num_fwd_outputs)  # the one view of the joint graph every pass reads (roles.facts)
     _enter("classify")
     roles = classify(
         joint,
@@ -334,7 +336,7 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
         return _Split(fw, bw, [classified], recipe)
     _enter("annotate_costs")
     # the values the cut decides on; backward's own nodes are never priced by it (half the graph)
-    costs = annotate_costs(joint.graph, profile, [n for n, r in roles.role.items() if r in VALUE_ROLES])
+    costs = annotate_costs(joint.graph, profile, [n for n, r in roles.role.items() if r in VALUE_ROLES], roles.facts)
     _enter("build_flow_problem")
     flow = build_flow_problem(roles, costs, profile)
     _enter("solve_min_cut")

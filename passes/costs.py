@@ -20,6 +20,7 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.fx as fx
@@ -37,6 +38,9 @@ from .ops import (
     packet,
     qualified_name,
 )
+
+if TYPE_CHECKING:
+    from .graph_facts import GraphFacts
 
 log = logging.getLogger(__name__)
 
@@ -315,10 +319,21 @@ def save_traffic_bytes(node: fx.Node, root: fx.Node, root_cls: OpClass, storage:
     return storage * (2 if root_cls in FUSIBLE else 1)
 
 
-def compute_node_cost(node: fx.Node, profile: DeviceProfile, classes: dict[fx.Node, OpClass] | None = None) -> NodeCost:
-    cls = classes[node] if classes is not None and node in classes else op_class(node)
+def node_nbytes(node: fx.Node) -> int:
+    """``value_nbytes`` of ``node``'s value."""
+    return value_nbytes(node.meta.get("val"))
+
+
+def compute_node_cost(node: fx.Node, profile: DeviceProfile, facts: GraphFacts | None = None) -> NodeCost:
+    """``node``'s cost; ``facts``: its graph's ``GraphFacts`` (op classes, inputs, alias roots, bytes), or None for
+    a node read by itself."""
+    if facts is None:
+        cls, inputs, root, nbytes_of = op_class(node), node.all_input_nodes, alias_root(node), node_nbytes
+    else:
+        cls, inputs, root = facts.op_class[node], facts.inputs_of[node], facts.alias_root[node]
+        nbytes_of = facts.nbytes.__getitem__
     val = node.meta.get("val")
-    nbytes = value_nbytes(val)
+    nbytes = nbytes_of(node)
     dtype = _tensor_dtype(val)
     if cls is OpClass.OPAQUE:
         log.debug(
@@ -328,22 +343,20 @@ def compute_node_cost(node: fx.Node, profile: DeviceProfile, classes: dict[fx.No
         flops, moved, est = 0, 0, 0.0
     else:
         flops = count_flops(node, cls)
-        inputs = node.all_input_nodes
         if packet(node) in PARTIAL_READ_OPS and inputs:
             # reads as many source bytes as it writes, plus the indices (not the whole source tensor)
-            moved = 2 * nbytes + sum(value_nbytes(a.meta.get("val")) for a in inputs[1:])
+            moved = 2 * nbytes + sum(nbytes_of(a) for a in inputs[1:])
         else:
-            moved = nbytes + sum(value_nbytes(a.meta.get("val")) for a in inputs)
+            moved = nbytes + sum(nbytes_of(a) for a in inputs)
         est = profile.seconds(flops, moved, dtype)
     recompute = flops / profile.peak_flops(dtype) if cls in FUSIBLE else est
-    root = alias_root(node, classes)
-    root_cls = classes[root] if classes is not None and root in classes else op_class(root)
+    root_cls = op_class(root) if facts is None else facts.op_class[root]
     if root.op == "placeholder":
         storage = 0  # graph inputs (parameters, buffers, user inputs) stay alive anyway
     elif isinstance(root.meta.get("val"), (tuple, list)):
         storage = 0  # a tuple is never saved itself; its items are
     else:
-        storage = value_nbytes(root.meta.get("val"))
+        storage = nbytes_of(root)
     traffic = save_traffic_bytes(node, root, root_cls, storage, nbytes)
     return NodeCost(
         op_class=cls,
@@ -360,16 +373,19 @@ def compute_node_cost(node: fx.Node, profile: DeviceProfile, classes: dict[fx.No
 
 
 def annotate_costs(
-    graph: fx.Graph, profile: DeviceProfile, nodes: Iterable[fx.Node] | None = None
+    graph: fx.Graph,
+    profile: DeviceProfile,
+    nodes: Iterable[fx.Node] | None = None,
+    facts: GraphFacts | None = None,
 ) -> dict[fx.Node, NodeCost]:
     """Attach a NodeCost to ``nodes`` of ``graph`` (all of them by default; ``node.meta[COST_KEY]``) and return
-    them.  A node left out gets its cost when ``node_cost`` first asks for it."""
+    them.  A node left out gets its cost when ``node_cost`` first asks for it.  ``facts``: the graph's
+    ``GraphFacts`` (``roles.facts``); without them each node is read by itself."""
     start = time.perf_counter()
-    classes = {n: op_class(n) for n in graph.nodes}
-    nodes = list(classes) if nodes is None else list(nodes)
+    nodes = list(graph.nodes if nodes is None else nodes)
     costs: dict[fx.Node, NodeCost] = {}
     for node in nodes:
-        cost = compute_node_cost(node, profile, classes)
+        cost = compute_node_cost(node, profile, facts)
         node.meta[COST_KEY] = cost
         costs[node] = cost
     log.debug("annotate_costs: %d nodes, %.4fs", len(nodes), time.perf_counter() - start)

@@ -66,7 +66,8 @@ def build_flow_problem(roles: GraphRoles, costs: dict[fx.Node, NodeCost], profil
         else:
             r = cost.recompute_seconds * (PREFER_FACTOR if tag == Policy.PREFER_SAVE else 1.0)
         recompute.append(r)
-    edges = tuple((index[u], index[w]) for w in nodes for u in dict.fromkeys(w.all_input_nodes) if u in index)
+    inputs_of = roles.facts.inputs_of
+    edges = tuple((index[u], index[w]) for w in nodes for u in dict.fromkeys(inputs_of[w]) if u in index)
     parametric = ParametricProblem(
         num_values=len(nodes),
         storage=tuple(storage),

@@ -3,8 +3,9 @@ graph holds it: its bytes and elements, whether its value is a tensor or a tuple
 (``lowering.inductor_class``, except an ``add``'s, which may be an addmm in one graph and not in another), and the
 lowering facts of one op (``column_reduction``, ``scatter_values``, ``concat_kernel``, ``HEAVY_OPS``,
 ``FUSED_LOADS``).  Each is computed on first demand and kept: a plan's virtual split shows the joint graph's own
-nodes (``phase_graph.virtual_phase``), so one ``NodeFacts`` per joint graph (``plan_memory.JointMemory``) serves
-every plan the peak-aware choice estimates; a built graph gets its own.  It also keeps ``phase._Phase``'s per-node
+nodes (``phase_graph.virtual_phase``), so one ``NodeFacts`` per joint graph (``plan_memory.JointMemory``, started
+from the joint's ``graph_facts.GraphFacts``) serves every plan the peak-aware choice estimates; a built graph gets
+its own.  It also keeps ``phase._Phase``'s per-node
 computations, unit summaries and fusions under keys that hold all they depend on (``computations``): plans differ
 in a few places (a forward mostly only in what it returns), so most of a plan's phases are found there.
 """
@@ -18,6 +19,7 @@ import torch.fx as fx
 
 from .access import op_path, step
 from .costs import hinted_numel, value_nbytes
+from .graph_facts import GraphFacts, Memo
 from .lowering import column_reduction, concat_kernel, inductor_class, scatter_values
 from .ops import ADD as _ADD
 from .ops import FUSED_LOADS, HEAVY_OPS, OpClass, op_class
@@ -27,36 +29,31 @@ from .phase_graph import PhaseGraph, _tensor_storage_bytes
 _MISSING = object()
 
 
-class _Memo(dict):
-    """A per-node fact computed on its first lookup and kept (a hit is one dict lookup, which these hot paths need)."""
-
-    def __init__(self, compute) -> None:
-        super().__init__()
-        self.compute = compute
-
-    def __missing__(self, key):
-        found = self[key] = self.compute(key)
-        return found
-
-
 class NodeFacts:
-    def __init__(self) -> None:
-        self._nbytes: dict[fx.Node, int] = _Memo(_tensor_storage_bytes)
+    """``graph``: the joint graph's ``GraphFacts``, whose simulated bytes and op classes (and Inductor's, but an
+    ``add``'s) are these nodes' own: they start the tables rather than being computed again."""
+
+    def __init__(self, graph: GraphFacts | None = None) -> None:
+        self._nbytes: dict[fx.Node, int] = Memo(_tensor_storage_bytes)
         self._numel: dict[fx.Node, int] = {}
         self._value: dict[fx.Node, tuple] = {}  # (is a tensor, is a tuple or list, on the CPU)
-        self._class: dict[fx.Node, OpClass] = _Memo(op_class)
+        self._class: dict[fx.Node, OpClass] = Memo(op_class)
         self._inductor: dict[fx.Node, OpClass] = {}
         self._reads: dict[fx.Node, tuple] = {}  # (has a costly op, the table a fused load picks rows from)
         self._loop: dict[fx.Node, object] = {}  # column_reduction, or the scatter's values (``phase._Phase._loop``)
-        self._concat: dict[fx.Node, bool] = _Memo(concat_kernel)
+        self._concat: dict[fx.Node, bool] = Memo(concat_kernel)
         self._kind: dict[fx.Node, int] = {}
         self._step: dict[tuple[fx.Node, fx.Node], tuple] = {}  # (read, its storage's root) -> ``access.step``
-        self._op_path: dict[fx.Node, tuple] = _Memo(op_path)  # ``access.op_path``
+        self._op_path: dict[fx.Node, tuple] = Memo(op_path)  # ``access.op_path``
         self._tensor_reads: dict[fx.Node, tuple] = {}  # the tensors a computed node reads (``tensor_reads``)
         self._reuse: dict[fx.Node, tuple] = {}  # (bytes, dtype): ``phase._Phase._reuse_key``
         # a node's computation and a unit's summary in a phase, under what they depend on (``phase._Phase``): kept
         # alive here, so the ``id`` of one in a key stays its own
         self.computations: dict[tuple, tuple] = {}
+        if graph is not None:
+            self._nbytes.update(graph.storage_bytes)
+            self._class.update(graph.op_class)
+            self._inductor.update((n, c) for n, c in graph.inductor_classes.items() if n.target is not _ADD)
 
     def access_step(self, arg: fx.Node, root: fx.Node) -> tuple:
         """``access.step``: a read's layout against its storage's (both fixed by the nodes' values)."""

@@ -12,8 +12,9 @@ is the joint nodes it copies, under their names, with their ``meta``, targets an
 layout decision on a graph with convolutions, which is taken once on the joint graph (``layout.py``) rather than on
 each forward.  A plan the split does not handle (``split.UnsupportedSplit``) is split by PyTorch and simulated.
 
-``JointMemory`` also keeps the joint graph as plain integers, for the peak MILP's graph (``peak_milp_graph.py``).
-"""
+``JointMemory`` also keeps the joint graph as plain integers, for the peak MILP's graph (``peak_milp_graph.py``),
+read off the joint graph's ``graph_facts.GraphFacts`` (``roles.facts``): its index, inputs, users, alias roots,
+Inductor classes, simulated bytes and outputs; its ``NodeFacts`` start from those facts too."""
 
 from __future__ import annotations
 
@@ -22,10 +23,9 @@ from dataclasses import dataclass, field
 import torch.fx as fx
 
 from . import _torch_private as tp
-from .costs import alias_root
+from .graph_facts import graph_facts
 from .layout import channels_last_copies, layout_optimised
-from .liveness import PeakEstimate, _tensor_storage_bytes, simulate_phases, simulate_step
-from .lowering import inductor_class
+from .liveness import PeakEstimate, simulate_phases, simulate_step
 from .node_facts import NodeFacts
 from .ops import CONVOLUTION, OpClass
 from .phase import storage_kind
@@ -60,33 +60,33 @@ class JointMemory:
 
 
 def build_joint_memory(joint: fx.GraphModule, roles: GraphRoles, num_fwd_outputs: int) -> JointMemory:
-    nodes = list(joint.graph.nodes)
-    index = {n: i for i, n in enumerate(nodes)}
-    classes = {n: inductor_class(n, c) for n, c in roles.op_class.items()}
-    output = nodes[-1] if nodes[-1].op == "output" else next(n for n in reversed(nodes) if n.op == "output")
-    returned = list(output.args[0])
+    """``joint`` as plain integers, read off its facts (``roles.facts``, or ``graph_facts`` for roles without)."""
+    graph = roles.facts if roles.facts is not None else graph_facts(joint, num_fwd_outputs)
+    nodes, index, root, classes = graph.nodes, graph.index, graph.alias_root, graph.inductor_classes
     try:
         facts = joint_facts(joint, num_fwd_outputs)
     except UnsupportedSplit:
         facts = None
     channels_last = layout_optimised(joint)
     return JointMemory(
-        inputs=tuple(tuple(index[a] for a in dict.fromkeys(n.all_input_nodes)) for n in nodes),
-        users=tuple(tuple(index[u] for u in n.users) for n in nodes),
-        root=tuple(index[alias_root(n, classes)] for n in nodes),
-        nbytes=tuple(_tensor_storage_bytes(n) for n in nodes),
+        inputs=tuple(tuple(index[a] for a in dict.fromkeys(graph.inputs_of[n])) for n in nodes),
+        users=tuple(tuple(index[u] for u in graph.users_of[n]) for n in nodes),
+        # the root under Inductor's classes is the root under ours: neither makes a view, nor unmakes one
+        root=tuple(index[root[n]] for n in nodes),
+        nbytes=tuple(graph.storage_bytes[n] for n in nodes),
         hold=tuple(storage_kind(n, classes) for n in nodes),
         view_like=tuple(classes[n] in (OpClass.VIEW, OpClass.GETITEM) for n in nodes),
         placeholder=tuple(n.op == "placeholder" for n in nodes),
-        forward_outputs=tuple(index[a] for a in returned[:num_fwd_outputs] if isinstance(a, fx.Node)),
-        gradients=tuple(index[a] for a in returned[num_fwd_outputs:] if isinstance(a, fx.Node)),
+        forward_outputs=tuple(index[a] for a in graph.fwd_outputs if isinstance(a, fx.Node)),
+        gradients=tuple(index[a] for a in graph.bwd_outputs if isinstance(a, fx.Node)),
         joint=joint,
         num_fwd_outputs=num_fwd_outputs,
-        nodes=tuple(nodes),
+        nodes=nodes,
         facts=facts,
         static_inputs=roles.static_inputs,
         channels_last=channels_last,
         layout_copies=tuple(sorted(channels_last_copies(joint).items())) if channels_last else (),
+        node_facts=NodeFacts(graph),
     )
 
 

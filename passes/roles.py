@@ -1,6 +1,7 @@
 """classify: the role of every node of a joint forward+backward graph, what backward needs, and what may never be
-recomputed (and why).  Placeholder roles come from AOTAutograd's own name predicates (``_torch_private``), which the
-split (``split.py``) uses too."""
+recomputed (and why).  It reads the graph through its ``graph_facts.GraphFacts`` (op classes, inputs, outputs,
+placeholder kinds, alias roots), which ``GraphRoles.facts`` hands on to the later passes.  Placeholder roles come
+from AOTAutograd's own name predicates (``_torch_private``), which the split (``split.py``) uses too."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ import enum
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
 
 from . import _torch_private as tp
-from .costs import alias_root
-from .ops import NEVER_RECOMPUTE_REASONS, OpClass, op_class
+from .graph_facts import GraphFacts, graph_facts
+from .ops import NEVER_RECOMPUTE_REASONS, OpClass
 
 log = logging.getLogger(__name__)
 
@@ -31,21 +32,14 @@ class Role(enum.Enum):
     OUTPUT = "output"
 
 
-def placeholder_role(node: fx.Node) -> Role:
-    """AOTAutograd recognises roles by placeholder name, and so do we, with its own predicates (the same ones the
-    split uses: keep AOTAutograd's placeholder names)."""
-    if tp.is_tangent(node) or tp.is_bwd_seed_offset(node):
-        return Role.TANGENT
-    return Role.INPUT  # primals_*, fwd_seed, fwd_base_offset
-
-
 @dataclass(frozen=True)
 class GraphRoles:
     """Roles of one joint graph.
 
     ``needed``: the non-backward nodes that backward reads directly (plus tangent-free gradients), in graph order.
     ``no_recompute``: node -> why it may never be recomputed.  ``no_save``: node -> why it may never be saved.
-    ``tag_conflicts``: node -> what a user tag asked that a safety rule overrode.
+    ``tag_conflicts``: node -> what a user tag asked that a safety rule overrode.  ``facts``: the graph's facts
+    (``graph_facts.py``), for the passes after this one.
     """
 
     role: dict[fx.Node, Role]
@@ -55,6 +49,7 @@ class GraphRoles:
     no_recompute: dict[fx.Node, str]
     no_save: dict[fx.Node, str]
     tag_conflicts: dict[fx.Node, str]
+    facts: GraphFacts | None = field(default=None, compare=False)
 
     def nodes_with(self, *roles: Role) -> list[fx.Node]:
         return [n for n, r in self.role.items() if r in roles]
@@ -93,9 +88,7 @@ def _value_cannot_be_saved(node: fx.Node) -> str | None:
     return None
 
 
-def must_recompute_values(
-    nodes: list[fx.Node], role: dict[fx.Node, Role], classes: dict[fx.Node, OpClass], inputs_of: dict
-) -> dict[fx.Node, str]:
+def must_recompute_values(facts: GraphFacts, role: dict[fx.Node, Role]) -> dict[fx.Node, str]:
     """The values a MUST_RECOMPUTE tag forbids saving, in graph order, each with the reason (docs/DESIGN.md §2).
 
     The tag holds per storage: the tagged value, every value sharing its storage (a view of it *is* it; graph
@@ -104,12 +97,13 @@ def must_recompute_values(
     of autograd's backward formulas, which eager runs in backward, so computing one early in forward and saving it
     would keep the tagged value's data under another name.  A forward value computed from a tagged one follows
     its own tag, as in PyTorch."""
+    nodes, classes, inputs_of, alias_root = facts.nodes, facts.op_class, facts.inputs_of, facts.alias_root
     tagged = [
         n for n in nodes if role[n] in (Role.FORWARD, Role.BACKWARD_ONLY) and recompute_tag(n) == Policy.MUST_RECOMPUTE
     ]
     roots = {}
     for node in tagged:
-        root = alias_root(node, classes)
+        root = alias_root[node]
         if root.op != "placeholder":
             roots.setdefault(root, node)
     out: dict[fx.Node, str] = {}
@@ -117,7 +111,7 @@ def must_recompute_values(
         r = role[node]
         if r not in (Role.FORWARD, Role.BACKWARD_ONLY):
             continue
-        root = alias_root(node, classes)
+        root = alias_root[node]
         if recompute_tag(node) == Policy.MUST_RECOMPUTE:
             out[node] = "tagged MUST_RECOMPUTE"
         elif root in roots:
@@ -132,31 +126,34 @@ def must_recompute_values(
 
 
 def classify(
-    joint: fx.GraphModule, *, num_fwd_outputs: int, static_lifetime_input_indices: list[int] | None
+    joint: fx.GraphModule,
+    *,
+    num_fwd_outputs: int,
+    static_lifetime_input_indices: list[int] | None,
+    facts: GraphFacts | None = None,
 ) -> GraphRoles:
+    """The roles of ``joint``'s nodes; ``facts``: its ``GraphFacts`` (by default those ``graph_facts`` finds)."""
     start = time.perf_counter()
-    nodes = list(joint.graph.nodes)
-    classes = {n: op_class(n) for n in nodes}
-    inputs_of = {n: n.all_input_nodes for n in nodes}  # read once: each call of all_input_nodes builds a list
-    fwd_outputs, bwd_outputs = tp.extract_fwd_bwd_outputs(joint, num_fwd_outputs)
-    backward = _backward_nodes(nodes, inputs_of)
-    forward = _ancestors(fwd_outputs, inputs_of.__getitem__)
-    role = _assign_roles(nodes, forward, backward)
-    needed = _needed_by_backward(nodes, role, inputs_of, bwd_outputs)
-    order = {n: i for i, n in enumerate(nodes)}
-    primals = [n for n in nodes if tp.is_primal(n)]
+    facts = facts if facts is not None else graph_facts(joint, num_fwd_outputs)
+    nodes, classes, inputs_of = facts.nodes, facts.op_class, facts.inputs_of
+    backward = _backward_nodes(facts)
+    forward = _ancestors(facts.fwd_outputs, inputs_of.__getitem__)
+    role = _assign_roles(facts, forward, backward)
+    needed = _needed_by_backward(nodes, role, inputs_of, facts.bwd_outputs)
+    primals = facts.primals
     static = frozenset(primals[i] for i in (static_lifetime_input_indices or []) if i < len(primals))
-    reads_mutated = _reads_mutated_inputs(nodes, role, classes, inputs_of, tp.mutated_inputs(joint, num_fwd_outputs))
+    reads_mutated = _reads_mutated_inputs(nodes, role, classes, inputs_of, tp.mutated_inputs(nodes, facts.fwd_descs))
     no_recompute, no_save = _recompute_and_save_limits(nodes, role, classes, reads_mutated)
-    conflicts = _apply_must_recompute(nodes, role, classes, inputs_of, no_recompute, no_save)
+    conflicts = _apply_must_recompute(facts, role, no_recompute, no_save)
     result = GraphRoles(
         role=role,
-        needed=tuple(sorted(needed, key=order.__getitem__)),
+        needed=tuple(sorted(needed, key=facts.index.__getitem__)),
         static_inputs=static,
         op_class=classes,
         no_recompute=no_recompute,
         no_save=no_save,
         tag_conflicts=conflicts,
+        facts=facts,
     )
     log.debug(
         "classify: %d nodes, %d forward, %d backward, %d needed by backward, %d never recomputed, %.4fs",
@@ -170,13 +167,12 @@ def classify(
     return result
 
 
-def _backward_nodes(nodes: list[fx.Node], inputs_of: dict) -> set[fx.Node]:
-    """Everything downstream of a tangent or of a node tagged for backward."""
-    backward: set[fx.Node] = set()
-    for node in nodes:
-        if node.op == "placeholder" and placeholder_role(node) is Role.TANGENT:
-            backward.add(node)
-        elif node.op != "output" and (not backward.isdisjoint(inputs_of[node]) or tp.must_be_in_backward(node)):
+def _backward_nodes(facts: GraphFacts) -> set[fx.Node]:
+    """Everything downstream of a tangent (or a backward seed) or of a node tagged for backward."""
+    backward: set[fx.Node] = set(facts.backward_inputs)
+    inputs_of = facts.inputs_of
+    for node in facts.nodes:
+        if node.op != "output" and (not backward.isdisjoint(inputs_of[node]) or tp.must_be_in_backward(node)):
             backward.add(node)
     return backward
 
@@ -193,13 +189,16 @@ def _ancestors(outputs, inputs_of: Callable[[fx.Node], list[fx.Node]]) -> set[fx
     return found
 
 
-def _assign_roles(nodes: list[fx.Node], forward: set[fx.Node], backward: set[fx.Node]) -> dict[fx.Node, Role]:
+def _assign_roles(facts: GraphFacts, forward: set[fx.Node], backward: set[fx.Node]) -> dict[fx.Node, Role]:
+    """AOTAutograd recognises placeholder roles by name, and so do we, with its own predicates (``graph_facts``:
+    keep AOTAutograd's placeholder names): tangents and backward seeds are backward's inputs, the rest (primals,
+    forward seeds) forward's."""
     role: dict[fx.Node, Role] = {}
-    for node in nodes:
+    for node in facts.nodes:
         if node.op == "output":
             role[node] = Role.OUTPUT
         elif node.op == "placeholder":
-            role[node] = placeholder_role(node)
+            role[node] = Role.TANGENT if node in facts.backward_inputs else Role.INPUT
         elif node in backward:
             role[node] = Role.BACKWARD
         elif node in forward:
@@ -255,13 +254,14 @@ def _recompute_and_save_limits(nodes, role, classes, reads_mutated) -> tuple[dic
     return no_recompute, no_save
 
 
-def _apply_must_recompute(nodes, role, classes, inputs_of, no_recompute, no_save) -> dict[fx.Node, str]:
+def _apply_must_recompute(facts: GraphFacts, role, no_recompute, no_save) -> dict[fx.Node, str]:
     """Adds the MUST_RECOMPUTE tags' values to ``no_save`` (in place) and returns node -> the tag a safety rule
     overrode.  A MUST_RECOMPUTE value that cannot be recomputed after all (it reads, perhaps through other tagged
     values, a value that may be neither saved nor recomputed: the items of a never-recomputed random op) keeps its
     data by being saved: safety wins over the tag, and the report says so."""
     conflicts: dict[fx.Node, str] = {}
-    unsaveable = must_recompute_values(nodes, role, classes, inputs_of)
+    unsaveable = must_recompute_values(facts, role)
+    nodes, inputs_of = facts.nodes, facts.inputs_of
     for node, why in unsaveable.items():
         if node in no_recompute:
             conflicts[node] = f"{why}, but never recomputed: {no_recompute[node]}"

@@ -37,6 +37,7 @@ import torch.fx as fx
 
 from . import _torch_private as tp
 from .cse import impurity_test, subgraph_node
+from .graph_facts import GraphFacts, graph_facts
 from .ops import COPY_INTO
 from .phase_graph import SEGMENTED_BACKWARD_KEY
 
@@ -61,23 +62,18 @@ def unsupported_reason(joint: fx.GraphModule) -> str | None:
 
 
 class _Joint:
-    """What every extraction reads off the joint graph, computed once."""
+    """What every extraction reads off the joint graph: its ``GraphFacts`` (nodes, inputs, outputs and their
+    descriptors, placeholder kinds), and what the extractions keep of it, computed once."""
 
-    def __init__(self, joint: fx.GraphModule, num_fwd_outputs: int) -> None:
-        self.module = joint
-        self.nodes = list(joint.graph.nodes)
-        self.calls = [n for n in self.nodes if n.op == "call_function"]
-        # every node's inputs, read once (``all_input_nodes`` builds a new list at every call, and the extractions
-        # and the reordering ask tens of thousands of times)
-        self.inputs_of: dict[fx.Node, list[fx.Node]] = {n: n.all_input_nodes for n in self.nodes}
-        self.fwd_outputs, self.bwd_outputs, self.fwd_descs, self.bwd_descs = tp.extract_fwd_bwd_outputs_and_descs(
-            joint, num_fwd_outputs
-        )
-        placeholders = [n for n in self.nodes if n.op == "placeholder"]
-        self.primals = [n for n in placeholders if tp.is_primal(n)]
-        self.tangents = [n for n in placeholders if tp.is_tangent(n)]
-        self.fwd_seeds = [n for n in placeholders if tp.is_fwd_seed_offset(n)]
-        self.bwd_seeds = [n for n in placeholders if tp.is_bwd_seed_offset(n)]
+    def __init__(self, facts: GraphFacts) -> None:
+        self.module = facts.module
+        self.calls = [n for n in facts.nodes if n.op == "call_function"]
+        # every node's inputs, read once (the extractions and the reordering ask tens of thousands of times)
+        self.inputs_of: dict[fx.Node, list[fx.Node]] = facts.inputs_of
+        self.fwd_outputs, self.bwd_outputs = facts.fwd_outputs, facts.bwd_outputs
+        self.fwd_descs, self.bwd_descs = facts.fwd_descs, facts.bwd_descs
+        self.primals, self.tangents = facts.primals, facts.tangents
+        self.fwd_seeds, self.bwd_seeds = facts.fwd_seeds, facts.bwd_seeds
         self.backward_only: set[fx.Node] = set()  # must run in backward: never in forward
         self.forward_only: set[fx.Node] = set()  # must run in forward: never in backward
         for node in self.calls:
@@ -270,7 +266,7 @@ def _reorder_like_autograd(
     return result
 
 
-def _raise_getitems(order: list[fx.Node], placeholders: list[fx.Node]) -> list[fx.Node]:
+def _raise_getitems(joint: _Joint, order: list[fx.Node], placeholders: list[fx.Node]) -> list[fx.Node]:
     """``raise_getitems``: each getitem moved right after its producer, last getitem first (a linked list, so that
     nested getitems land exactly where PyTorch's in-place moves put them)."""
     getitems = [n for n in order if n.target is operator.getitem]
@@ -282,7 +278,7 @@ def _raise_getitems(order: list[fx.Node], placeholders: list[fx.Node]) -> list[f
     nxt = {a: b for a, b in zip(sequence, sequence[1:])}
     prv = {b: a for a, b in zip(sequence, sequence[1:])}
     for node in reversed(getitems):
-        parents = node.all_input_nodes
+        parents = joint.inputs_of[node]
         if len(parents) != 1:
             raise UnsupportedSplit(f"getitem {node.name} with {len(parents)} inputs")
         parent = parents[0]
@@ -408,12 +404,15 @@ class SplitRecipe:
 
 
 def joint_facts(joint: fx.GraphModule, num_fwd_outputs: int) -> _Joint:
-    """What every split of ``joint`` reads off it; raises ``UnsupportedSplit`` for a graph this module does not
-    split."""
-    reason = unsupported_reason(joint)
-    if reason is not None:
-        raise UnsupportedSplit(reason)
-    return _Joint(joint, num_fwd_outputs)
+    """What every split of ``joint`` reads off it, made once per ``GraphFacts`` (``graph_facts.graph_facts``: the
+    partition's splits share it); raises ``UnsupportedSplit`` for a graph this module does not split."""
+    facts = graph_facts(joint, num_fwd_outputs)
+    if facts.split is None:
+        reason = unsupported_reason(joint)
+        if reason is not None:
+            raise UnsupportedSplit(reason)
+        facts.split = _Joint(facts)
+    return facts.split
 
 
 def split_recipe(
@@ -446,14 +445,14 @@ def split_recipe(
     fw_inputs = j.primals + j.fwd_seeds
     fw_outputs = j.fwd_outputs + saved_values + saved_sym_nodes
     fw_descs = j.fwd_descs + tp.saved_output_descs(len(saved_values), len(checked), len(saved_sym_nodes))
-    fw_order = _raise_getitems(_extract(j, fw_inputs, fw_outputs, "forward"), fw_inputs)
+    fw_order = _raise_getitems(j, _extract(j, fw_inputs, fw_outputs, "forward"), fw_inputs)
 
     bw_inputs = saved_sym_nodes + saved_values + j.tangents + j.bwd_seeds
     # an extraction depends on its inputs as a set: the first one's result stands when nothing was dropped or added
     same = first_inputs == set(bw_inputs)
     bw_kept = first_kept if same else _extract(j, bw_inputs, j.bwd_outputs, "backward")
     reordered = _reorder_like_autograd(j, bw_inputs, bw_kept, j.bwd_outputs)
-    bw_order = _raise_getitems(reordered if reordered is not None else bw_kept, bw_inputs)
+    bw_order = _raise_getitems(j, reordered if reordered is not None else bw_kept, bw_inputs)
     return SplitRecipe(
         joint,
         fw_inputs,

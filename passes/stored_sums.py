@@ -20,7 +20,7 @@ import dataclasses
 
 import torch.fx as fx
 
-from .costs import value_nbytes
+from .graph_facts import GraphFacts
 from .lowering import _readers_through_views
 from .ops import OpClass
 from .parametric import ParametricProblem
@@ -43,23 +43,16 @@ def _extern_output(arg: fx.Node, classes: dict) -> fx.Node | None:
     return arg if cls in EXTERN else None
 
 
-def value_nbytes_of(node: fx.Node) -> int:
-    return value_nbytes(node.meta.get("val"))
-
-
-def is_block_sum(node: fx.Node, forward: frozenset, classes: dict) -> bool:
+def is_block_sum(node: fx.Node, forward: frozenset, facts: GraphFacts) -> bool:
+    classes = facts.op_class
     if classes.get(node) is not OpClass.POINTWISE or node not in forward:
         return False
     if len(_forward_readers(node, forward, classes)) < 2:
         return False
-    size = value_nbytes_of(node)
-    for arg in node.all_input_nodes:
+    size = facts.nbytes[node]
+    for arg in facts.inputs_of[node]:
         extern = _extern_output(arg, classes)
-        if (
-            extern is not None
-            and value_nbytes_of(extern) >= size
-            and _forward_readers(extern, forward, classes) == {node}
-        ):
+        if extern is not None and facts.nbytes[extern] >= size and _forward_readers(extern, forward, classes) == {node}:
             return True
     return False
 
@@ -67,7 +60,7 @@ def is_block_sum(node: fx.Node, forward: frozenset, classes: dict) -> bool:
 def block_sums(roles: GraphRoles, nodes: tuple[fx.Node, ...]) -> list[int]:
     """Indices into ``nodes`` (a flow problem's values) of the block sums."""
     forward = frozenset(roles.nodes_with(Role.FORWARD))
-    return [i for i, n in enumerate(nodes) if is_block_sum(n, forward, roles.op_class)]
+    return [i for i, n in enumerate(nodes) if is_block_sum(n, forward, roles.facts)]
 
 
 def reads_only(problem: ParametricProblem, values: list[int], bandwidth: float) -> ParametricProblem:

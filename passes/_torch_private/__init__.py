@@ -311,15 +311,16 @@ def wait_tensor_target():
     return torch.ops._c10d_functional.wait_tensor.default
 
 
-def mutated_inputs(joint: torch.fx.GraphModule, num_fwd_outputs: int) -> set[torch.fx.Node]:
-    """Graph inputs that forward mutates in place: destinations of in-graph ``copy_`` epilogues (Inductor keeps
-    input mutations in the graph), and inputs whose new value forward returns for the runtime to apply (AOTAutograd's
-    ``InputMutationAOTOutput`` descriptors, when mutations are not kept in the graph)."""
+def mutated_inputs(nodes, fwd_descs) -> set[torch.fx.Node]:
+    """Graph inputs that forward mutates in place, of a joint graph's ``nodes`` whose forward outputs have the
+    descriptors ``fwd_descs`` (``extract_fwd_bwd_outputs_and_descs``): destinations of in-graph ``copy_`` epilogues
+    (Inductor keeps input mutations in the graph), and inputs whose new value forward returns for the runtime to
+    apply (AOTAutograd's ``InputMutationAOTOutput`` descriptors, when mutations are not kept in the graph)."""
     from torch._functorch._aot_autograd.descriptors import InputMutationAOTOutput
 
-    placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
+    placeholders = [n for n in nodes if n.op == "placeholder"]
     mutated = set()
-    for node in joint.graph.nodes:
+    for node in nodes:
         target = node.target
         if (
             isinstance(target, torch._ops.OpOverload)
@@ -329,7 +330,6 @@ def mutated_inputs(joint: torch.fx.GraphModule, num_fwd_outputs: int) -> set[tor
             and node.args[0].op == "placeholder"
         ):
             mutated.add(node.args[0])
-    _, _, fwd_descs, _ = _extract_fwd_bwd_outputs(joint, num_fwd_outputs=num_fwd_outputs)
     wanted = {d.mutated_input for d in fwd_descs if isinstance(d, InputMutationAOTOutput)}
     if wanted:
         mutated.update(p for p in placeholders if p.meta.get("desc") in wanted)
