@@ -1,5 +1,6 @@
 """The plan-level memory estimate (``plan_memory.estimate_peak``) against ``liveness.simulate_step`` of the real
-split, on every candidate plan a peak-aware choice ranks (``plan.peak_candidates``, as ``peak_choice`` gets them).
+split, on every candidate plan a peak-aware choice ranks (``passes/choice/plan.py``'s ``peak_candidates``, as
+``passes/choice/judged.py`` gets them).
 
     python benchmarks/plan_estimate_error.py [--models llama_stack stack mlp block_sdpa] [--batch 2 --seq 128 --dim 192]
 
@@ -35,9 +36,9 @@ def capture(model, inputs):
 
 def setup(gm, kwargs):
     from fxremat.options import Options
-    from fxremat.plan import peak_candidates
     from fxremat_passes import _torch_private as tp
     from fxremat_passes.budget import SolveCache
+    from fxremat_passes.choice.plan import peak_candidates
     from fxremat_passes.costs import PROFILES, annotate_costs
     from fxremat_passes.flow_problem import build_flow_problem
     from fxremat_passes.roles import Role, classify

@@ -5,6 +5,7 @@ over real per-node costs (bytes kept alive, FLOPs and memory traffic to recomput
     b = fxremat.backend(memory_price=20.0); model = torch.compile(model, backend=b); ...; b.reports
 """
 
+from fxremat_passes.choice import FxrematBudgetWarning
 from fxremat_passes.costs import PROFILES, DeviceProfile
 
 from .backend import FxrematBackend, backend, make_partition_fn, string_backend_reports
@@ -20,6 +21,7 @@ __all__ = [
     "CutReport",
     "DeviceProfile",
     "FxrematBackend",
+    "FxrematBudgetWarning",
     "FxrematFallbackWarning",
     "FxrematKnobWarning",
     "FxrematVerifyError",

@@ -94,7 +94,7 @@ def effective_options(
 ) -> tuple[Options, str | None, RegionAnnotations | None]:
     """(the options with the memory budget this graph gets, where that budget came from (None: no budget), the
     graph's per-region budgets or None).  One region over the whole forward is the graph's budget; several regions,
-    or one over part of the forward, are per-region budgets (``fxremat/region_plan.py``), and the rest of the graph
+    or one over part of the forward, are per-region budgets (``passes/choice/regions.py``), and the rest of the graph
     keeps the budget it has without them.  Raises ``RegionBudgetError`` for annotations fxremat cannot apply."""
     warn_ignored_knobs()
     regions = read_regions(joint, num_fwd_outputs)

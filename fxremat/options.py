@@ -25,7 +25,7 @@ _FALSE_WORDS = ("", "0", "false", "no", "off")
 # them on, and the reverse.
 _NOT_IN_CACHE_KEY = ("report_dir", "verify")
 
-# What a user's checkpoint regions mean (fxremat/contract.py): a memory contract, or fxremat's costs decide.
+# What a user's checkpoint regions mean (passes/choice/contract.py): a memory contract, or fxremat's costs decide.
 CHECKPOINT_MODES = ("honour", "replan")
 # Default price of memory, in byte-transfer times per byte kept (lambda = memory_price / bandwidth).
 # Measured (benchmarks/RESULTS.md, "memory_price sweep"): on the MLP and the SDPA block at D=64 and D=256 the cut is
@@ -147,7 +147,7 @@ class Options:
     memory_budget    None = the default plan; float in [0, 1]; int bytes; "512MiB".
     peak_budget      None; the step's peak above what it starts with (gradients included) in bytes (int or
                      "6GiB"); or a float in [0, 1] (0 = the lowest-peak candidate, 1 = the default plan's peak): the
-                     plan is the fastest candidate whose simulated step peak fits (fxremat/peak_choice.py).  With
+                     plan is the fastest candidate whose simulated step peak fits (passes/choice/peak.py).  With
                      memory_budget too, both must hold.
     memory_price     byte-transfer times charged per byte kept for backward (>= 0; higher saves less).
     device           cost profile: "auto" (the graph's device: CUDA by name, else fixed CPU constants), a profile
@@ -170,7 +170,7 @@ class Options:
                      recomputes first (passes/segments.py), where a memory_budget leaves no plan as low as a
                      looser budget's (budget 0.0: the whole forward recomputed); True: for every plan; False: never.
     checkpoints      "honour" (default): with checkpoint tags in the graph, no plan saves more bytes or has a
-                     higher simulated step peak than the user's plan (fxremat/contract.py); "replan": fxremat's
+                     higher simulated step peak than the user's plan (passes/choice/contract.py); "replan": fxremat's
                      costs decide inside the regions too (a PREFER_RECOMPUTE tag is a bias).
     """
 

@@ -26,6 +26,7 @@ import torch.fx as fx
 
 from fxremat_passes import _torch_private as tp
 from fxremat_passes.budget import Plan
+from fxremat_passes.choice import ChoiceSettings, choose, kept_tagged, segmented_split
 from fxremat_passes.costs import DeviceProfile, annotate_costs
 from fxremat_passes.cse import MetaSnapshot, prepare_joint_graph
 from fxremat_passes.describe import describe_split
@@ -45,10 +46,8 @@ from fxremat_passes.region_budget import annotations_hidden
 from fxremat_passes.roles import Policy, Role, classify, recompute_tag
 from fxremat_passes.split import SplitRecipe, split_with_recipe
 
-from .contract import kept_tagged
 from .knobs import TORCH_CONFIG_SOURCE, effective_options
 from .options import Options
-from .peak_choice import choose, segmented_split
 from .report import (
     BASELINE_PEAK_FIELDS,
     PEAK_FIELDS,
@@ -128,7 +127,7 @@ def _why_recomputed(node: fx.Node, checkpoints: str) -> str:
     if recompute_tag(node) == Policy.MUST_RECOMPUTE:
         return "tagged MUST_RECOMPUTE"
     if recompute_tag(node) == Policy.PREFER_RECOMPUTE:
-        # honoured: the user's checkpoint (fxremat/contract.py); replan: the tag's bias made it the cheaper side
+        # honoured: the user's checkpoint (passes/choice/contract.py); replan: the tag's bias made it the cheaper side
         return (
             "tagged PREFER_RECOMPUTE, honoured" if checkpoints == "honour" else "tagged PREFER_RECOMPUTE, and cheaper"
         )
@@ -142,7 +141,7 @@ def _plan_fields(plan: Plan, flow, roles, options: Options) -> Recomputation:
         recompute_reasons=tuple(
             (n.name, _why_recomputed(n, options.checkpoints)) for n in recomputed if roles.role[n] is Role.FORWARD
         ),
-        checkpoint_kept=kept_tagged(plan, flow, roles, options),
+        checkpoint_kept=kept_tagged(plan, flow, roles, options.checkpoints),
     )
 
 
@@ -343,8 +342,9 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
     _enter("solve_min_cut")
     solve_start = time.perf_counter()
     split = _splitter(joint, flow, roles, request.num_fwd_outputs)
-    plan, plan_fields, split_done, peak = choose(flow, roles, joint, options, profile, request, split, regions)
-    choice = Choice(**plan_fields, solve_seconds=time.perf_counter() - solve_start)  # the choice modules' dict
+    chosen = choose(flow, roles, joint, ChoiceSettings.of(options), profile, request, split, regions)
+    plan, split_done, peak = chosen.plan, chosen.split, chosen.peak
+    choice = Choice(**chosen.fields, solve_seconds=time.perf_counter() - solve_start)  # the choice modules' dict
     for node in (flow.nodes[i] for i in plan.recomputed):
         if node in roles.no_recompute and roles.role[node] is not Role.BACKWARD_ONLY:
             raise AssertionError(f"solver recomputed a banned node: {node.format_node()}")

@@ -79,7 +79,7 @@ class Classified:
 @dataclass(**_RECORD)
 class Recomputation:
     """Why the chosen plan recomputes each forward node, and the checkpointed values it keeps
-    (``fxremat/contract.py``)."""
+    (``passes/choice/contract.py``)."""
 
     recompute_reasons: tuple[tuple[str, str], ...] = ()  # (node name, why it is recomputed)
     checkpoint_kept: tuple[tuple[str, str], ...] = ()  # tagged values kept (name, why)
@@ -87,10 +87,10 @@ class Recomputation:
 
 @dataclass(**_RECORD)
 class Choice:
-    """The plan choice's figures (``fxremat/peak_choice.py`` and the modules it calls: their dict of fields)."""
+    """The plan choice's figures (``passes/choice/``: ``PlanChoice.fields``)."""
 
     solve_seconds: float = 0.0
-    # checkpoint regions (fxremat/contract.py): the user's plan's figures
+    # checkpoint regions (passes/choice/contract.py): the user's plan's figures
     user_plan_saved_bytes: int | None = None
     user_plan_simulated_peak_bytes: int | None = None
     budget_bytes: int | None = None  # the budget resolved to saved bytes for this graph
@@ -98,11 +98,11 @@ class Choice:
     fewest_saved_bytes: int | None = None  # the fewest-bytes plan's saved bytes (budget runs)
     default_plan_saved_bytes: int | None = None  # fxremat's plan without a budget
     plan_method: str = "mincut"
-    # per-region budgets (fxremat/region_plan.py): (region, budget, saved bytes, budget bytes, default plan's bytes,
+    # per-region budgets (passes/choice/regions.py): (region, budget, saved bytes, budget bytes, default plan's bytes,
     # fewest-bytes plan's bytes) per region, the storages outside every region last
     region_budgets: tuple[tuple[str, float | int | None, int, int | None, int, int | None], ...] = ()
-    # memory_budget's peak-safe choice (fxremat/peak_choice.py): candidates, of which simulated; and the simulated
-    # step-peak bytes the budget itself forced above the lowest peak of any looser budget (0: none)
+    # memory_budget's peak-safe choice (passes/choice/memory_budget.py): candidates, of which simulated; and the
+    # simulated step-peak bytes the budget itself forced above the lowest peak of any looser budget (0: none)
     budget_candidates: int | None = None
     budget_simulated: int | None = None
     peak_raised_by_budget: int | None = None

@@ -40,8 +40,8 @@ class Plan:
 def budget_target(budget: float | int, default: int, fewest: int) -> int:
     """A budget in bytes: a float ``f`` in [0, 1] is ``fewest + f * (default - fewest)`` (0.0 the fewest, 1.0 the
     default; docs/DESIGN.md §5.1), an int is itself.  The one reading of a fractional budget: of a graph's saved
-    bytes (``fxremat/plan.py``), of one region's (``region_search.py``) and of a step's simulated peak
-    (``fxremat/peak_choice.py``, where ``fewest`` is the lowest peak)."""
+    bytes (``passes/choice/plan.py``), of one region's (``region_search.py``) and of a step's simulated peak
+    (``passes/choice/peak.py``, where ``fewest`` is the lowest peak)."""
     if isinstance(budget, float):
         return int(fewest + budget * max(0, default - fewest))
     return int(budget)

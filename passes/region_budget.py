@@ -10,7 +10,7 @@ Two forms (``torch/_functorch/partitioners.py``, torch 2.13):
 PyTorch applies one budget per joint graph and refuses annotations that disagree or leave a forward op outside.
 fxremat reads them as regions instead (``read_regions``): one region per distinct budget (the annotation records
 the budget only, so two ``with`` blocks of equal budget are one region), each held to its own budget in one solve
-with the rest of the graph, which keeps the graph's own setting (``fxremat/region_plan.py``).  One budget over the
+with the rest of the graph, which keeps the graph's own setting (``passes/choice/regions.py``).  One budget over the
 whole forward is the graph's budget, as in PyTorch.  What fxremat cannot apply is still refused, with
 ``RegionBudgetError``: a subgraph body (a higher-order op's, which the cut keeps or recomputes as one value) whose
 ops carry different budgets, or a budget on some of its ops only, and a budget outside [0, 1].

@@ -2,7 +2,8 @@
 price of memory, a ``SolveCache`` and, under a budget, a saved-bytes target, and returns a ``Plan``.
 
 ``SOLVERS`` maps each name to its implementation; ``fxremat/options.py`` validates ``solver=`` against its names and
-``fxremat/plan.py``, ``fxremat/peak_choice.py`` and ``fxremat/region_plan.py`` dispatch through it.  A new solver is
+plan choice (``passes/choice/``: ``plan.py``, ``default.py``, ``memory_budget.py``, ``regions.py``) dispatches
+through it.  A new solver is
 a class here with the three attributes and two methods of ``Solver``, and one ``register`` line.
 
 * ``"mincut"``: the cut at the price (one max-flow, ``budget.solve_at``); under a budget the price search
@@ -45,7 +46,7 @@ class Solver(Protocol):
     # exact: the plan is the MILP's optimum; per-region budgets (region_search.solve_regions) run the MILP alone
     exact: bool
     # peak_judged: memory_budget chooses among the price search's candidates by simulated step peak and the default
-    # plan may save the block sums (fxremat/peak_choice.py); otherwise this solver's plan stands
+    # plan may save the block sums (passes/choice/memory_budget.py, default.py); otherwise this solver's plan stands
     peak_judged: bool
 
     def default(self, problem: ParametricProblem, price: float, cache: SolveCache) -> Plan:

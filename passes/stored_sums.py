@@ -10,7 +10,7 @@ computes a sum one term longer than the layer after it, a kernel source of its o
 Where ``v``'s readers fall into two kernels (an extern kernel between them) that write is not extra: Inductor would
 compute ``v`` inside each of them, reading ``e`` again (``StorageBox.should_realize_on_reuse``, ir.py, stores it
 only past ``realize_reads_threshold`` reads).  ``reads_only`` gives the problem in which a block sum's save costs
-its read alone, for ``fxremat/peak_choice.py`` to try against the default plan (it keeps the default plan
+its read alone, for ``passes/choice/default.py`` to try against the default plan (it keeps the default plan
 unless the other saves no more bytes and its simulated step peak is no higher).
 """
 

@@ -12,8 +12,8 @@ import torch.nn as nn
 
 import fxremat
 from fxremat.measure import measure_saved
-from fxremat.region_plan import region_name
 from fxremat_passes import _torch_private as tp
+from fxremat_passes.choice.regions import region_name
 
 pytestmark = pytest.mark.inductor
 

@@ -12,10 +12,10 @@ from helpers import assert_grads_close, capture_joint, eager_grads, run_aot, run
 from test_partition_aot import Tagged
 
 import fxremat
+from fxremat import FxrematBudgetWarning
 from fxremat.examples import example
 from fxremat.options import Options
 from fxremat.partition import PartitionRequest, partition
-from fxremat.plan import FxrematBudgetWarning
 from fxremat_passes import _torch_private as tp
 
 MODELS = ("block_sdpa", "block_softmax", "stack", "mlp")
@@ -136,13 +136,13 @@ def test_simulated_peak_is_monotone_over_a_20_budget_sweep():
 def test_budget_without_a_simulation_is_met_by_bytes_with_one_warning(monkeypatch):
     """The peak check needs the step's simulation; if it fails, the budget is still met (bytes only), one warning,
     never PyTorch's partitioner."""
-    import fxremat.peak_choice as peak_choice
+    import fxremat_passes.choice.judged as judged
 
     def broken(*args, **kwargs):
         raise RuntimeError("simulator bug")
 
-    monkeypatch.setattr(peak_choice, "simulate_step", broken)
-    monkeypatch.setattr(peak_choice, "estimate_peak", broken)  # the simulation of a plan without its split
+    monkeypatch.setattr(judged, "simulate_step", broken)
+    monkeypatch.setattr(judged, "estimate_peak", broken)  # the simulation of a plan without its split
     model, inputs = example("stack")
     _, expected = eager_grads(model, inputs)
     with warnings.catch_warnings(record=True) as caught:
@@ -157,7 +157,7 @@ def test_budget_without_a_simulation_is_met_by_bytes_with_one_warning(monkeypatc
 def test_budget_choice_splits_and_simulates_where_the_estimate_fails(monkeypatch):
     """Plans are judged by their estimate (the simulation of their split, made without it); where that fails, each
     is split and simulated instead: the same choice, the same simulated peak."""
-    import fxremat.peak_choice as peak_choice
+    import fxremat_passes.choice.judged as judged
 
     model, inputs = example("stack")
     _, _, saved, reports = run_fxremat_aot(model, inputs, memory_budget=0.5, strict=True)
@@ -166,16 +166,16 @@ def test_budget_choice_splits_and_simulates_where_the_estimate_fails(monkeypatch
     def broken(*args, **kwargs):
         raise RuntimeError("estimate bug")
 
-    monkeypatch.setattr(peak_choice, "estimate_peak", broken)
+    monkeypatch.setattr(judged, "estimate_peak", broken)
     _, _, saved, reports = run_fxremat_aot(model, inputs, memory_budget=0.5, strict=True)
     assert (saved.nbytes, reports[0].simulated_peak_bytes, reports[0].budget_simulated) == expected
 
 
 def test_budget_whose_candidates_cannot_be_simulated_is_met_by_bytes(monkeypatch):
     """Only the default plan simulates: every plan within the budget fails, so no peak check is possible there."""
-    import fxremat.peak_choice as peak_choice
+    import fxremat_passes.choice.judged as judged
 
-    real, calls = peak_choice.simulate_step, []
+    real, calls = judged.simulate_step, []
 
     def first_only(*args, **kwargs):
         calls.append(1)
@@ -186,8 +186,8 @@ def test_budget_whose_candidates_cannot_be_simulated_is_met_by_bytes(monkeypatch
     def no_estimate(*args, **kwargs):  # every plan is split and simulated instead
         raise RuntimeError("estimate bug")
 
-    monkeypatch.setattr(peak_choice, "simulate_step", first_only)
-    monkeypatch.setattr(peak_choice, "estimate_peak", no_estimate)
+    monkeypatch.setattr(judged, "simulate_step", first_only)
+    monkeypatch.setattr(judged, "estimate_peak", no_estimate)
     model, inputs = example("stack")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -1,4 +1,4 @@
-"""User checkpoints as a memory contract (issue #22, fxremat/contract.py), through Dynamo and AOTAutograd with
+"""User checkpoints as a memory contract (issue #22, passes/choice/contract.py), through Dynamo and AOTAutograd with
 no-op compilers: with ``torch.utils.checkpoint`` regions in the graph, fxremat's default plan saves no more than
 the user's plan, measured by saved-tensor hooks against two independent references (PyTorch's partition, and
 fxremat with every region op tagged MUST_RECOMPUTE); gradients equal eager."""

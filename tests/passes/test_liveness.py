@@ -54,7 +54,7 @@ def test_peak_budget_is_met_monotone_and_keeps_gradients():
 
     from helpers import assert_grads_close, eager_grads
 
-    from fxremat.plan import FxrematBudgetWarning
+    from fxremat import FxrematBudgetWarning
 
     model, inputs = example("stack")
     _, expected = eager_grads(model, inputs)

@@ -21,8 +21,8 @@ from fxremat_passes.roles import classify
 
 def _candidates_and_memory(name):
     from fxremat.options import Options
-    from fxremat.plan import peak_candidates
     from fxremat_passes.budget import SolveCache
+    from fxremat_passes.choice.plan import peak_candidates
     from fxremat_passes.roles import Role
 
     model, inputs = example(name)
@@ -33,7 +33,7 @@ def _candidates_and_memory(name):
     profile = PROFILES["cpu"]
     flow = build_flow_problem(roles, annotate_costs(joint.graph, profile), profile)
     forward = [roles.role[n] is Role.FORWARD for n in flow.nodes]
-    # the candidates a peak-aware choice ranks (peak_choice._ranked_candidates)
+    # the candidates a peak-aware choice ranks (passes/choice/judged.py, ranked_candidates)
     plans = peak_candidates(flow.parametric, forward, Options.create(), profile, None, SolveCache(flow.parametric))
     if name == "convnet":  # no checkpoint grid there: the bytes frontier
         plans += frontier(flow.parametric, 0.0, 1e6 / profile.mem_bandwidth)

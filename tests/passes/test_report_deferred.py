@@ -14,11 +14,11 @@ from helpers import run_aot
 
 import fxremat
 from fxremat import partition as partition_module
-from fxremat import peak_choice
 from fxremat.examples import example
 from fxremat.options import Options
 from fxremat.report import DEFERRED_FIELDS
 from fxremat_passes import liveness
+from fxremat_passes.choice import judged
 
 
 def _partition(name: str, monkeypatch, **options):
@@ -28,7 +28,7 @@ def _partition(name: str, monkeypatch, **options):
     real_simulate = partition_module.simulate_step
     counted = lambda *a, **k: calls.append(1) or real_simulate(*a, **k)  # noqa: E731
     monkeypatch.setattr(partition_module, "simulate_step", counted)
-    monkeypatch.setattr(peak_choice, "simulate_step", counted)  # where plans are chosen by their simulation
+    monkeypatch.setattr(judged, "simulate_step", counted)  # where plans are chosen by their simulation
     reports, returned = [], {}
     inner = fxremat.make_partition_fn(Options.create(strict=True, **options), reports)
 

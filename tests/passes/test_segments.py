@@ -44,12 +44,12 @@ def _partition(model, inputs, **options):
 
 def _recipe(model, inputs, **options):
     """The recipe of fxremat's split (before segmenting) for these options."""
-    import fxremat.peak_choice as peak_choice
+    import fxremat_passes.choice.segmented as segmented
 
     recipes = []
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(peak_choice, "lowest_peak_segments", lambda r, *a, **k: (recipes.append(r), (r, None))[1])
-        patch.setattr(peak_choice, "segment_recompute_flops", lambda *a: 0)
+        patch.setattr(segmented, "lowest_peak_segments", lambda r, *a, **k: (recipes.append(r), (r, None))[1])
+        patch.setattr(segmented, "segment_recompute_flops", lambda *a: 0)
         _partition(model, inputs, backward_segments=True, **options)
     (recipe,) = recipes
     return recipe

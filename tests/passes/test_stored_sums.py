@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from helpers import assert_grads_close, eager_grads, run_fxremat_aot
 
-from fxremat import peak_choice
 from fxremat.examples import Stack
+from fxremat_passes.choice import default
 from fxremat_passes.stored_sums import block_sums, reads_only
 
 
@@ -28,7 +28,7 @@ def _run(model, inputs, monkeypatch) -> tuple[set[str], dict, list]:
         found.update(nodes[i].name for i in sums)
         return sums
 
-    monkeypatch.setattr(peak_choice, "block_sums", recording)
+    monkeypatch.setattr(default, "block_sums", recording)
     _, grads, _, reports = run_fxremat_aot(model, inputs, strict=True)
     return found, grads, reports
 
@@ -43,7 +43,7 @@ def test_default_plan_saves_the_block_sums_at_no_more_memory(monkeypatch):
     saved = {s.name for s in reports[0].saved}
     assert sums <= saved, sums - saved
     # the plan the cut makes without them: the projections saved instead, the same bytes, a peak no lower
-    monkeypatch.setattr(peak_choice, "block_sums_plan", lambda plan, *args: plan)
+    monkeypatch.setattr(default, "block_sums_plan", lambda plan, *args: plan)
     _, _, _, before = run_fxremat_aot(model, inputs, strict=True)
     assert not sums & {s.name for s in before[0].saved}
     assert reports[0].saved_bytes <= before[0].saved_bytes

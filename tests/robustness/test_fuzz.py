@@ -28,7 +28,7 @@ from robust_helpers import (
     pytorch_default_partition,
 )
 
-from fxremat.plan import FxrematBudgetWarning
+from fxremat import FxrematBudgetWarning
 
 LONG = os.environ.get("FXREMAT_FUZZ_LONG") == "1"
 EXAMPLES = int(os.environ.get("FXREMAT_FUZZ_EXAMPLES", 2000 if LONG else 25))

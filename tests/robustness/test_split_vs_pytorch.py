@@ -19,9 +19,9 @@ from fuzz_models import FuzzModel, Program, fresh, loss_of, make_inputs, program
 from hypothesis import HealthCheck, assume, given, settings
 from robust_helpers import BF16_RTOL, FP32_RTOL, assert_steps_match, eager_step, fxremat_step
 
+from fxremat import FxrematBudgetWarning
 from fxremat import partition as partition_module
 from fxremat.examples import EXAMPLES, example
-from fxremat.plan import FxrematBudgetWarning
 from fxremat_passes import _torch_private as tp
 from fxremat_passes import cse, split
 

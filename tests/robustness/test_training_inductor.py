@@ -183,7 +183,7 @@ def test_sac_policies_are_honoured(run):
     recomputed_ops = {r.name: r.op for r in report.recomputed}
     assert {"aten.addmm", "aten.sin"} <= {recomputed_ops[n] for n in tagged}
     # PREFER_RECOMPUTE (blocks.0 and blocks.1's non-matmuls): the user's plan is a ceiling (checkpoints="honour",
-    # fxremat/contract.py): recomputed as tagged, or kept only where that saves no more and peaks no higher
+    # passes/choice/contract.py): recomputed as tagged, or kept only where that saves no more and peaks no higher
     assert any(why == "tagged PREFER_RECOMPUTE, honoured" for _, why in report.recompute_reasons)
     assert report.saved_bytes <= report.user_plan_saved_bytes
     assert all(why.startswith(("re-planned", "never")) for _, why in report.checkpoint_kept), report.checkpoint_kept

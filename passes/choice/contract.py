@@ -6,8 +6,8 @@ forced to be recomputed (``passes/user_plan.py``), untagged values priced as usu
 (the default) a graph with such tags gets the fastest candidate plan whose saved bytes and simulated step peak are
 both no higher than the user's plan's: fxremat may save less, or re-plan inside a region where that raises neither.
 The user's plan is itself a candidate, so one always fits.  ``memory_budget`` and ``peak_budget`` apply on top
-(``peak_choice.py``).  ``checkpoints="replan"`` hands the regions to fxremat's costs (a tag is a bias then,
-``flow_problem.PREFER_FACTOR``).
+(``memory_budget.py``, ``peak.py``).  ``checkpoints="replan"`` hands the regions to fxremat's costs (a tag is a
+bias then, ``flow_problem.PREFER_FACTOR``).
 """
 
 from __future__ import annotations
@@ -15,11 +15,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from fxremat_passes.budget import Plan, SolveCache, solve_at
-from fxremat_passes.roles import Policy, Role, recompute_tag
-from fxremat_passes.user_plan import ForcedProblem, force_recompute
-
-from .plan import candidate_plans, cheapest_within, choose_plan, fastest_first, plan_key, prices
+from ..budget import Plan, SolveCache, solve_at
+from ..roles import Policy, Role, recompute_tag
+from ..shortlists import fastest_first, plan_key
+from ..solvers import cheapest_within
+from ..user_plan import ForcedProblem, force_recompute
+from .judged import judged_plans
+from .plan import candidate_plans, choose_plan
+from .records import Chooser, Choosing, PlanChoice
+from .settings import ChoiceSettings, prices
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +53,15 @@ def tagged_values(flow, roles) -> frozenset[int]:
     )
 
 
-def user_contract(flow, roles, options, profile) -> Contract | None:
+def user_contract(flow, roles, settings: ChoiceSettings, profile) -> Contract | None:
     """The contract for this graph, or None: with ``checkpoints="replan"``, or where no tag forces anything."""
-    if options.checkpoints != "honour":
+    if settings.checkpoints != "honour":
         return None
     tagged = tagged_values(flow, roles)
     forced = force_recompute(flow.parametric, tagged)
     if not forced.forced:
         return None
-    price, _ = prices(options, profile)
+    price, _ = prices(settings, profile)
     user = dataclasses.replace(solve_at(forced.problem, price), method="user checkpoints")
     return Contract(user, forced, tagged)
 
@@ -66,14 +70,16 @@ def fits(plan: Plan, bytes_cap: float, peak_cap: float, peak_of) -> bool:
     return plan.saved_bytes <= bytes_cap and peak_of(plan) <= peak_cap
 
 
-def contract_plan(flow, options, profile, graph_id: str, contract: Contract, judged) -> tuple[Plan, dict]:
+def contract_plan(
+    flow, settings: ChoiceSettings, profile, graph_id: str, contract: Contract, judged
+) -> tuple[Plan, dict]:
     """The default plan under the contract: the fastest candidate within the user's plan's saved bytes whose
     simulated step peak (``judged.peak``) is no higher than the user's plan's; (plan, report fields)."""
     problem = flow.parametric
-    price, max_price = prices(options, profile)
+    price, max_price = prices(settings, profile)
     cache = SolveCache(problem)
-    # the default cut without budgets (they apply on top of the contract: peak_choice.py)
-    plain = dataclasses.replace(options, memory_budget=None, peak_budget=None)
+    # the default cut without budgets (they apply on top of the contract: memory_budget.py, peak.py)
+    plain = dataclasses.replace(settings, memory_budget=None, peak_budget=None)
     default, fields = choose_plan(problem, plain, profile, graph_id)
     user = contract.user
     bytes_cap, peak_cap = user.saved_bytes, judged.peak(user)
@@ -84,7 +90,7 @@ def contract_plan(flow, options, profile, graph_id: str, contract: Contract, jud
         # the price search's other plans within the user's bytes and faster than it, fastest first
         more = [
             p
-            for p in candidate_plans(problem, options, profile, cache)
+            for p in candidate_plans(problem, settings, profile, cache)
             if p.saved_bytes <= bytes_cap and p.seconds < user.seconds
         ]
         fitting = (p for p in fastest_first(more)[:CONTRACT_JUDGED] if fits(p, bytes_cap, peak_cap, judged.peak))
@@ -105,9 +111,19 @@ def contract_plan(flow, options, profile, graph_id: str, contract: Contract, jud
     return chosen, fields
 
 
-def kept_tagged(plan: Plan, flow, roles, options) -> tuple[tuple[str, str], ...]:
+def choose_within_contract(c: Choosing) -> PlanChoice:
+    """Without a budget, under the user's checkpoints: the contract's plan (``contract_plan``)."""
+    judged = judged_plans(c, {plan_key(c.contract.user)})
+    plan, fields = contract_plan(c.flow, c.settings, c.profile, c.request.graph_id, c.contract, judged)
+    return PlanChoice(plan, fields, *judged.handed_on(plan))
+
+
+CHOOSER = Chooser("the user's checkpoints", lambda c: c.contract is not None, choose_within_contract)
+
+
+def kept_tagged(plan: Plan, flow, roles, checkpoints: str) -> tuple[tuple[str, str], ...]:
     """The report's ``checkpoint_kept``: (name, why) for every value still tagged for recompute that ``plan`` keeps
-    for backward."""
+    for backward (``checkpoints``: the user's setting, ``ChoiceSettings.checkpoints``)."""
     tagged = tagged_values(flow, roles)
     unforced = force_recompute(flow.parametric, tagged).unforced
     rows = []
@@ -117,7 +133,7 @@ def kept_tagged(plan: Plan, flow, roles, options) -> tuple[tuple[str, str], ...]
             why = f"never recomputed: {roles.no_recompute[node]}"
         elif v in unforced:
             why = "cannot be recomputed: it reads a value that is neither saved nor recomputed"
-        elif options.checkpoints == "replan":
+        elif checkpoints == "replan":
             why = "checkpoints='replan': cheaper to keep at fxremat's costs"
         else:
             why = "re-planned inside the region: no more saved bytes and no higher simulated peak than the user's plan"

@@ -1,13 +1,13 @@
-"""``monotone_choice`` (fxremat/plan.py): the peak-safe choice among a shortlist of plans, on plain numbers.
-
-Here rather than with the other plain-number tests in tests/solver: it lives in the fxremat package, which imports
-torch, and tests/solver runs without torch (.ci/run).
-"""
+"""``passes/shortlists.py`` on plain numbers (no torch): plan identity and order, the shortlists a peak-judged choice
+simulates, and ``monotone_choice``, the peak-safe choice among a shortlist of plans."""
 
 from __future__ import annotations
 
-from fxremat.plan import monotone_choice
+import subprocess
+import sys
+
 from fxremat_passes.budget import Plan
+from fxremat_passes.shortlists import budget_shortlist, fastest_first, monotone_choice, peak_shortlist, plan_key
 
 
 def _plan(saved_bytes: int, seconds: float, name: int):
@@ -57,3 +57,37 @@ def test_a_raised_choice_is_held_to_its_segmented_peak_and_so_is_every_tighter_b
     assert (0,) not in lowered  # a plan that fits its bound is never segmented
     unsegmented = monotone_choice(shortlist, shortlist[0], 60, peak_of)  # without it: the lowest, raised by 10
     assert unsegmented.plan.saved == (2,) and unsegmented.raised and unsegmented.peak == 60
+
+
+def test_fastest_first_keeps_one_plan_per_key_and_breaks_ties_by_bytes():
+    a, b, c = _plan(100, 2.0, 0), _plan(50, 2.0, 1), _plan(10, 1.0, 2)
+    again = _plan(100, 2.0, 0)
+    assert plan_key(a) == plan_key(again) != plan_key(b)
+    assert [p.saved for p in fastest_first([a, b, again, c])] == [(2,), (1,), (0,)]
+
+
+def test_peak_shortlist_is_the_front_of_seconds_and_peak_thinned_with_the_default():
+    # (saved bytes, seconds, estimated peak): plan 2 is slower than plan 1 and no lower, so it is off the front
+    plans = {0: (100, 1.0, 90), 1: (80, 2.0, 70), 2: (70, 3.0, 75), 3: (40, 4.0, 60), 4: (20, 5.0, 50)}
+    candidates = [_plan(b, s, k) for k, (b, s, _) in plans.items()]
+    peak = {p.saved: plans[p.saved[0]][2] for p in candidates}
+    default = candidates[0]
+    front = peak_shortlist(candidates, lambda p: peak[p.saved], default, most=10)
+    assert [p.saved[0] for p in front] == [0, 1, 3, 4]
+    thinned = peak_shortlist(candidates, lambda p: peak[p.saved], default, most=2)
+    assert [p.saved[0] for p in thinned] == [0, 4]  # the fastest and the lowest
+
+
+def test_budget_shortlist_drops_beaten_plans_and_keeps_both_ends():
+    # plan 2 is beaten by plan 1 on seconds, bytes and peak at once
+    plans = {0: (100, 1.0, 90), 1: (60, 2.0, 70), 2: (70, 3.0, 80), 3: (10, 4.0, 95)}
+    candidates = [_plan(b, s, k) for k, (b, s, _) in plans.items()]
+    peak = {p.saved: plans[p.saved[0]][2] for p in candidates}
+    default, fewest = candidates[0], candidates[3]
+    shortlist = budget_shortlist(candidates, lambda p: peak[p.saved], default, fewest, most=10)
+    assert [p.saved[0] for p in shortlist] == [0, 1, 3]
+
+
+def test_shortlists_module_does_not_import_torch():
+    code = "import sys, fxremat_passes.shortlists; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)

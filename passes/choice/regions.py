@@ -8,19 +8,19 @@ one budget over a whole graph is (``budget.budget_target``).  Storages outside e
 own setting: the default price of memory, or a region of their own under the graph's ``memory_budget`` (fxremat's
 option, PyTorch's ``activation_memory_budget`` or the legacy marker; bytes count the rest's storages only).
 
-The choice is by saved bytes alone: §5.3's peak check (``peak_choice.py``) is not applied to per-region plans.
+The choice is by saved bytes alone: §5.3's peak check (``memory_budget.py``) is not applied to per-region plans.
 """
 
 from __future__ import annotations
 
 import warnings
 
-from fxremat_passes.costs import node_cost
-from fxremat_passes.region_budget import REGION_SOURCE, RegionAnnotations, node_region_budget
-from fxremat_passes.region_search import Region, region_bytes, solve_regions
-from fxremat_passes.solvers import MILP_REFINE_LIMIT, MILP_TIME_LIMIT, SOLVERS
-
-from .plan import FxrematBudgetWarning, prices
+from ..costs import node_cost
+from ..region_budget import REGION_SOURCE, RegionAnnotations, node_region_budget
+from ..region_search import Region, region_bytes, solve_regions
+from ..solvers import MILP_REFINE_LIMIT, MILP_TIME_LIMIT, SOLVERS
+from .records import Chooser, Choosing, PlanChoice
+from .settings import FxrematBudgetWarning, prices
 
 OUTSIDE = "outside regions"  # the report's name for the storages of no region
 
@@ -47,24 +47,25 @@ def storage_regions(flow, annotations: RegionAnnotations, profile) -> dict[float
     return groups
 
 
-def choose_plan_for_regions(flow, options, profile, request, annotations: RegionAnnotations):
-    """(plan, report fields, None, None), as ``peak_choice.choose``."""
+def choose_plan_for_regions(c: Choosing) -> PlanChoice:
+    """The plan where each region keeps within its own budget, by saved bytes alone."""
+    flow, settings, profile, request, annotations = c.flow, c.settings, c.profile, c.request, c.regions
     problem = flow.parametric
     groups = storage_regions(flow, annotations, profile)
     names = [region_name(b) for b in annotations.budgets]
     regions = [Region(tuple(groups[b]), b) for b in annotations.budgets]
-    rest = Region(tuple(groups[None]), options.memory_budget)
-    if options.memory_budget not in (None, 1.0):
+    rest = Region(tuple(groups[None]), settings.memory_budget)
+    if settings.memory_budget not in (None, 1.0):
         names.append(OUTSIDE)
         regions.append(rest)
-    price, top = prices(options, profile)
+    price, top = prices(settings, profile)
     result = solve_regions(
         problem,
         regions,
         price,
         top,
         exact=problem.num_values <= MILP_REFINE_LIMIT,
-        exact_only=SOLVERS[options.solver].exact,
+        exact_only=SOLVERS[settings.solver].exact,
         time_limit=MILP_TIME_LIMIT,
     )
     rows = [
@@ -90,4 +91,7 @@ def choose_plan_for_regions(flow, options, profile, request, annotations: Region
         default_plan_saved_bytes=result.default_plan.saved_bytes,
         plan_method=result.plan.method,
     )
-    return result.plan, fields, None, None
+    return PlanChoice(result.plan, fields)
+
+
+CHOOSER = Chooser("per-region budgets", lambda c: c.regions is not None, choose_plan_for_regions)

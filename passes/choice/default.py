@@ -1,0 +1,49 @@
+"""The choice without a peak-judged budget: the bytes-only choice (``plan.choose_plan``: the default plan, or a
+solver's plan within ``memory_budget``), and the default plan that saves a residual stream's block sums where that
+costs no memory (``block_sums_plan``), from which every choice starts (the budgets' 1.0 end)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from ..budget import Plan, solve_at
+from ..solvers import SOLVERS
+from ..stored_sums import block_sums, reads_only
+from .judged import plan_estimator
+from .plan import choose_plan
+from .records import Chooser, Choosing, PlanChoice
+from .settings import prices
+
+log = logging.getLogger(__name__)
+
+
+def block_sums_plan(plan: Plan, c: Choosing) -> Plan:
+    """The default plan, or the one that saves the block sums (``stored_sums.py``) in its place where that saves
+    no more bytes and its simulated step peak is no higher: memory first, then the fewer distinct kernels.  The
+    simulations run only where the two plans differ.  Every choice starts from it (the budgets' 1.0 end)."""
+    if not SOLVERS[c.settings.solver].peak_judged:
+        return plan
+    sums = block_sums(c.roles, c.flow.nodes)
+    if not sums:
+        return plan
+    price = prices(c.settings, c.profile)[0]
+    other = solve_at(reads_only(c.flow.parametric, sums, c.profile.mem_bandwidth), price)
+    if set(other.saved) == set(plan.saved) or other.saved_bytes > plan.saved_bytes:
+        return plan
+    estimate, _ = plan_estimator(c)
+    if estimate(other).peak_bytes > estimate(plan).peak_bytes:
+        return plan
+    log.debug("%s: the plan that saves the block sums (%d)", c.request.graph_id, len(sums))
+    # its seconds by the problem's own prices, as every other plan's
+    problem = c.flow.parametric
+    return dataclasses.replace(other, seconds=problem.seconds(other.saved, other.recomputed))
+
+
+def choose_by_bytes(c: Choosing) -> PlanChoice:
+    """The bytes-only choice, its default plan maybe saving the block sums."""
+    plan, fields = choose_plan(c.flow.parametric, c.settings, c.profile, c.request.graph_id)
+    return PlanChoice(block_sums_plan(plan, c), fields)
+
+
+CHOOSER = Chooser("saved bytes", lambda c: True, choose_by_bytes)

@@ -1,0 +1,111 @@
+"""Plans judged by their simulated step peak (``JudgedPlans``): the plan-level estimate (``plan_memory.estimate_peak``,
+``liveness.simulate_step`` of a plan's split made without splitting it), so only the chosen plan is split; its
+estimate is its report's simulation.  A plan whose estimate fails is split and simulated instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .. import _torch_private as tp
+from ..budget import Plan, SolveCache
+from ..liveness import PeakEstimate, simulate_step
+from ..plan_memory import build_joint_memory, estimate_peak
+from ..roles import Role
+from ..shortlists import plan_key
+from .plan import peak_candidates
+from .records import Choosing
+
+log = logging.getLogger(__name__)
+
+# Candidate plans judged by their simulated step peak.
+PEAK_SIMULATED_CANDIDATES = 10
+
+
+@dataclass
+class JudgedPlans:
+    """Each plan's simulated step, made on first demand and kept: its estimate (``estimate``, the simulation of its
+    split without the split), or where that fails the simulation of its split.  Only a plan handed on is split
+    otherwise (the chosen one); ``exact``: False where Inductor's layout decision is taken on the joint graph rather
+    than on each forward (``plan_memory.py``), so the chosen plan's split is simulated for its report."""
+
+    split: Callable[[Plan], tuple]
+    estimate: Callable[[Plan], PeakEstimate]
+    num_fwd_outputs: int
+    required: set = field(default_factory=set)  # plan keys whose simulation must not fail (the default plan)
+    exact: bool = True
+    splits: dict = field(default_factory=dict)
+    simulations: dict = field(default_factory=dict)
+
+    def simulation(self, plan: Plan) -> PeakEstimate | None:
+        key = plan_key(plan)
+        if key not in self.simulations:
+            try:
+                self.simulations[key] = self.estimate(plan)
+            except Exception as error:  # split and simulate it instead
+                log.debug("estimate of a candidate plan failed: %s", error, exc_info=True)
+                self.simulations[key] = self._simulate_split(plan)
+        return self.simulations[key]
+
+    def peak(self, plan: Plan) -> float:
+        """The plan's simulated step peak, or infinity where it cannot be simulated."""
+        simulation = self.simulation(plan)
+        return simulation.peak_bytes if simulation is not None else float("inf")
+
+    def _split(self, plan: Plan) -> tuple:
+        key = plan_key(plan)
+        if key not in self.splits:
+            # lazy modules: a plan's code is generated only once it is called
+            with tp.lazy_graph_modules():
+                self.splits[key] = self.split(plan)
+        return self.splits[key]
+
+    def _simulate_split(self, plan: Plan) -> PeakEstimate | None:
+        fw_bw = self._split(plan)[:2]
+        if plan_key(plan) in self.required:
+            return simulate_step(*fw_bw, self.num_fwd_outputs)
+        try:
+            return simulate_step(*fw_bw, self.num_fwd_outputs)
+        except Exception as error:  # a candidate that cannot be simulated is dropped
+            log.debug("simulation of a candidate plan failed: %s", error, exc_info=True)
+            return None
+
+    def handed_on(self, plan: Plan) -> tuple[tuple, PeakEstimate]:
+        """(the plan's (fw, bw, recipe), its simulation)."""
+        key, known = plan_key(plan), plan_key(plan) in self.splits
+        split = self._split(plan)
+        if not self.exact and not known:
+            self.simulations[key] = simulate_step(*split[:2], self.num_fwd_outputs)
+        return split, self.simulations[key]
+
+
+def plan_estimator(c: Choosing):
+    """(the plan-level estimate of a plan's step (``estimate_peak``), whether that estimate is exactly the
+    simulation of the plan's split: ``JudgedPlans.exact``)."""
+    memory = build_joint_memory(c.joint, c.roles, c.request.num_fwd_outputs)
+    index = {n: i for i, n in enumerate(c.joint.graph.nodes)}
+    value_node = [index[n] for n in c.flow.nodes]
+    estimates: dict = {}
+
+    def estimate(plan: Plan):
+        key = plan_key(plan)
+        if key not in estimates:
+            estimates[key] = estimate_peak(memory, {value_node[v] for v in plan.saved})
+        return estimates[key]
+
+    return estimate, not memory.channels_last
+
+
+def judged_plans(c: Choosing, required: set, estimator=None) -> JudgedPlans:
+    """The ``JudgedPlans`` of this graph's plans (``estimator``: ``plan_estimator(c)``, where already made)."""
+    estimate, exact = estimator or plan_estimator(c)
+    return JudgedPlans(c.split, estimate, c.request.num_fwd_outputs, required=required, exact=exact)
+
+
+def ranked_candidates(c: Choosing, budget_bytes: int | None, cache: SolveCache | None = None):
+    """(candidates fastest first (``plan.peak_candidates``), the plan-level estimator: ``plan_estimator``)."""
+    forward = [c.roles.role[n] is Role.FORWARD for n in c.flow.nodes]
+    candidates = peak_candidates(c.flow.parametric, forward, c.settings, c.profile, budget_bytes, cache)
+    return candidates, plan_estimator(c)

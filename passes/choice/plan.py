@@ -1,0 +1,106 @@
+"""choose_plan: from settings (price, budget, solver) to one plan over a ParametricProblem, plus report fields.
+
+Budget semantics (docs/DESIGN.md §5.1): ``None`` or ``1.0`` is the default plan (the cut at ``memory_price``); a
+float ``f`` in [0, 1) is ``fewest + f * (default - fewest)`` saved bytes, where ``fewest`` is the fewest-bytes plan
+(price -> infinity) and ``default`` the default plan's bytes; an int is absolute saved bytes per joint graph.
+An unreachable budget: one warning, the fewest-bytes plan, ``budget_met=False``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..budget import Plan, SolveCache, budget_target, frontier
+from ..checkpoints import checkpoint_grid
+from ..costs import DeviceProfile
+from ..parametric import ParametricProblem
+from ..shortlists import fastest_first
+from ..solvers import SOLVERS, Budget, cheapest_within
+from .settings import ChoiceSettings, prices, warn_unreachable
+
+
+def budget_target_bytes(budget: float | int, default: Plan, fewest: Plan) -> int:
+    return budget_target(budget, default.saved_bytes, fewest.saved_bytes)
+
+
+def choose_plan(
+    problem: ParametricProblem, settings: ChoiceSettings, profile: DeviceProfile, graph_id: str
+) -> tuple[Plan, dict]:
+    price, max_price = prices(settings, profile)
+    budget = settings.memory_budget
+    fields: dict = {}
+    cache = SolveCache(problem)  # the budget search and the frontier share their max-flows
+    solver = SOLVERS[settings.solver]
+    default = solver.default(problem, price, cache)
+    plan = default
+    if budget is not None and budget != 1.0:
+        fewest = cache.at(max_price)
+        target = budget_target_bytes(budget, default, fewest)
+        plan, met = solver.within(problem, price, Budget(target, max_price, default, fewest), cache)
+        if not met:
+            warn_unreachable(graph_id, target, budget, fewest.saved_bytes)
+        fields.update(budget_bytes=target, budget_met=met, fewest_saved_bytes=fewest.saved_bytes)
+    fields["default_plan_saved_bytes"] = default.saved_bytes
+    fields["plan_method"] = plan.method
+    if settings.compare_default:  # a report-oriented run: also show the frontier
+        fields["frontier"] = frontier_field(problem, settings, profile, cache)
+    return plan, fields
+
+
+def frontier_field(
+    problem: ParametricProblem, settings: ChoiceSettings, profile: DeviceProfile, cache: SolveCache
+) -> tuple:
+    """The report's ``frontier``: (saved bytes, estimated recompute seconds, memory_price) per vertex, the same axes
+    as the report's own figures."""
+    price, max_price = prices(settings, profile)
+    points = frontier(problem, price, max_price, cache=cache)
+    return tuple((p.saved_bytes, p.recompute_seconds, p.price * profile.mem_bandwidth) for p in points)
+
+
+# Budgets (fractions of the way from the fewest-bytes plan to the default) whose MILP-refined plans join the
+# frontier's vertices as candidates for a peak budget: the vertices alone jump over the middle of the range.
+PEAK_CANDIDATE_FRACTIONS = (0.75, 0.5, 0.25, 0.1)
+
+
+def candidate_plans(
+    problem: ParametricProblem, settings: ChoiceSettings, profile: DeviceProfile, cache: SolveCache | None = None
+) -> list[Plan]:
+    """Distinct plans spanning default to fewest bytes, fastest (estimated) first (``cache``: the caller's
+    max-flows, shared)."""
+    price, max_price = prices(settings, profile)
+    cache = cache or SolveCache(problem)
+    plans = frontier(problem, price, max_price, cache=cache)
+    default, fewest = plans[0], plans[-1]
+    for fraction in PEAK_CANDIDATE_FRACTIONS:
+        target = budget_target_bytes(fraction, default, fewest)
+        plans.append(cheapest_within(problem, target, price, max_price, default, fewest, cache)[0])
+    return fastest_first(plans)
+
+
+# Solves per checkpoint set: its plans from the default price to the fewest bytes (within the checkpoint constraint).
+CHECKPOINT_FRONTIER_SOLVES = 6
+
+
+def peak_candidates(
+    problem: ParametricProblem,
+    forward: list[bool],
+    settings: ChoiceSettings,
+    profile: DeviceProfile,
+    budget_bytes: int | None = None,
+    cache: SolveCache | None = None,
+) -> list[Plan]:
+    """Candidates for a peak budget: the price search's plans (``candidate_plans``) and, for a range of checkpoint
+    spacings (``checkpoints.py``), the plans that keep those checkpoints and recompute the segments between them
+    lazily (the bytes-only frontier has no plan whose recompute is spread over backward).  With a saved-bytes
+    budget too, each checkpoint set also gets its cheapest plan within that budget."""
+    plans = candidate_plans(problem, settings, profile, cache)
+    price, max_price = prices(settings, profile)
+    for constrained in checkpoint_grid(problem, forward):
+        cache = SolveCache(constrained)
+        found = frontier(constrained, price, max_price, max_solves=CHECKPOINT_FRONTIER_SOLVES, cache=cache)
+        if budget_bytes is not None:
+            plan, met = cheapest_within(constrained, budget_bytes, price, max_price, found[0], found[-1], cache)
+            if met:
+                found.append(plan)
+        plans.extend(dataclasses.replace(plan, method="checkpoints") for plan in found)
+    return fastest_first(plans)
