@@ -3,7 +3,7 @@
     prepare -> classify -> annotate_costs -> build_flow_problem -> solve_min_cut -> split -> describe
 
 The report's simulated peak (a liveness simulation of the step) is left for the first read of its fields
-(``report.Deferred``): the partition hands back graphs and a report whose simulation has not run yet.
+(``fxremat/simulated.py``): the partition hands back graphs and a report whose simulation has not run yet.
 
 Any exception inside our passes: one warning naming the graph and the cause, then PyTorch's default partitioner
 (with its own defaults) for that graph, and ``fallback_reason`` in the report; ``strict=True`` raises instead.
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import logging
 import time
 import warnings
@@ -39,24 +38,22 @@ from fxremat_passes.layout import (
     saved_inputs_as_views,
 )
 from fxremat_passes.layout_choice import LayoutChoice, decide_layout
-from fxremat_passes.liveness import PeakEstimate, saved_views_of_inputs, simulate_step
-from fxremat_passes.ops import CONVOLUTION
+from fxremat_passes.liveness import PeakEstimate, saved_views_of_inputs
 from fxremat_passes.phase_copies import copy_gathers_per_phase
 from fxremat_passes.region_budget import annotations_hidden
 from fxremat_passes.roles import Policy, Role, classify, recompute_tag
 from fxremat_passes.split import SplitRecipe, split_with_recipe
 
+from . import simulated
 from .knobs import TORCH_CONFIG_SOURCE, effective_options
 from .options import Options
 from .report import (
     BASELINE_PEAK_FIELDS,
-    PEAK_FIELDS,
     Baseline,
     Choice,
     Classified,
     CompileFacts,
     CutReport,
-    Deferred,
     Described,
     Layout,
     Outcome,
@@ -145,87 +142,6 @@ def _plan_fields(plan: Plan, flow, roles, options: Options) -> Recomputation:
     )
 
 
-# At most this many points of the simulated memory timeline go into a report (enough for a chart).
-TIMELINE_POINTS = 400
-
-
-def _simulate(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, recopy: bool = True) -> PeakEstimate | None:
-    """The liveness simulation of a split; informative, so a failure is logged, never raised."""
-    try:
-        return simulate_step(fw, bw, num_fwd_outputs, recopy)
-    except Exception as error:
-        log.debug("memory simulation failed: %s", error, exc_info=True)
-        return None
-
-
-def _timeline(peak: PeakEstimate) -> tuple[tuple[str, str, int], ...]:
-    """At most about TIMELINE_POINTS evenly spaced points of the timeline, always with the peak and the first
-    backward point (a chart marks both)."""
-    timeline = peak.timeline
-    step = max(1, len(timeline) // TIMELINE_POINTS)
-    keep = set(range(0, len(timeline), step))
-    keep |= {
-        i for i, (phase, node, nbytes) in enumerate(timeline) if (phase, node) == (peak.peak_phase, peak.peak_node)
-    }
-    keep |= {next((i for i, point in enumerate(timeline) if point[0] == "backward"), 0)}
-    return tuple(timeline[i] for i in sorted(keep) if i < len(timeline))
-
-
-def _peak_fields(peak: PeakEstimate | None) -> dict:
-    if peak is None:
-        return {}
-    return dict(
-        simulated_peak_bytes=peak.peak_bytes,
-        simulated_activation_peak_bytes=peak.activation_peak_bytes,
-        simulated_peak_at=f"{peak.peak_phase}:{peak.peak_node}",
-        memory_timeline=_timeline(peak),
-    )
-
-
-def _baseline_peak_fields(peak: PeakEstimate | None) -> dict:
-    """``_peak_fields`` for PyTorch's split, under the report's ``baseline_`` names."""
-    fields = {f"baseline_{name}": value for name, value in _peak_fields(peak).items()}
-    return {name: value for name, value in fields.items() if name in BASELINE_PEAK_FIELDS}
-
-
-def _can_simulate_later(fw_nodes) -> bool:
-    """Whether a split's simulation gives the same result after this compile as during it.  It reads the graphs
-    (a later simulation builds its own copies from the recipe: Inductor rewrites the ones it gets) and one thing of
-    the compile's context: Inductor's layout decision, made from config flags in force during the compile only,
-    and always False for a forward without convolutions."""
-    return not any(n.target is CONVOLUTION for n in fw_nodes)
-
-
-def _later(compute: Callable[[], dict], names: tuple[str, ...], stock: bool = False) -> dict[str, Deferred]:
-    """The report fields ``names``, all filled by one ``compute()`` on the first read of any of them (informative:
-    a failure is logged and leaves them at their defaults).  ``stock``: they simulate PyTorch's split, which stock
-    Inductor would compile (its buffer reuse, not fxremat's)."""
-
-    # the simulation models the compile's buffer reuse, read now, inside its config patch
-    reuse_as_now = tp.buffer_reuse_as_now(stock)
-
-    def run() -> dict:
-        with gc_paused(), reuse_as_now():
-            try:
-                return compute()
-            except Exception as error:
-                log.debug("deferred report fields failed: %s", error, exc_info=True)
-                return {}
-
-    return dict.fromkeys(names, Deferred(run))
-
-
-def _report_peak(fw, bw, num_fwd_outputs: int, recipe: SplitRecipe | None, peak: PeakEstimate | None) -> SimulatedPeak:
-    """The simulated-peak fields of our split: the simulation the peak budget already ran, or one deferred to the
-    first read of the fields (from the recipe's own copy of the split), or, where neither applies, one run now."""
-    if peak is not None:
-        return SimulatedPeak(**_peak_fields(peak))
-    if recipe is not None and _can_simulate_later(recipe.fw_order):
-        later = _later(lambda: _peak_fields(simulate_step(*recipe.build(lazy=True), num_fwd_outputs)), PEAK_FIELDS)
-        return SimulatedPeak(**later)
-    return SimulatedPeak(**_peak_fields(_simulate(fw, bw, num_fwd_outputs)))
-
-
 # PyTorch's activation_memory_budget values shown beside fxremat's frontier (compare_budgets).
 PYTORCH_BUDGETS = (0.5, 0.1, 0.0)
 
@@ -248,16 +164,20 @@ def _baseline(request: PartitionRequest, profile: DeviceProfile, compare_budgets
         return Baseline(baseline_error=f"{type(error).__name__}: {error}"), 0.0  # its time counted as ours, as before
     default_seconds = time.perf_counter() - start
     # PyTorch's split is ours alone (nobody compiles it): simulated on the first read of its fields
-    if _can_simulate_later(fw.graph.nodes):
-        peak_fields = _later(
+    if simulated.can_simulate_later(fw.graph.nodes):
+        baseline_peak = simulated.later(
             # as stock Inductor compiles it: saved inputs stay its channels-last copies (``recopy=False``)
-            lambda: _baseline_peak_fields(simulate_step(fw, bw, request.num_fwd_outputs, recopy=False)),
+            lambda: simulated.baseline_peak_fields(
+                simulated.simulate_step(fw, bw, request.num_fwd_outputs, recopy=False)
+            ),
             BASELINE_PEAK_FIELDS,
             stock=True,
         )
     else:
         with tp.buffer_reuse_as_now(stock=True)():
-            peak_fields = _baseline_peak_fields(_simulate(fw, bw, request.num_fwd_outputs, recopy=False))
+            baseline_peak = simulated.baseline_peak_fields(
+                simulated.simulate_or_none(fw, bw, request.num_fwd_outputs, recopy=False)
+            )
     budget_points = []
     for budget in PYTORCH_BUDGETS if compare_budgets else ():
         try:
@@ -273,7 +193,7 @@ def _baseline(request: PartitionRequest, profile: DeviceProfile, compare_budgets
         except Exception as error:  # informative only
             log.warning("PyTorch at activation_memory_budget=%s failed on %s: %s", budget, request.graph_id, error)
     baseline = Baseline(
-        **peak_fields,
+        **baseline_peak,
         baseline_budget_points=tuple(budget_points),
         baseline_saved_bytes=described.saved_bytes,
         baseline_recompute_flops=described.recompute_flops,
@@ -373,25 +293,8 @@ def _splitter(joint: fx.GraphModule, flow, roles, num_fwd_outputs: int):
     return split
 
 
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off while we partition, back on (if it was) afterwards.  A partition
-    allocates tens of thousands of small objects (nodes, meta dicts, tuples); every few hundred allocations the
-    collector runs, and its full collections walk every object the process holds (FakeTensors, the model, the
-    graphs: 570k objects in benchmarks/solve_time.py at 48 blocks).  Those walks were most of the partition time
-    there (the prepare pass: 0.95 s with the collector, 0.22 s without).  The reference cycles a partition leaves
-    (graphs and their nodes) are collected once it resumes."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModule, fx.GraphModule, CutReport]:
-    with gc_paused():
+    with simulated.gc_paused():
         return _partition(request, options)
 
 
@@ -415,7 +318,7 @@ def _fallback(request: PartitionRequest, profile: DeviceProfile, reason: str, to
         activation_memory_budget=torch_budget,
     )
     described = describe_split(fw, bw, request.num_fwd_outputs, profile)
-    peak = SimulatedPeak(**_peak_fields(_simulate(fw, bw, request.num_fwd_outputs)))
+    peak = SimulatedPeak(**simulated.peak_fields(simulated.simulate_or_none(fw, bw, request.num_fwd_outputs)))
     return fw, bw, [Described.of(described), peak]
 
 
@@ -435,7 +338,7 @@ def _choose_layout(request: PartitionRequest, fw: fx.GraphModule, bw: fx.GraphMo
         inductor_layout="channels_last" if request.layout.channels_last else "contiguous",
         layout_simulated_peaks=request.layout.peaks,
     )
-    return (peak if channels_last is None else SimulatedPeak(**_peak_fields(channels_last))), layout
+    return (peak if channels_last is None else SimulatedPeak(**simulated.peak_fields(channels_last))), layout
 
 
 def _ready_for_compiler(request: PartitionRequest, fw: fx.GraphModule, bw: fx.GraphModule) -> None:
@@ -494,7 +397,7 @@ def _ours_described(request: PartitionRequest, options: Options, profile: Device
     fw, bw = ours.fw, ours.bw
     _enter("describe")
     described = describe_split(fw, bw, request.num_fwd_outputs, profile)
-    peak = _report_peak(fw, bw, request.num_fwd_outputs, ours.recipe, ours.peak)
+    peak = simulated.report_peak(fw, bw, request.num_fwd_outputs, ours.recipe, ours.peak)
     layout = Layout()
     if request.layout is not None and has_convolution(fw):
         peak, layout = _choose_layout(request, fw, bw, peak)

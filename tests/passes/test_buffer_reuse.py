@@ -65,16 +65,16 @@ def test_the_reports_baseline_is_simulated_with_stock_inductors_reuse(monkeypatc
     """PyTorch's split is what stock Inductor compiles (buffer reuse on unless the user's config says otherwise):
     the report's baseline models that, so it compares with the step ``backend="inductor"`` measures; fxremat's own
     split is simulated as fxremat compiles it, also when the simulation is deferred to the first read."""
-    import fxremat.partition as partition
+    import fxremat.simulated as simulated
 
     seen = []
-    real = partition.simulate_step
+    real = simulated.simulate_step
 
     def recording(*args, **kwargs):
         seen.append(tp.inductor_buffer_reuse())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(partition, "simulate_step", recording)
+    monkeypatch.setattr(simulated, "simulate_step", recording)
     _, report = _split()
     assert report.baseline_simulated_peak_bytes > 0 and seen[-1] == tp.ESTIMATED
     assert report.simulated_peak_bytes > 0 and seen[-2:] in ([tp.ESTIMATED, tp.ALLOCATED], [tp.ALLOCATED, tp.ESTIMATED])

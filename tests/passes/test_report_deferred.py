@@ -13,7 +13,8 @@ import pytest
 from helpers import run_aot
 
 import fxremat
-from fxremat import partition as partition_module
+from fxremat import report as report_module
+from fxremat import simulated
 from fxremat.examples import example
 from fxremat.options import Options
 from fxremat.report import DEFERRED_FIELDS
@@ -25,9 +26,9 @@ def _partition(name: str, monkeypatch, **options):
     """One training step of an example; returns (report, simulations run while partitioning, the simulation of the
     returned graphs made as they came back, those graphs)."""
     calls = []
-    real_simulate = partition_module.simulate_step
+    real_simulate = simulated.simulate_step
     counted = lambda *a, **k: calls.append(1) or real_simulate(*a, **k)  # noqa: E731
-    monkeypatch.setattr(partition_module, "simulate_step", counted)
+    monkeypatch.setattr(simulated, "simulate_step", counted)
     monkeypatch.setattr(judged, "simulate_step", counted)  # where plans are chosen by their simulation
     reports, returned = [], {}
     inner = fxremat.make_partition_fn(Options.create(strict=True, **options), reports)
@@ -59,7 +60,7 @@ def test_simulation_runs_on_first_read_and_ignores_later_rewrites(monkeypatch, c
     assert report.simulated_peak_bytes == peak.peak_bytes > 0
     assert report.simulated_activation_peak_bytes == peak.activation_peak_bytes
     assert report.simulated_peak_at == f"{peak.peak_phase}:{peak.peak_node}"
-    assert report.memory_timeline == partition_module._timeline(peak)
+    assert report.memory_timeline == simulated.timeline(peak)
     if compare_default:
         assert report.baseline_simulated_peak_bytes > 0 and report.baseline_memory_timeline
     assert len(calls) == (2 if compare_default else 1)  # one simulation per split, for all its fields
@@ -76,7 +77,7 @@ def test_to_dict_can_leave_deferred_fields_uncomputed(monkeypatch):
     assert all(data[name] in (None, ()) for name in DEFERRED_FIELDS)
     assert data["saved_bytes"] == report.saved_bytes and data["baseline_saved_bytes"] == report.baseline_saved_bytes
     report.simulated_peak_at  # one read computes our split's fields, all of them, and only those
-    assert len(calls) == 1 and set(report.pending_fields()) == set(partition_module.BASELINE_PEAK_FIELDS)
+    assert len(calls) == 1 and set(report.pending_fields()) == set(report_module.BASELINE_PEAK_FIELDS)
     data = report.to_dict(compute_deferred=False)
     assert data["simulated_peak_bytes"] == returned["peak"].peak_bytes and data["memory_timeline"]
     assert data["baseline_simulated_peak_bytes"] is None and len(calls) == 1
@@ -173,5 +174,5 @@ def test_pickled_and_copied_reports_carry_values(monkeypatch):
 def test_the_deferred_field_lists_name_every_deferrable_report_field():
     """The partition fills deferred fields by these two lists: a report field missing from both stays at its
     default forever."""
-    names = partition_module.PEAK_FIELDS + partition_module.BASELINE_PEAK_FIELDS
+    names = report_module.PEAK_FIELDS + report_module.BASELINE_PEAK_FIELDS
     assert sorted(names) == sorted(DEFERRED_FIELDS)

@@ -1,0 +1,121 @@
+"""The report's simulated-peak fields: a liveness simulation of a split (``passes/liveness.py``), run now or
+deferred to the first read of its fields (``report.Deferred``), so that a compile whose report nobody reads never
+runs it; and ``gc_paused``, which every partition and every deferred simulation runs under."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+from collections.abc import Callable, Iterator
+
+import torch.fx as fx
+
+from fxremat_passes import _torch_private as tp
+from fxremat_passes.liveness import PeakEstimate, simulate_step
+from fxremat_passes.ops import CONVOLUTION
+from fxremat_passes.split import SplitRecipe
+
+from .report import BASELINE_PEAK_FIELDS, PEAK_FIELDS, Deferred, SimulatedPeak
+
+log = logging.getLogger(__name__)
+
+
+# At most this many points of the simulated memory timeline go into a report (enough for a chart).
+TIMELINE_POINTS = 400
+
+
+def simulate_or_none(
+    fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, recopy: bool = True
+) -> PeakEstimate | None:
+    """The liveness simulation of a split; informative, so a failure is logged, never raised."""
+    try:
+        return simulate_step(fw, bw, num_fwd_outputs, recopy)
+    except Exception as error:
+        log.debug("memory simulation failed: %s", error, exc_info=True)
+        return None
+
+
+def timeline(peak: PeakEstimate) -> tuple[tuple[str, str, int], ...]:
+    """At most about TIMELINE_POINTS evenly spaced points of the timeline, always with the peak and the first
+    backward point (a chart marks both)."""
+    timeline = peak.timeline
+    step = max(1, len(timeline) // TIMELINE_POINTS)
+    keep = set(range(0, len(timeline), step))
+    keep |= {
+        i for i, (phase, node, nbytes) in enumerate(timeline) if (phase, node) == (peak.peak_phase, peak.peak_node)
+    }
+    keep |= {next((i for i, point in enumerate(timeline) if point[0] == "backward"), 0)}
+    return tuple(timeline[i] for i in sorted(keep) if i < len(timeline))
+
+
+def peak_fields(peak: PeakEstimate | None) -> dict:
+    if peak is None:
+        return {}
+    return dict(
+        simulated_peak_bytes=peak.peak_bytes,
+        simulated_activation_peak_bytes=peak.activation_peak_bytes,
+        simulated_peak_at=f"{peak.peak_phase}:{peak.peak_node}",
+        memory_timeline=timeline(peak),
+    )
+
+
+def baseline_peak_fields(peak: PeakEstimate | None) -> dict:
+    """``peak_fields`` for PyTorch's split, under the report's ``baseline_`` names."""
+    fields = {f"baseline_{name}": value for name, value in peak_fields(peak).items()}
+    return {name: value for name, value in fields.items() if name in BASELINE_PEAK_FIELDS}
+
+
+def can_simulate_later(fw_nodes) -> bool:
+    """Whether a split's simulation gives the same result after this compile as during it.  It reads the graphs
+    (a later simulation builds its own copies from the recipe: Inductor rewrites the ones it gets) and one thing of
+    the compile's context: Inductor's layout decision, made from config flags in force during the compile only,
+    and always False for a forward without convolutions."""
+    return not any(n.target is CONVOLUTION for n in fw_nodes)
+
+
+def later(compute: Callable[[], dict], names: tuple[str, ...], stock: bool = False) -> dict[str, Deferred]:
+    """The report fields ``names``, all filled by one ``compute()`` on the first read of any of them (informative:
+    a failure is logged and leaves them at their defaults).  ``stock``: they simulate PyTorch's split, which stock
+    Inductor would compile (its buffer reuse, not fxremat's)."""
+
+    # the simulation models the compile's buffer reuse, read now, inside its config patch
+    reuse_as_now = tp.buffer_reuse_as_now(stock)
+
+    def run() -> dict:
+        with gc_paused(), reuse_as_now():
+            try:
+                return compute()
+            except Exception as error:
+                log.debug("deferred report fields failed: %s", error, exc_info=True)
+                return {}
+
+    return dict.fromkeys(names, Deferred(run))
+
+
+def report_peak(fw, bw, num_fwd_outputs: int, recipe: SplitRecipe | None, peak: PeakEstimate | None) -> SimulatedPeak:
+    """The simulated-peak fields of our split: the simulation the peak budget already ran, or one deferred to the
+    first read of the fields (from the recipe's own copy of the split), or, where neither applies, one run now."""
+    if peak is not None:
+        return SimulatedPeak(**peak_fields(peak))
+    if recipe is not None and can_simulate_later(recipe.fw_order):
+        deferred = later(lambda: peak_fields(simulate_step(*recipe.build(lazy=True), num_fwd_outputs)), PEAK_FIELDS)
+        return SimulatedPeak(**deferred)
+    return SimulatedPeak(**peak_fields(simulate_or_none(fw, bw, num_fwd_outputs)))
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while we partition, back on (if it was) afterwards.  A partition
+    allocates tens of thousands of small objects (nodes, meta dicts, tuples); every few hundred allocations the
+    collector runs, and its full collections walk every object the process holds (FakeTensors, the model, the
+    graphs: 570k objects in benchmarks/solve_time.py at 48 blocks).  Those walks were most of the partition time
+    there (the prepare pass: 0.95 s with the collector, 0.22 s without).  The reference cycles a partition leaves
+    (graphs and their nodes) are collected once it resumes."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
