@@ -37,12 +37,12 @@ import torch
 VARIANTS = ("crude", "no_weights", "real")
 
 
-def variant_costs(variant: str, graph, profile, nodes=None) -> dict:
+def variant_costs(variant: str, graph, profile, nodes=None, facts=None) -> dict:
     """annotate_costs' output for ``variant`` (written to ``node.meta`` like annotate_costs does)."""
     from fxremat_passes.costs import COST_KEY, _first_tensor_input, annotate_costs, hinted_numel
     from fxremat_passes.ops import FUSIBLE, OpClass, qualified_name
 
-    costs = annotate_costs(graph, profile, nodes)
+    costs = annotate_costs(graph, profile, nodes, facts)
     if variant == "real":
         return costs
     out = {}
@@ -103,10 +103,10 @@ def costs_variant(variant: str, real_by_name: dict):
     import fxremat.partition as partition
     from fxremat_passes.costs import annotate_costs
 
-    def annotate(graph, profile, nodes=None):
-        real = annotate_costs(graph, profile, nodes)
+    def annotate(graph, profile, nodes=None, facts=None):
+        real = annotate_costs(graph, profile, nodes, facts)
         real_by_name.update({n.name: c for n, c in real.items()})
-        return variant_costs(variant, graph, profile, nodes)
+        return variant_costs(variant, graph, profile, nodes, facts)
 
     with mock.patch.object(partition, "annotate_costs", annotate):
         yield

@@ -58,14 +58,9 @@ class Described:
 
     @classmethod
     def of(cls, description: SplitDescription) -> Described:
-        return cls(
-            saved_bytes=description.saved_bytes,
-            recompute_flops=description.recompute_flops,
-            est_recompute_seconds=description.recompute_seconds,
-            saved=description.saved,
-            recomputed=description.recomputed,
-            saved_symbols=description.saved_symbols,
-        )
+        # the description's fields under the same names, but its estimate, which the report calls est_*
+        same = {f.name: getattr(description, f.name) for f in dataclasses.fields(cls) if hasattr(description, f.name)}
+        return cls(**same, est_recompute_seconds=description.recompute_seconds)
 
 
 @dataclass(**_RECORD)

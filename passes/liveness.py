@@ -76,6 +76,16 @@ class PeakEstimate:
     activation_peak_bytes: int  # the most bytes held at once that are not gradients
     timeline: tuple[tuple[str, str, int], ...]  # (phase, node, most bytes held while it runs)
 
+    @classmethod
+    def of_timeline(cls, timeline: list[tuple[str, str, int]], **figures: int) -> PeakEstimate:
+        """The estimate whose peak is the timeline's first highest point; ``figures``: the phase peaks, the
+        gradient and activation bytes."""
+        peak_phase, peak_node, peak = "forward", "", 0
+        for phase, node, total in timeline:
+            if total > peak:
+                peak_phase, peak_node, peak = phase, node, total
+        return cls(peak_bytes=peak, peak_phase=peak_phase, peak_node=peak_node, timeline=tuple(timeline), **figures)
+
 
 # Graph inputs Inductor's memory estimate never counts, by name (``is_nonfreeable_buffers``): parameters, tangents.
 # It counts every other input of backward as freed after its last reader, saved views of parameters (a transposed
@@ -144,19 +154,12 @@ class _ForwardRun:
         backward = _backward_phase(self.fw, bw, self.saved, forward.live, self.user_roots, channels_last, arrivals)
         backward_peak = backward.run("backward", timeline)
         gradient_bytes = sum(_tensor_storage_bytes(a) for a in bw.returned if phase_root(a, bw) not in bw.inputs)
-        peak_phase, peak_node, peak = "forward", "", 0
-        for phase, node, total in timeline:
-            if total > peak:
-                peak_phase, peak_node, peak = phase, node, total
-        return PeakEstimate(
-            peak_bytes=peak,
-            peak_phase=peak_phase,
-            peak_node=peak_node,
+        return PeakEstimate.of_timeline(
+            timeline,
             forward_peak_bytes=self.peak,
             backward_peak_bytes=backward_peak,
             gradient_bytes=gradient_bytes,
             activation_peak_bytes=max(forward.activation_peak, backward.activation_peak),
-            timeline=tuple(timeline),
         )
 
 
