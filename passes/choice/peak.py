@@ -59,7 +59,7 @@ def choose_plan_for_peak(c: Choosing) -> PlanChoice:
         segmented_plan, recipe, peak, segment_fields = segmented
         fields.update(segment_fields, peak_budget_met=peak.peak_bytes <= target)
         if peak.peak_bytes <= target:
-            return PlanChoice(segmented_plan, fields, built(recipe), peak)
+            return _handed_on(segmented_plan, fields, built(recipe), peak)
     if chosen is None:
         warnings.warn(
             f"fxremat: {c.request.graph_id} cannot keep its simulated step peak within {target} bytes "
@@ -68,9 +68,15 @@ def choose_plan_for_peak(c: Choosing) -> PlanChoice:
             stacklevel=4,
         )
         if segmented is not None:
-            return PlanChoice(segmented_plan, fields, built(recipe), peak)
+            return _handed_on(segmented_plan, fields, built(recipe), peak)
     plan = chosen if chosen is not None else lowest
-    return PlanChoice(plan, dict(fields, peak_budget_met=chosen is not None), *simulated.handed_on(plan))
+    return _handed_on(plan, dict(fields, peak_budget_met=chosen is not None), *simulated.handed_on(plan))
+
+
+def _handed_on(plan, fields: dict, split, peak) -> PlanChoice:
+    """The choice of ``plan``; its report names the method that found it (a checkpointed candidate's, not the
+    default plan's that ``choose_plan`` wrote)."""
+    return PlanChoice(plan, dict(fields, plan_method=plan.method), split, peak)
 
 
 def _peak_candidates(c: Choosing):

@@ -154,3 +154,19 @@ def test_report_text_says_what_was_asked_and_achieved():
     budget_bytes = fxremat.render.format_bytes(report.budget_bytes)
     assert f"memory_budget 0.5 (from fxremat): at most {budget_bytes} saved" in text
     assert text.count("simulated step peak") == 1 and report.simulated_peak_at in text
+
+
+@pytest.mark.parametrize("setting", [{"peak_budget": 0.0}, {"memory_budget": 0.2}, {}])
+def test_the_report_names_the_method_that_found_the_chosen_plan(monkeypatch, setting):
+    """``plan_method`` is the chosen plan's: peak_budget=0.0 on the 4-block stack chooses a checkpointed plan, which
+    its report called "mincut" (the default plan's method, written before the peak choice) until session 20."""
+    from fxremat import partition as partition_module
+
+    chosen = []
+    real_choose = partition_module.choose
+    monkeypatch.setattr(partition_module, "choose", lambda *a: chosen.append(real_choose(*a)) or chosen[-1])
+    model, inputs = example("stack")
+    report = run_fxremat_aot(model, inputs, strict=True, **setting)[3][0]
+    assert [c.plan.method for c in chosen] == [report.plan_method], (chosen, report.plan_method)
+    if setting == {"peak_budget": 0.0}:
+        assert report.plan_method == "checkpoints"  # the case that was wrong: not the price search's plan
