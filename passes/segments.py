@@ -31,8 +31,9 @@ import torch.fx as fx
 
 from . import _torch_private as tp
 from .checkpoints import SEGMENT_COUNTS, Waists, forward_waists, segment_checkpoints
-from .costs import DeviceProfile, alias_root, node_cost, value_nbytes
+from .costs import DeviceProfile, alias_root, node_cost, node_nbytes
 from .cse import impurity_test
+from .graph_facts import attached
 from .liveness import PeakEstimate, simulate_backwards
 from .ops import NEVER_RECOMPUTE, op_class
 from .split import FirstPass, SplitRecipe
@@ -40,15 +41,32 @@ from .split import FirstPass, SplitRecipe
 log = logging.getLogger(__name__)
 
 
-def recomputed_region(recipe: SplitRecipe) -> list[fx.Node]:
+class _JointReads:
+    """What this pass reads of a recipe's joint graph: the ``GraphFacts`` the partition attached to it
+    (``passes/graph_facts.py``: inputs, alias roots, op classes, bytes and order, read once), or, for a recipe made
+    elsewhere (a test's, a benchmark's), each node read by itself."""
+
+    def __init__(self, recipe: SplitRecipe) -> None:
+        facts = attached(recipe.joint.graph)
+        if facts is not None:
+            self.inputs, self.root = facts.inputs_of.__getitem__, facts.alias_root.__getitem__
+            self.op_class, self.nbytes, self.index = facts.op_class.__getitem__, facts.nbytes.__getitem__, facts.index
+        else:
+            self.inputs, self.root = (lambda node: node.all_input_nodes), alias_root
+            self.op_class, self.nbytes = op_class, node_nbytes
+            self.index = {n: i for i, n in enumerate(recipe.joint.graph.nodes)}
+
+
+def recomputed_region(recipe: SplitRecipe, reads: _JointReads | None = None) -> list[fx.Node]:
     """The forward nodes backward recomputes (ancestors of forward's outputs in the joint graph), in joint order."""
+    inputs = (reads or _JointReads(recipe)).inputs
     forward: set[fx.Node] = set()
     stack = [o for o in recipe.fw_outputs if isinstance(o, fx.Node)]
     while stack:
         node = stack.pop()
         if node not in forward:
             forward.add(node)
-            stack += node.all_input_nodes
+            stack += inputs(node)
     return [n for n in recipe.bw_order if type(n) is fx.Node and n in forward and n.op == "call_function"]
 
 
@@ -64,12 +82,12 @@ class _Region:
     storage_bytes: list[int]
 
 
-def _region(nodes: list[fx.Node]) -> _Region:
+def _region(nodes: list[fx.Node], reads: _JointReads) -> _Region:
     index = {n: i for i, n in enumerate(nodes)}
-    edges = [(index[a], index[n]) for n in nodes for a in n.all_input_nodes if a in index]
+    edges = [(index[a], index[n]) for n in nodes for a in reads.inputs(n) if a in index]
     storage, storage_bytes, storage_of = [], [], {}
     for node in nodes:
-        root = alias_root(node)
+        root = reads.root(node)
         if root.target is operator.getitem and root.args[0] in index:
             root = root.args[0]  # an item of a multi-output node: held with the node, whose bytes are its items'
         if root not in index or not isinstance(root.meta.get("val"), (torch.Tensor, tuple, list)):
@@ -77,7 +95,7 @@ def _region(nodes: list[fx.Node]) -> _Region:
             continue
         if root not in storage_of:
             storage_of[root] = len(storage_bytes)
-            storage_bytes.append(value_nbytes(root.meta["val"]))
+            storage_bytes.append(reads.nbytes(root))
         storage.append(storage_of[root])
     return _Region(nodes, len(nodes), edges, storage, storage_bytes)
 
@@ -95,10 +113,11 @@ def checkpoint_grid(recipe: SplitRecipe) -> list[tuple[int, tuple[tuple[fx.Node,
     distinct set; a checkpoint set is an open set of the recomputed region, and the sets are in forward order.  The
     estimate is every checkpoint's storages plus the largest segment's bytes.  Empty where backward recomputes
     nothing worth cutting, or something that may not be copied (a random op)."""
-    nodes = recomputed_region(recipe)
-    if not nodes or any(op_class(n) in NEVER_RECOMPUTE for n in nodes):
+    reads = _JointReads(recipe)
+    nodes = recomputed_region(recipe, reads)
+    if not nodes or any(reads.op_class(n) in NEVER_RECOMPUTE for n in nodes):
         return []
-    region = _region(nodes)
+    region = _region(nodes, reads)
     waists = forward_waists(region, [True] * len(nodes))
     total = waists.cumulative_bytes[-1]
     grid, seen = [], set()
@@ -118,7 +137,7 @@ def backward_checkpoints(recipe: SplitRecipe) -> tuple[tuple[fx.Node, ...], ...]
     return min(grid, key=lambda entry: entry[0])[1] if grid else ()
 
 
-def _live_main(recipe: SplitRecipe, checkpoints: frozenset[fx.Node]) -> set[fx.Node]:
+def _live_main(recipe: SplitRecipe, checkpoints: frozenset[fx.Node], reads: _JointReads) -> set[fx.Node]:
     """Backward's own copies still read once checkpoints are read from the first pass."""
     order = set(recipe.bw_order)
     impure = impurity_test()
@@ -129,11 +148,11 @@ def _live_main(recipe: SplitRecipe, checkpoints: frozenset[fx.Node]) -> set[fx.N
         if node in live or node in checkpoints or node not in order:
             continue
         live.add(node)
-        stack += node.all_input_nodes
+        stack += reads.inputs(node)
     return live
 
 
-def _first_pass(region: list[fx.Node], checkpoints: frozenset[fx.Node]) -> list[fx.Node]:
+def _first_pass(region: list[fx.Node], checkpoints: frozenset[fx.Node], reads: _JointReads) -> list[fx.Node]:
     """The recomputed nodes the first pass copies: the checkpoints and their ancestors in the region."""
     inside = set(region)
     needed: set[fx.Node] = set()
@@ -142,27 +161,26 @@ def _first_pass(region: list[fx.Node], checkpoints: frozenset[fx.Node]) -> list[
         node = stack.pop()
         if node not in needed and node in inside:
             needed.add(node)
-            stack += node.all_input_nodes
+            stack += reads.inputs(node)
     return [n for n in region if n in needed]
 
 
-def _lazy_order(recipe: SplitRecipe, main: list[fx.Node], first: list[fx.Node], checkpoints: frozenset) -> list:
+def _lazy_order(recipe: SplitRecipe, main: list[fx.Node], first: list[fx.Node], checkpoints: frozenset, reads) -> list:
     """``split._reorder_like_autograd`` on the segmented backward: from the first reader of a tangent on, each
     node (in joint order) is placed right after whatever it still needs, first-pass copies included."""
-    first_set = set(first)
-    index = {n: i for i, n in enumerate(recipe.joint.graph.nodes)}
+    first_set, index, inputs = set(first), reads.index, reads.inputs
 
     def inputs_of(item) -> list:
         if type(item) is FirstPass:
-            return [FirstPass(a) if a in first_set else a for a in item.node.all_input_nodes]
-        return [FirstPass(a) if a in checkpoints else a for a in item.all_input_nodes]
+            return [FirstPass(a) if a in first_set else a for a in inputs(item.node)]
+        return [FirstPass(a) if a in checkpoints else a for a in inputs(item)]
 
     def key(item) -> tuple[int, int]:
         return (index[item.node], 0) if type(item) is FirstPass else (index[item], 1)
 
     tangents = {n for n in recipe.bw_inputs if tp.is_tangent(n)}
     main = sorted(main, key=index.__getitem__)
-    readers = [i for i, n in enumerate(main) if not tangents.isdisjoint(n.all_input_nodes)]
+    readers = [i for i, n in enumerate(main) if not tangents.isdisjoint(inputs(n))]
     placed: set = set(recipe.bw_inputs)
     result: list = []
 
@@ -218,11 +236,12 @@ def segment_backward(recipe: SplitRecipe, checkpoint_sets: Sequence[Sequence[fx.
     if not checkpoint_sets or any(tp.is_mutation_op(n) for n in recipe.bw_order):
         return recipe
     checkpoints = frozenset(n for s in checkpoint_sets for n in s)
-    region = recomputed_region(recipe)
-    live = _live_main(recipe, checkpoints)
+    reads = _JointReads(recipe)
+    region = recomputed_region(recipe, reads)
+    live = _live_main(recipe, checkpoints, reads)
     main = [n for n in recipe.bw_order if n in live]
-    first = _first_pass(region, checkpoints)
-    order = _lazy_order(recipe, main, first, checkpoints)
+    first = _first_pass(region, checkpoints, reads)
+    order = _lazy_order(recipe, main, first, checkpoints, reads)
     log.debug(
         "segments: %d checkpoint sets (%d nodes), %d first-pass copies, %d backward nodes",
         len(checkpoint_sets),
