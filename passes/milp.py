@@ -20,8 +20,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import coo_array
 
 from .budget import Plan
 from .parametric import ParametricProblem
@@ -40,6 +38,8 @@ def solve_milp(
 ) -> Plan:
     """``storage_budgets``: (storage ids, bytes) pairs, one more row each: the storages of one region keep at most
     that many bytes (per-region budgets, ``region_search.py``)."""
+    from scipy.optimize import Bounds, LinearConstraint, milp  # imported on first use: see mincut.py
+
     n = problem.num_values
     m = len(problem.storage_bytes)
     cost, upper = _objective_and_bounds(problem, price)
@@ -119,6 +119,8 @@ def _constraints(problem: ParametricProblem, budget_bytes, storage_budgets):
         add_row([(2 * n + k, float(b)) for k, b in enumerate(problem.storage_bytes)], -np.inf, float(budget_bytes))
     for storages, nbytes in storage_budgets:
         add_row([(2 * n + k, float(problem.storage_bytes[k])) for k in storages], -np.inf, float(nbytes))
+    from scipy.sparse import coo_array  # imported on first use: see mincut.py
+
     matrix = coo_array((vals, (rows, cols)), shape=(len(lower), 2 * n + m)).tocsr()
     return matrix, np.array(lower), np.array(upper_rows)
 

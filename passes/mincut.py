@@ -32,10 +32,16 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.sparse import csr_array
-from scipy.sparse.csgraph import breadth_first_order, maximum_flow
+
+if TYPE_CHECKING:
+    from scipy.sparse import csr_array
+
+# scipy is imported by the first solve, not with this module (here, milp.py and peak_milp.py): a compile that
+# Inductor's cache answers never partitions, and importing scipy with fxremat cost each such compile 0.2-0.4 s
+# (issue #16's warm-cache time; benchmarks/RESULTS.md, "Session 21").
 
 log = logging.getLogger(__name__)
 
@@ -225,12 +231,17 @@ def _build_network(problem: CutProblem) -> tuple[csr_array, int]:
     first[1:] = keys[1:] != keys[:-1]
     keys, cap_arr = keys[first], cap_arr[first]
     assert cap_arr.max(initial=0) <= INT32_MAX
+    from scipy.sparse import csr_array  # imported on first use: see the note above INT32_MAX
+
     graph = csr_array((cap_arr.astype(np.int32), (keys // size, keys % size)), shape=(size, size))
     return graph, inf
 
 
 def _infinite_path(graph: csr_array, inf: int) -> tuple[int, ...] | None:
     """A source->sink path through infinite edges only, as value indices, or None."""
+    from scipy.sparse import csr_array  # imported on first use: see the note above INT32_MAX
+    from scipy.sparse.csgraph import breadth_first_order
+
     inf_only = csr_array(graph.multiply(graph >= inf))
     inf_only.eliminate_zeros()
     order, preds = breadth_first_order(inf_only, SOURCE, directed=True, return_predecessors=True)
@@ -253,6 +264,9 @@ def solve_min_cut(problem: CutProblem) -> CutSolution:
     n = problem.num_values
     if not problem.needed:
         return CutSolution((), (), 0, time.perf_counter() - start)
+    from scipy.sparse import csr_array  # imported on first use: see the note above INT32_MAX
+    from scipy.sparse.csgraph import breadth_first_order, maximum_flow
+
     graph, inf = _build_network(problem)
     path = _infinite_path(graph, inf)
     if path is not None:

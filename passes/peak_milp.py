@@ -45,8 +45,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import coo_array
 
 DEFAULT_TIME_LIMIT_S = 120.0
 # A compute budget taken from a plan's own float sum is met by that plan: the MILP gets this much slack on top so
@@ -348,6 +346,9 @@ class _Program:
         self.row_upper.append(upper)
 
     def solve(self, time_limit: float):
+        from scipy.optimize import Bounds, LinearConstraint, milp  # imported on first use: see mincut.py
+        from scipy.sparse import coo_array
+
         rows, cols, vals = zip(*self.entries) if self.entries else ((), (), ())
         matrix = coo_array((vals, (rows, cols)), shape=(len(self.row_lower), len(self.cost))).tocsr()
         return milp(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 
@@ -298,3 +300,10 @@ def test_cache_key_hashes_every_pass_source():
     passes = Path(fxremat_passes.__file__).resolve().parent
     assert passes / "layout.py" in hashed and passes / "_torch_private" / "__init__.py" in hashed
     assert Path(backend_module.__file__).resolve() in hashed
+
+
+def test_importing_fxremat_does_not_import_scipy():
+    # torch.compile(backend="fxremat") imports fxremat even when Inductor's cache answers and nothing is
+    # partitioned: scipy (0.2-0.4 s) waits for the first solve (passes/mincut.py; issue #16's warm-cache time)
+    code = "import sys, fxremat; assert not [m for m in sys.modules if m.split('.')[0] == 'scipy'], 'scipy imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)

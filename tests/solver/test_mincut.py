@@ -231,3 +231,16 @@ def test_invariants(problem):
 def test_solver_module_does_not_import_torch():
     code = "import sys, fxremat_passes.mincut; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_solvers_import_scipy_on_their_first_solve_not_before():
+    # a compile that Inductor's cache answers never solves, so it must not pay for scipy's import (issue #16)
+    code = (
+        "import sys, fxremat_passes.mincut, fxremat_passes.milp, fxremat_passes.peak_milp\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] == 'scipy'], 'scipy imported'\n"
+        "from fxremat_passes.mincut import CutProblem, solve_min_cut\n"
+        "solution = solve_min_cut(CutProblem(num_values=1, edges=(), needed=(0,), save_cost=(1,), "
+        "recompute_cost=(None,)))\n"
+        "assert solution.saved == (0,) and 'scipy.sparse.csgraph' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
