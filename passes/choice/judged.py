@@ -15,6 +15,7 @@ from ..liveness import PeakEstimate, simulate_step
 from ..plan_memory import build_joint_memory, estimate_peak
 from ..roles import Role
 from ..shortlists import plan_key
+from ..stored_sums import block_sums, reads_only
 from .plan import peak_candidates
 from .records import Choosing
 
@@ -105,7 +106,11 @@ def judged_plans(c: Choosing, required: set, estimator=None) -> JudgedPlans:
 
 
 def ranked_candidates(c: Choosing, budget_bytes: int | None, cache: SolveCache | None = None):
-    """(candidates fastest first (``plan.peak_candidates``), the plan-level estimator: ``plan_estimator``)."""
+    """(candidates fastest first (``plan.peak_candidates``, with the plans that save the block sums where the graph
+    has some: ``stored_sums.py``), the plan-level estimator: ``plan_estimator``)."""
     forward = [c.roles.role[n] is Role.FORWARD for n in c.flow.nodes]
-    candidates = peak_candidates(c.flow.parametric, forward, c.settings, c.profile, budget_bytes, cache)
+    sums = block_sums(c.roles, c.flow.nodes)
+    sums_problem = reads_only(c.flow.parametric, sums, c.profile.mem_bandwidth) if sums else None
+    problem = c.flow.parametric
+    candidates = peak_candidates(problem, forward, c.settings, c.profile, budget_bytes, cache, sums_problem)
     return candidates, plan_estimator(c)

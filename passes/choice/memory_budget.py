@@ -13,7 +13,7 @@ from ..shortlists import budget_shortlist, monotone_choice, plan_key
 from ..solvers import SOLVERS
 from .contract import CONTRACT_FIELDS, contract_plan
 from .default import block_sums_plan
-from .judged import PEAK_SIMULATED_CANDIDATES, judged_plans, ranked_candidates
+from .judged import judged_plans, ranked_candidates
 from .plan import budget_target_bytes, choose_plan, frontier_field
 from .records import Chooser, Choosing, PlanChoice
 from .segmented import Segmentations, built
@@ -51,7 +51,7 @@ def choose_plan_for_budget(c: Choosing) -> PlanChoice:
     segmentations = Segmentations(simulated, request, c.profile)
     try:
         plans = [*candidates, default, fewest]
-        shortlist = budget_shortlist(plans, simulated.peak, default, fewest, PEAK_SIMULATED_CANDIDATES)
+        shortlist = budget_shortlist(plans, simulated.peak, default, fewest)
         lowered = segmentations.peak if settings.backward_segments is None else None
         choice = monotone_choice(shortlist, default, target, peak_of, lowered)
         if choice.peak == float("inf"):

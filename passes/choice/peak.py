@@ -132,7 +132,7 @@ def _segmented_lowest(c: Choosing, candidates, shortlist, real, simulated, defau
     for plan in (fewest, *sorted(shortlist, key=lambda p: (real[plan_key(p)], p.seconds))[:LOWERED_CANDIDATES]):
         segmentations.peak(plan)
     if c.settings.backward_segments is None:  # memory_budget's walk segments as it goes (choose_plan_for_budget)
-        walked = budget_shortlist(candidates, simulated.peak, default_plan, fewest, PEAK_SIMULATED_CANDIDATES)
+        walked = budget_shortlist(candidates, simulated.peak, default_plan, fewest)
         monotone_choice(walked, default_plan, fewest.saved_bytes, simulated.peak, segmentations.peak)
     found = [(plan, *segmentation) for plan, segmentation in segmentations.found.values() if segmentation is not None]
     return min(found, key=lambda f: (f[2].peak_bytes, f[0].seconds), default=None)
