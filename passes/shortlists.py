@@ -63,7 +63,7 @@ class PeakChoice:
     plan: Plan
     peak: int  # the plan's simulated peak
     lowest_looser_peak: int  # the lowest peak chosen at any looser budget (the default plan's included)
-    raised: bool  # the budget itself forced a peak above what a looser one allows (monotone_choice)
+    raised: bool  # the budget itself forced a peak above lowest_looser_peak
 
 
 # Plans a raised budget choice also judges run another way (``monotone_choice``'s ``lowered``): the lowest by
@@ -82,28 +82,18 @@ def _lowest(plans: list[Plan], peak_of, lowered) -> tuple[Plan, float]:
     return best, peaks[plan_key(best)]
 
 
-# How far above the lowest peak chosen at a looser budget a tighter budget's plan may peak, if it is faster and
-# no higher than the default plan's peak.  Without it a plan a few percent lower at a looser budget held every
-# tighter one below it, and the faster plans between the frontier's vertices never fitted (llama_stack at 0.5:
-# 4.0 MB at 4.3 ms and 8.65 MB simulated, refused for a 8.39 MB bound from 0.9, leaving a 10.2 ms plan;
-# benchmarks/RESULTS.md "Session 21").  Issue #15 measures monotonicity within 3%; the simulation is within 1-5%.
-PEAK_TOLERANCE = 0.05
-
-
 def monotone_choice(shortlist: list[Plan], default: Plan, target: int, peak_of, lowered=None) -> PeakChoice:
-    """The fastest plan of ``shortlist`` (fastest first) within ``target`` saved bytes whose peak
-    (``peak_of(plan)``, simulated on demand) is at most the default plan's and at most ``PEAK_TOLERANCE`` above the
-    lowest peak chosen at any looser budget; where none is, the lowest-peak plan within ``target`` (``raised``), a
-    plan's peak then being ``lowered(plan)`` where that is lower (the plan run another way, e.g. recomputed segment
-    by segment, as the budget's choice will run it: ``_lowest``); a tighter budget is held to that peak too.
+    """The fastest plan of ``shortlist`` (fastest first) within ``target`` saved bytes whose
+    peak (``peak_of(plan)``, simulated on demand) is at most that of the plan chosen at every looser budget,
+    the default plan's included; where none is, the lowest-peak plan within ``target`` (``raised``), a plan's peak
+    then being ``lowered(plan)`` where that is lower (the plan run another way, e.g. recomputed segment by segment,
+    as the budget's choice will run it: ``_lowest``); a tighter budget is held to that peak too.
 
     Walking the budgets from the loosest down, the chosen plan changes only where a plan stops fitting, so the
     walk visits each distinct saved-bytes level of the shortlist above ``target``, then ``target``.  The shortlist
-    does not depend on the budget, so as the budget goes down the chosen peak never rises above the default's nor
-    more than ``PEAK_TOLERANCE`` above any looser budget's, except where a budget leaves no plan that low (then it
-    is the lowest the budget allows, and ``raised`` says so)."""
-    default_peak = peak_of(default)
-    bound = default_peak
+    does not depend on the budget, so the chosen peak is non-increasing as the budget goes down, except where a
+    budget leaves no plan that low (then it is the lowest the budget allows, and ``raised`` says so)."""
+    bound = peak_of(default)
     choice = PeakChoice(default, bound, bound, False)
     if target >= default.saved_bytes:
         return choice
@@ -112,12 +102,11 @@ def monotone_choice(shortlist: list[Plan], default: Plan, target: int, peak_of, 
     caps = [*sorted(levels, reverse=True), target]
     for cap in caps:
         fitting = [p for p in shortlist if p.saved_bytes <= cap]
-        allowed = min(default_peak, bound * (1 + PEAK_TOLERANCE))
-        plan = next((p for p in fitting if peak_of(p) <= allowed), None)
+        plan = next((p for p in fitting if peak_of(p) <= bound), None)
         if plan is None:
             plan, peak = _lowest(fitting, peak_of, lowered)
         else:
             peak = peak_of(plan)
-        choice = PeakChoice(plan, peak, bound, peak > allowed)
+        choice = PeakChoice(plan, peak, bound, peak > bound)
         bound = min(bound, choice.peak)
     return choice

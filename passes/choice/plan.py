@@ -72,10 +72,12 @@ def candidate_plans(
     """Distinct plans spanning default to fewest bytes, fastest (estimated) first (``cache``: the caller's
     max-flows, shared).  ``sums_problem``: ``problem`` with its block sums' saves priced at one read
     (``stored_sums.reads_only``), where the graph has block sums: its MILP-refined plans stand in for the plain
-    problem's, and its frontier joins; each is priced by ``problem``.  Saving a block sum in place of the projection
-    it adds keeps the same bytes but spares backward recomputing the residual stream, so these plans run with a lower
-    step peak (llama_stack at 4.16 MiB: 8.65 MB simulated against 9.70 MB, benchmarks/RESULTS.md "Session 21"),
-    which a peak-judged budget needs among the plans between the frontier's vertices."""
+    problem's, priced by ``problem``.  Saving a block sum in place of the projection it adds keeps the same bytes
+    but spares backward recomputing the residual stream, so these plans run with a lower step peak (llama_stack at
+    4.0 MB saved: 8.65 MB simulated against 9.70 MB, benchmarks/RESULTS.md "Session 21"), and a peak-judged budget
+    can take them between the frontier's vertices.  (Its frontier's plans are left out: a few percent lower than
+    the default's peak at nearly its bytes, they held every tighter budget of ``shortlists.monotone_choice`` below
+    them, where the plans between the vertices peak as the default does.)"""
     price, max_price = prices(settings, profile)
     cache = cache or SolveCache(problem)
     plans = frontier(problem, price, max_price, cache=cache)
@@ -83,9 +85,7 @@ def candidate_plans(
     refined, ends, refined_cache = problem, (default, fewest), cache
     if sums_problem is not None:
         refined_cache = SolveCache(sums_problem)
-        found = frontier(sums_problem, price, max_price, cache=refined_cache)
         refined, ends = sums_problem, (refined_cache.at(price), refined_cache.at(max_price))
-        plans.extend(_priced_by(problem, found))
     refinements = [
         cheapest_within(
             refined, budget_target_bytes(fraction, default, fewest), price, max_price, *ends, refined_cache

@@ -7,14 +7,7 @@ import subprocess
 import sys
 
 from fxremat_passes.budget import Plan
-from fxremat_passes.shortlists import (
-    PEAK_TOLERANCE,
-    budget_shortlist,
-    fastest_first,
-    monotone_choice,
-    peak_shortlist,
-    plan_key,
-)
+from fxremat_passes.shortlists import budget_shortlist, fastest_first, monotone_choice, peak_shortlist, plan_key
 
 
 def _plan(saved_bytes: int, seconds: float, name: int):
@@ -38,21 +31,6 @@ def test_monotone_choice_never_raises_the_peak_a_looser_budget_reached():
     assert chosen[10].raised and chosen[10].plan.saved == (3,) and chosen[10].lowest_looser_peak == 45
     assert chosen[0].plan.saved == (3,)  # unreachable: the fewest bytes
     assert not any(chosen[t].raised for t in (100, 70, 60, 50, 40))
-
-
-def test_a_faster_plan_a_little_above_a_looser_budgets_peak_is_taken_never_above_the_default():
-    # the 80-byte plan is a little lower than the default and fast; the 60-byte plan is PEAK_TOLERANCE / 2 above
-    # it and faster than the 40-byte one; the 30-byte plan is faster still but above the default plan's peak
-    low = 96
-    plans = {0: (100, 1.0, 100), 1: (80, 2.0, low), 2: (60, 3.0, low * (1 + PEAK_TOLERANCE / 2)), 3: (40, 5.0, 90)}
-    plans[4] = (30, 4.0, 101)
-    shortlist = fastest_first([_plan(b, s, k) for k, (b, s, _) in plans.items()])
-    peak = {p.saved: plans[p.saved[0]][2] for p in shortlist}
-    default = next(p for p in shortlist if p.saved == (0,))
-    at_60 = monotone_choice(shortlist, default, 60, lambda p: peak[p.saved])
-    assert at_60.plan.saved == (2,) and not at_60.raised and at_60.lowest_looser_peak == low
-    at_30 = monotone_choice(shortlist, default, 30, lambda p: peak[p.saved])
-    assert at_30.plan.saved == (4,) and at_30.raised  # the only plan within 30 bytes, above the default's peak
 
 
 def test_a_raised_choice_is_held_to_its_segmented_peak_and_so_is_every_tighter_budget():
