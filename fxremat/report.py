@@ -205,19 +205,27 @@ class CutReport(*_declared_once(STAGE_RECORDS)):
     def to_dict(self, compute_deferred: bool = True) -> dict[str, Any]:
         """Every field.  ``compute_deferred=False``: a deferred field not computed yet is written as its default
         (null, or an empty list) and stays uncomputed, so writing the report runs no simulation."""
+        data = {name: _plain(value) for name, value in self._fields(compute_deferred).items()}
+        data["schema_version"] = SCHEMA_VERSION
+        return data
+
+    def _fields(self, compute_deferred: bool) -> dict[str, Any]:
+        """Every field's value as it is (see ``to_dict``)."""
         report = self
         if not compute_deferred:
             pending = self.pending_fields()
             if pending:
                 defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name in pending}
                 report = dataclasses.replace(self, **defaults)
-        data = {f.name: _plain(getattr(report, f.name)) for f in dataclasses.fields(report)}
-        data["schema_version"] = SCHEMA_VERSION
-        return data
+        return {f.name: getattr(report, f.name) for f in dataclasses.fields(report)}
 
     def to_json(self, compute_deferred: bool = True, indent: int | None = 2) -> str:
-        """``indent=None``: one line, with Python's C encoder (the report store's copy: 7x faster at 48 blocks)."""
-        return json.dumps(self.to_dict(compute_deferred), indent=indent, sort_keys=True)
+        """``to_dict`` as JSON.  ``indent=None``: one line, with Python's C encoder (the report store's copy: 7x
+        faster at 48 blocks).  The encoder walks the fields' tuples, lists and dicts itself and asks ``_json_row``
+        only for each dataclass row: the same text as encoding ``to_dict()``, without rebuilding thousands of rows
+        as dicts first (the store's copy: 9 ms of a 48-block partition did that)."""
+        data = {**self._fields(compute_deferred), "schema_version": SCHEMA_VERSION}
+        return json.dumps(data, indent=indent, sort_keys=True, default=_json_row)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CutReport:
@@ -261,6 +269,17 @@ def _plain(value: Any) -> Any:
             names = _FIELD_NAMES[type(value)] = tuple(f.name for f in dataclasses.fields(value))
         return {name: _plain(getattr(value, name)) for name in names}
     return copy.deepcopy(value)
+
+
+def _json_row(value: Any) -> Any:
+    """A dataclass row as ``_plain`` makes it, one level: its fields as a dict (the encoder converts their values).
+    Anything else JSON cannot encode, ``_plain`` leaves as it is, so encoding ``to_dict()`` fails on it too."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        names = _FIELD_NAMES.get(type(value))
+        if names is None:
+            names = _FIELD_NAMES[type(value)] = tuple(f.name for f in dataclasses.fields(value))
+        return {name: getattr(value, name) for name in names}
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 @functools.cache

@@ -101,6 +101,8 @@ def must_recompute_values(facts: GraphFacts, role: dict[fx.Node, Role]) -> dict[
     tagged = [
         n for n in nodes if role[n] in (Role.FORWARD, Role.BACKWARD_ONLY) and recompute_tag(n) == Policy.MUST_RECOMPUTE
     ]
+    if not tagged:
+        return {}  # every rule below starts from a tagged value (most graphs have none: skip the walk)
     roots = {}
     for node in tagged:
         root = alias_root[node]
@@ -261,6 +263,8 @@ def _apply_must_recompute(facts: GraphFacts, role, no_recompute, no_save) -> dic
     data by being saved: safety wins over the tag, and the report says so."""
     conflicts: dict[fx.Node, str] = {}
     unsaveable = must_recompute_values(facts, role)
+    if not unsaveable:
+        return conflicts  # the walk below only decides about these values
     nodes, inputs_of = facts.nodes, facts.inputs_of
     for node, why in unsaveable.items():
         if node in no_recompute:

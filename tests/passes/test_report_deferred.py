@@ -96,6 +96,11 @@ def test_to_dict_is_asdict_and_the_one_line_json_the_same_object(monkeypatch):
     assert report.to_dict() == {**dataclasses.asdict(report), "schema_version": SCHEMA_VERSION}
     one_line = report.to_json(indent=None)
     assert "\n" not in one_line and json.loads(one_line) == json.loads(report.to_json())
+    # to_json encodes the rows itself (report._json_row): the very text of encoding to_dict()
+    for indent in (None, 2):
+        assert report.to_json(indent=indent) == json.dumps(report.to_dict(), indent=indent, sort_keys=True)
+        pending = json.dumps(report.to_dict(compute_deferred=False), indent=indent, sort_keys=True)
+        assert report.to_json(compute_deferred=False, indent=indent) == pending
 
 
 @pytest.mark.parametrize(
