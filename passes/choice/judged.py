@@ -109,8 +109,7 @@ def ranked_candidates(c: Choosing, budget_bytes: int | None, cache: SolveCache |
     """(candidates fastest first (``plan.peak_candidates``, with the plans that save the block sums where the graph
     has some: ``stored_sums.py``), the plan-level estimator: ``plan_estimator``)."""
     forward = [c.roles.role[n] is Role.FORWARD for n in c.flow.nodes]
-    sums = block_sums(c.roles, c.flow.nodes)
-    sums_problem = reads_only(c.flow.parametric, sums, c.profile.mem_bandwidth) if sums else None
-    problem = c.flow.parametric
+    problem, sums = c.flow.parametric, block_sums(c.roles, c.flow.nodes)
+    sums_problem = reads_only(problem, sums, c.profile.mem_bandwidth) if sums else None
     candidates = peak_candidates(problem, forward, c.settings, c.profile, budget_bytes, cache, sums_problem)
     return candidates, plan_estimator(c)

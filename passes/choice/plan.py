@@ -114,11 +114,10 @@ def peak_candidates(
     cache: SolveCache | None = None,
     sums_problem: ParametricProblem | None = None,
 ) -> list[Plan]:
-    """Candidates for a peak budget: the price search's plans (``candidate_plans``, ``sums_problem``'s too) and, for
-    a range of checkpoint
-    spacings (``checkpoints.py``), the plans that keep those checkpoints and recompute the segments between them
-    lazily (the bytes-only frontier has no plan whose recompute is spread over backward).  With a saved-bytes
-    budget too, each checkpoint set also gets its cheapest plan within that budget."""
+    """Candidates for a peak budget: the price search's plans (``candidate_plans``, with ``sums_problem``) and, for
+    a range of checkpoint spacings (``checkpoints.py``), the plans that keep those checkpoints and recompute the
+    segments between them lazily (the bytes-only frontier has no plan whose recompute is spread over backward).
+    With a saved-bytes budget too, each checkpoint set also gets its cheapest plan within that budget."""
     plans = candidate_plans(problem, settings, profile, cache, sums_problem)
     price, max_price = prices(settings, profile)
     for constrained in checkpoint_grid(problem, forward):

@@ -170,3 +170,39 @@ def test_the_report_names_the_method_that_found_the_chosen_plan(monkeypatch, set
     assert [c.plan.method for c in chosen] == [report.plan_method], (chosen, report.plan_method)
     if setting == {"peak_budget": 0.0}:
         assert report.plan_method == "checkpoints"  # the case that was wrong: not the price search's plan
+
+
+def test_the_candidates_between_the_vertices_save_the_block_sums_and_peak_no_higher():
+    """``candidate_plans(..., sums_problem)`` (passes/choice/plan.py): the MILP-refined candidates are solved with
+    the block sums' saves priced at one read, as the default plan may be, and priced back on the real problem; each
+    fits its fraction's bytes, and saving the residual stream spares backward recomputing it, so none peaks above
+    the plain problem's plan at the same fraction, and at least one saves a block sum (llama_stack, RESULTS.md
+    "Session 21": the plain plans peaked above the default, and memory_budget=0.5 fell back to a slow one)."""
+    from fxremat.options import Options
+    from fxremat_passes.budget import SolveCache
+    from fxremat_passes.choice.plan import PEAK_CANDIDATE_FRACTIONS, budget_target_bytes, candidate_plans
+    from fxremat_passes.stored_sums import block_sums, reads_only
+
+    joint, roles, flow, _, memory, _ = _candidates_and_memory("llama_stack")
+    problem, profile, options = flow.parametric, PROFILES["cpu"], Options.create()
+    sums = block_sums(roles, flow.nodes)
+    assert sums
+    sums_problem = reads_only(problem, sums, profile.mem_bandwidth)
+    plain = candidate_plans(problem, options, profile, SolveCache(problem))
+    with_sums = candidate_plans(problem, options, profile, SolveCache(problem), sums_problem)
+    index = {n: i for i, n in enumerate(joint.graph.nodes)}
+
+    def peak(plan) -> int:
+        return estimate_peak(memory, {index[flow.nodes[v]] for v in plan.saved}).peak_bytes
+
+    default = max(plain, key=lambda p: p.saved_bytes)
+    fewest = min(plain, key=lambda p: p.saved_bytes)
+    saved_a_sum = False
+    for fraction in PEAK_CANDIDATE_FRACTIONS:
+        target = budget_target_bytes(fraction, default, fewest)
+        ours = min((p for p in with_sums if p.saved_bytes <= target), key=lambda p: p.seconds)
+        theirs = min((p for p in plain if p.saved_bytes <= target), key=lambda p: p.seconds)
+        assert ours.seconds == pytest.approx(problem.seconds(ours.saved, ours.recomputed))
+        assert peak(ours) <= peak(theirs), fraction
+        saved_a_sum |= bool(set(ours.saved) & set(sums))
+    assert saved_a_sum
