@@ -4,14 +4,13 @@ costs no memory (``block_sums_plan``), from which every choice starts (the budge
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 from ..budget import Plan, solve_at
 from ..solvers import SOLVERS
 from ..stored_sums import block_sums, reads_only
 from .judged import plan_estimator
-from .plan import choose_plan
+from .plan import choose_plan, priced_by
 from .records import Chooser, Choosing, PlanChoice
 from .settings import prices
 
@@ -35,9 +34,7 @@ def block_sums_plan(plan: Plan, c: Choosing) -> Plan:
     if estimate(other).peak_bytes > estimate(plan).peak_bytes:
         return plan
     log.debug("%s: the plan that saves the block sums (%d)", c.request.graph_id, len(sums))
-    # its seconds by the problem's own prices, as every other plan's
-    problem = c.flow.parametric
-    return dataclasses.replace(other, seconds=problem.seconds(other.saved, other.recomputed))
+    return priced_by(c.flow.parametric, [other])[0]
 
 
 def choose_by_bytes(c: Choosing) -> PlanChoice:

@@ -92,12 +92,13 @@ def candidate_plans(
         )[0]
         for fraction in PEAK_CANDIDATE_FRACTIONS
     ]
-    plans.extend(_priced_by(problem, refinements) if sums_problem is not None else refinements)
+    plans.extend(priced_by(problem, refinements) if sums_problem is not None else refinements)
     return fastest_first(plans)
 
 
-def _priced_by(problem: ParametricProblem, plans: list[Plan]) -> list[Plan]:
-    """``plans`` (found on a repriced copy of ``problem``) with ``problem``'s own seconds, as every other plan."""
+def priced_by(problem: ParametricProblem, plans: list[Plan]) -> list[Plan]:
+    """``plans`` (found on a repriced copy of ``problem``: ``stored_sums.reads_only``) with ``problem``'s own
+    seconds, as every other plan (``default.block_sums_plan`` too)."""
     return [dataclasses.replace(p, seconds=problem.seconds(p.saved, p.recomputed)) for p in plans]
 
 
