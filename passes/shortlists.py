@@ -37,25 +37,97 @@ def peak_shortlist(candidates: list[Plan], estimate, default: Plan, most: int) -
     return fastest_first([*front, default])
 
 
+def _dominates(q: Plan, p: Plan, estimate) -> bool:
+    """``q`` beats ``p`` on estimated seconds, saved bytes and estimated peak at once (``p``'s peak is estimated only
+    where ``q`` is no slower and no larger)."""
+    return (
+        plan_key(q) != plan_key(p)
+        and q.seconds <= p.seconds
+        and q.saved_bytes <= p.saved_bytes
+        and estimate(q) <= estimate(p)
+    )
+
+
 def budget_shortlist(candidates: list[Plan], estimate, default: Plan, fewest: Plan) -> list[Plan]:
     """The candidates a ``memory_budget`` chooses among by simulated peak, independent of the budget: those no other
     candidate beats on estimated seconds, saved bytes and estimated peak at once, with the default and the
     fewest-bytes plans (so every reachable budget has a plan); fastest first.  Independence from the budget is what
     makes ``monotone_choice`` monotone.  Not thinned: finding the beaten plans estimates most candidates anyway
     (benchmarks/RESULTS.md, session 19: 25 of 39), and a thinned front dropped the plans between the frontier's
-    vertices that a budget needs (stack at 0.5: the 2.4 MB plan at 7.3 ms, leaving a 12.4 ms one; "Session 21")."""
+    vertices that a budget needs (stack at 0.5: the 2.4 MB plan at 7.3 ms, leaving a 12.4 ms one; "Session 21").
+    ``BudgetShortlist`` is the same list with each plan's place in it decided on demand."""
     plans = fastest_first(candidates)
 
     def beaten(p: Plan) -> bool:
-        return any(
-            plan_key(q) != plan_key(p)
-            and q.seconds <= p.seconds
-            and q.saved_bytes <= p.saved_bytes
-            and estimate(q) <= estimate(p)
-            for q in plans
-        )
+        return any(_dominates(q, p, estimate) for q in plans)
 
     return fastest_first([*(p for p in plans if not beaten(p)), default, fewest])
+
+
+class BudgetShortlist:
+    """``budget_shortlist(candidates, estimate, default, fewest)`` for ``monotone_choice``, each plan's membership
+    decided when the walk reaches it, so only the plans the walk passes are estimated (a plan's beaters are no
+    slower and no larger, so they fit wherever it fits and come before it: the walk has estimated them already).
+    At 48 blocks and memory_budget=0.5 the eager shortlist estimated 27 plans, most of them never walked past."""
+
+    def __init__(self, candidates: list[Plan], estimate, default: Plan, fewest: Plan):
+        self.plans, self.estimate = fastest_first(candidates), estimate
+        self.ends = {plan_key(fewest): 2, plan_key(default): 1}  # one plan both ends is placed as the default
+        self.member: dict = {}
+        self.plans = sorted(self.plans, key=lambda p: (p.seconds, p.saved_bytes, self._late(p)))
+
+    def _beaten(self, p: Plan) -> bool:
+        key = plan_key(p)
+        if key not in self.member:
+            self.member[key] = not any(_dominates(q, p, self.estimate) for q in self.plans)
+        return not self.member[key]
+
+    def _late(self, p: Plan) -> int:
+        """``budget_shortlist`` appends a beaten default (1), then a beaten fewest-bytes plan (2), after the plans
+        tied with it on seconds and bytes; only a tie makes the place depend on it, so only then is it estimated."""
+        end = self.ends.get(plan_key(p), 0)
+        tied = any(q.seconds == p.seconds and q.saved_bytes == p.saved_bytes and q is not p for q in self.plans)
+        return end if end and tied and self._beaten(p) else 0
+
+    def kept(self, p: Plan) -> bool:
+        return plan_key(p) in self.ends or not self._beaten(p)
+
+    def fitting(self, cap: int):
+        """The shortlist's plans within ``cap`` saved bytes, fastest first, decided as they are reached."""
+        return (p for p in self.plans if p.saved_bytes <= cap and self.kept(p))
+
+    def fewest_bytes(self) -> int:
+        return next(p.saved_bytes for p in sorted(self.plans, key=lambda p: p.saved_bytes) if self.kept(p))
+
+    def levels(self) -> set:
+        """Every candidate's saved bytes: the shortlist's and more.  A level no shortlisted plan has leaves the
+        walk's plans within it those of the next level down, so walking it first repeats that step: the same
+        plan and peak, and the bound it leaves is the one that step leaves (``monotone_choice`` reads the bound
+        before the target's step past such levels: ``is_level``)."""
+        return {p.saved_bytes for p in self.plans}
+
+    def is_level(self, saved_bytes: int) -> bool:
+        """Whether a shortlisted plan saves exactly this many bytes."""
+        return any(self.kept(p) for p in self.plans if p.saved_bytes == saved_bytes)
+
+
+class _Listed:
+    """A shortlist already made (a list, fastest first), as ``monotone_choice`` reads one."""
+
+    def __init__(self, plans: list[Plan]):
+        self.plans = plans
+
+    def fitting(self, cap: int):
+        return (p for p in self.plans if p.saved_bytes <= cap)
+
+    def fewest_bytes(self) -> int:
+        return min(p.saved_bytes for p in self.plans)
+
+    def levels(self) -> set:
+        return {p.saved_bytes for p in self.plans}
+
+    def is_level(self, saved_bytes: int) -> bool:
+        return True  # ``levels`` are the list's own
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,8 +154,8 @@ def _lowest(plans: list[Plan], peak_of, lowered) -> tuple[Plan, float]:
     return best, peaks[plan_key(best)]
 
 
-def monotone_choice(shortlist: list[Plan], default: Plan, target: int, peak_of, lowered=None) -> PeakChoice:
-    """The fastest plan of ``shortlist`` (fastest first) within ``target`` saved bytes whose
+def monotone_choice(shortlist, default: Plan, target: int, peak_of, lowered=None) -> PeakChoice:
+    """The fastest plan of ``shortlist`` (a list, fastest first, or a ``BudgetShortlist``) within ``target`` saved bytes whose
     peak (``peak_of(plan)``, simulated on demand) is at most that of the plan chosen at every looser budget,
     the default plan's included; where none is, the lowest-peak plan within ``target`` (``raised``), a plan's peak
     then being ``lowered(plan)`` where that is lower (the plan run another way, e.g. recomputed segment by segment,
@@ -93,20 +165,27 @@ def monotone_choice(shortlist: list[Plan], default: Plan, target: int, peak_of, 
     walk visits each distinct saved-bytes level of the shortlist above ``target``, then ``target``.  The shortlist
     does not depend on the budget, so the chosen peak is non-increasing as the budget goes down, except where a
     budget leaves no plan that low (then it is the lowest the budget allows, and ``raised`` says so)."""
+    listed = shortlist if isinstance(shortlist, BudgetShortlist) else _Listed(shortlist)
     bound = peak_of(default)
     choice = PeakChoice(default, bound, bound, False)
     if target >= default.saved_bytes:
         return choice
-    target = max(target, min(p.saved_bytes for p in shortlist))  # an unreachable budget: the fewest bytes
-    levels = {p.saved_bytes for p in shortlist if target < p.saved_bytes < default.saved_bytes}
+    target = max(target, listed.fewest_bytes())  # an unreachable budget: the fewest bytes
+    levels = {b for b in listed.levels() if target < b < default.saved_bytes}
     caps = [*sorted(levels, reverse=True), target]
+    bounds = []  # the bound before each cap
     for cap in caps:
-        fitting = [p for p in shortlist if p.saved_bytes <= cap]
-        plan = next((p for p in fitting if peak_of(p) <= bound), None)
+        bounds.append(bound)
+        plan = next((p for p in listed.fitting(cap) if peak_of(p) <= bound), None)
         if plan is None:
-            plan, peak = _lowest(fitting, peak_of, lowered)
+            plan, peak = _lowest(list(listed.fitting(cap)), peak_of, lowered)
         else:
             peak = peak_of(plan)
         choice = PeakChoice(plan, peak, bound, peak > bound)
         bound = min(bound, choice.peak)
-    return choice
+    # caps no shortlisted plan has (``BudgetShortlist.levels``) just above the target repeat its step, lowering
+    # the bound to its own peak: the looser budgets' peak is the bound before the first of them
+    last = len(caps) - 1
+    while last > 0 and not listed.is_level(caps[last - 1]):
+        last -= 1
+    return PeakChoice(choice.plan, choice.peak, bounds[last], choice.peak > bounds[last])

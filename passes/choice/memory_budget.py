@@ -1,6 +1,6 @@
 """``memory_budget``'s peak-safe choice (docs/DESIGN.md §5.3): the fastest plan within the saved bytes whose
 simulated step peak is no higher than at any looser budget, walking a budget-independent shortlist
-(``shortlists.budget_shortlist``, ``shortlists.monotone_choice``) of the price search's candidates
+(``shortlists.BudgetShortlist``, ``shortlists.monotone_choice``) of the price search's candidates
 (``plan.peak_candidates``), judged by their simulated step peak (``judged.JudgedPlans``)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import logging
 import warnings
 
 from ..budget import Plan, SolveCache
-from ..shortlists import budget_shortlist, monotone_choice, plan_key
+from ..shortlists import BudgetShortlist, monotone_choice, plan_key
 from ..solvers import SOLVERS
 from .contract import CONTRACT_FIELDS, contract_plan
 from .default import block_sums_plan
@@ -51,7 +51,7 @@ def choose_plan_for_budget(c: Choosing) -> PlanChoice:
     segmentations = Segmentations(simulated, request, c.profile)
     try:
         plans = [*candidates, default, fewest]
-        shortlist = budget_shortlist(plans, simulated.peak, default, fewest)
+        shortlist = BudgetShortlist(plans, simulated.peak, default, fewest)  # estimated as the walk needs
         lowered = segmentations.peak if settings.backward_segments is None else None
         choice = monotone_choice(shortlist, default, target, peak_of, lowered)
         if choice.peak == float("inf"):

@@ -7,7 +7,14 @@ import subprocess
 import sys
 
 from fxremat_passes.budget import Plan
-from fxremat_passes.shortlists import budget_shortlist, fastest_first, monotone_choice, peak_shortlist, plan_key
+from fxremat_passes.shortlists import (
+    BudgetShortlist,
+    budget_shortlist,
+    fastest_first,
+    monotone_choice,
+    peak_shortlist,
+    plan_key,
+)
 
 
 def _plan(saved_bytes: int, seconds: float, name: int):
@@ -91,3 +98,60 @@ def test_budget_shortlist_drops_beaten_plans_and_keeps_both_ends():
 def test_shortlists_module_does_not_import_torch():
     code = "import sys, fxremat_passes.shortlists; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _walks(candidates, peak, default, fewest, target, lowered_peak=None):
+    """(the choice, the plans it judged (a set: the lazy walk may judge one twice), the plans estimated) of
+    ``monotone_choice`` over the eager
+    ``budget_shortlist`` and over the lazy ``BudgetShortlist``."""
+    results = []
+    for lazy in (False, True):
+        estimated, judged = set(), set()
+
+        def estimate(p):
+            estimated.add(p.saved)
+            return peak[p.saved]
+
+        def peak_of(p):
+            judged.add(p.saved)
+            return estimate(p)
+
+        make = BudgetShortlist if lazy else budget_shortlist
+        shortlist = make([*candidates, default, fewest], estimate, default, fewest)
+        choice = monotone_choice(shortlist, default, target, peak_of, lowered_peak)
+        results.append((choice, judged, estimated))
+    return results
+
+
+def test_the_lazy_budget_shortlist_chooses_as_the_eager_one_and_estimates_only_what_the_walk_passes():
+    # 0 the default; 1 beaten by 2 (slower, larger, higher); 3 fits 70 bytes and the default's peak; 4-6 are
+    # slower than 3 with fewer bytes: a budget of 70 never reaches them, but the eager shortlist estimates each
+    # with a faster smaller plan (4 and 6 against 5) to find the beaten ones
+    plans = {0: (100, 1.0, 90), 1: (90, 3.0, 95), 2: (80, 2.0, 93), 3: (70, 2.5, 85), 4: (50, 5.5, 80),
+             5: (40, 5.0, 70), 6: (45, 6.0, 75), 7: (10, 9.0, 99)}
+    candidates = [_plan(b, s, k) for k, (b, s, _) in plans.items()]
+    peak = {p.saved: plans[p.saved[0]][2] for p in candidates}
+    default, fewest = candidates[0], candidates[7]
+    (eager, eager_judged, eager_estimated), (lazy, lazy_judged, lazy_estimated) = _walks(
+        candidates, peak, default, fewest, 70
+    )
+    assert lazy == eager and lazy.plan.saved == (3,) and lazy_judged == eager_judged
+    assert len(eager_estimated) == 7 and lazy_estimated == {(0,), (2,), (3,)}
+
+
+def test_the_lazy_budget_shortlist_matches_the_eager_one_on_random_plans_ties_and_raised_budgets():
+    import random
+
+    rng = random.Random(0)
+    for case in range(400):
+        n = rng.randint(2, 9)
+        # few distinct values: ties on seconds, bytes and peak, and plans beaten by the default or fewest
+        plans = {k: (rng.choice((10, 20, 30, 40, 50)), rng.choice((1.0, 2.0, 3.0)), rng.choice((5, 6, 7))) for k in range(n)}
+        candidates = [_plan(b, s, k) for k, (b, s, _) in plans.items()]
+        peak = {p.saved: plans[p.saved[0]][2] for p in candidates}
+        default = min(candidates, key=lambda p: (p.seconds, -p.saved_bytes))
+        fewest = min(candidates, key=lambda p: (p.saved_bytes, p.seconds))
+        lowered = (lambda p: peak[p.saved] - p.saved[0] % 3) if case % 2 else None
+        for target in (0, 15, 25, 35, 45, 60):
+            (eager, eager_judged, _), (lazy, lazy_judged, _) = _walks(candidates, peak, default, fewest, target, lowered)
+            assert (lazy, lazy_judged) == (eager, eager_judged), (case, target, plans)
