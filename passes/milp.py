@@ -38,6 +38,18 @@ def solve_milp(
 ) -> Plan:
     """``storage_budgets``: (storage ids, bytes) pairs, one more row each: the storages of one region keep at most
     that many bytes (per-region budgets, ``region_search.py``)."""
+    return solve_milp_bounded(problem, price, budget_bytes, time_limit, storage_budgets)[0]
+
+
+def solve_milp_bounded(
+    problem: ParametricProblem,
+    price: float,
+    budget_bytes: int | None = None,
+    time_limit: float = 10.0,
+    storage_budgets: Sequence[tuple[Sequence[int], int]] = (),
+) -> tuple[Plan, float]:
+    """(``solve_milp``'s plan, HiGHS's dual bound: no plan within these budgets has a lower ``objective``, even
+    where the time limit cut the search short)."""
     from scipy.optimize import Bounds, LinearConstraint, milp  # imported on first use: see mincut.py
 
     n = problem.num_values
@@ -56,7 +68,7 @@ def solve_milp(
     x = np.round(result.x).astype(int)
     saved, recomputed = _demanded(problem, {v for v in range(n) if x[v]}, {v for v in range(n) if x[n + v]})
     saved_t, recomputed_t = tuple(sorted(saved)), tuple(sorted(recomputed))
-    return Plan(
+    plan = Plan(
         price=price,
         saved=saved_t,
         recomputed=recomputed_t,
@@ -65,6 +77,8 @@ def solve_milp(
         method="milp" if result.status == 0 else "milp (time limit)",
         recompute_seconds=problem.recompute_seconds_of(recomputed_t),
     )
+    dual = getattr(result, "mip_dual_bound", None)
+    return plan, float(dual) if dual is not None and np.isfinite(dual) else float("-inf")
 
 
 def _objective_and_bounds(problem: ParametricProblem, price: float) -> tuple[np.ndarray, np.ndarray]:
@@ -149,8 +163,22 @@ def _demanded(problem: ParametricProblem, chosen_save: set[int], chosen_recomput
 
 
 def objective(problem: ParametricProblem, plan: Plan, price: float) -> float:
-    """The MILP's objective for any plan: time plus price times distinct saved bytes."""
+    """The MILP's objective for any plan: time plus price times distinct saved bytes (``seconds_below``)."""
     extra = sum(price * problem.value_bytes(v) * (problem.save_scale[v] - 1.0) for v in plan.saved)
     traffic = sum((problem.traffic_seconds[v] or 0.0) * problem.save_scale[v] for v in plan.saved)
     recompute = sum(problem.recompute_seconds[v] or 0.0 for v in plan.recomputed)
     return traffic + extra + recompute + price * plan.saved_bytes
+
+
+def seconds_below(problem: ParametricProblem, price: float, dual_bound: float, saved_bytes: int) -> float:
+    """A lower bound on ``plan.seconds`` of any plan saving at most ``saved_bytes`` whose ``objective`` at ``price``
+    is at least ``dual_bound`` (a plan within the budget of a MILP with that dual bound): the objective less the
+    price of those bytes and the most the save scales can add (``objective``'s extra terms), with a margin for
+    rounding."""
+    scaled = 0.0
+    for v, scale in enumerate(problem.save_scale):
+        traffic = problem.traffic_seconds[v]
+        if traffic is not None and scale > 1.0:
+            scaled += (scale - 1.0) * (traffic + price * problem.value_bytes(v))
+    bound = dual_bound - scaled - price * saved_bytes
+    return bound - 1e-9 * (abs(dual_bound) + scaled + price * saved_bytes)

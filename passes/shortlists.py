@@ -74,6 +74,10 @@ class BudgetShortlist:
         self.plans, self.estimate = fastest_first(candidates), estimate
         self.ends = {plan_key(fewest): 2, plan_key(default): 1}  # one plan both ends is placed as the default
         self.member: dict = {}
+        # What a walk over it read: the slowest plan it reached, and whether a step read every plan within its cap
+        # (a raised one). A walk that read no plan as slow as s, and none all, chooses the same among these
+        # candidates and any more that are all slower than s (``memory_budget.choose_plan_for_budget``).
+        self.reached, self.exhausted = float("-inf"), False
         self.plans = sorted(self.plans, key=lambda p: (p.seconds, p.saved_bytes, self._late(p)))
 
     def _beaten(self, p: Plan) -> bool:
@@ -94,7 +98,12 @@ class BudgetShortlist:
 
     def fitting(self, cap: int):
         """The shortlist's plans within ``cap`` saved bytes, fastest first, decided as they are reached."""
-        return (p for p in self.plans if p.saved_bytes <= cap and self.kept(p))
+        for p in self.plans:
+            if p.saved_bytes <= cap:
+                self.reached = max(self.reached, p.seconds)
+                if self.kept(p):
+                    yield p
+        self.exhausted = True  # only a raised step (``_lowest``) reads every plan within a cap
 
     def fewest_bytes(self) -> int:
         return next(p.saved_bytes for p in sorted(self.plans, key=lambda p: p.saved_bytes) if self.kept(p))
@@ -155,8 +164,8 @@ def _lowest(plans: list[Plan], peak_of, lowered) -> tuple[Plan, float]:
 
 
 def monotone_choice(shortlist, default: Plan, target: int, peak_of, lowered=None) -> PeakChoice:
-    """The fastest plan of ``shortlist`` (a list, fastest first, or a ``BudgetShortlist``) within ``target`` saved bytes whose
-    peak (``peak_of(plan)``, simulated on demand) is at most that of the plan chosen at every looser budget,
+    """The fastest plan of ``shortlist`` (a list, fastest first, or a ``BudgetShortlist``) within ``target`` saved
+    bytes whose peak (``peak_of(plan)``, simulated on demand) is at most that of the plan chosen at every looser budget,
     the default plan's included; where none is, the lowest-peak plan within ``target`` (``raised``), a plan's peak
     then being ``lowered(plan)`` where that is lower (the plan run another way, e.g. recomputed segment by segment,
     as the budget's choice will run it: ``_lowest``); a tighter budget is held to that peak too.

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .budget import Plan, SolveCache, search_budget
-from .milp import MilpFailed, objective, solve_milp
+from .milp import MilpFailed, objective, solve_milp, solve_milp_bounded
 from .parametric import ParametricProblem
 
 log = logging.getLogger(__name__)
@@ -79,16 +79,44 @@ def cheapest_within(
     return plan, result.budget_met
 
 
+def cheapest_within_each(
+    problem: ParametricProblem,
+    targets: list[int],
+    price: float,
+    max_price: float,
+    default: Plan,
+    fewest: Plan,
+    cache: SolveCache,
+) -> list[tuple[Plan, float]]:
+    """(``cheapest_within(...)[0]``, its MILP's dual bound or -inf: ``milp.solve_milp_bounded``) for each target:
+    the price searches in turn (they share ``cache``: the same solves, in the same order, as one call per target),
+    then the MILP refinements."""
+    searched = [
+        search_budget(problem, t, price, max_price, default_plan=default, fewest_bytes_plan=fewest, cache=cache)
+        for t in targets
+    ]
+    refined = [r.budget_met and r.plan is not default and problem.num_values <= MILP_REFINE_LIMIT for r in searched]
+    return [
+        _refine_bounded(problem, r.plan, price, t) if ok else (r.plan, float("-inf"))
+        for r, t, ok in zip(searched, targets, refined)
+    ]
+
+
 def _refine(problem: ParametricProblem, plan: Plan, price: float, target: int) -> Plan:
     """Close the Lagrangian gap with the exact MILP; keep whichever plan is cheaper and within the budget."""
+    return _refine_bounded(problem, plan, price, target)[0]
+
+
+def _refine_bounded(problem: ParametricProblem, plan: Plan, price: float, target: int) -> tuple[Plan, float]:
+    """(``_refine``'s plan, the MILP's dual bound, or -inf where it failed)."""
     try:
-        exact = solve_milp(problem, price, target, MILP_TIME_LIMIT)
+        exact, dual = solve_milp_bounded(problem, price, target, MILP_TIME_LIMIT)
     except MilpFailed as error:
         log.debug("MILP refinement failed: %s", error)
-        return plan
+        return plan, float("-inf")
     if exact.saved_bytes <= target and objective(problem, exact, price) < objective(problem, plan, price):
-        return exact
-    return plan
+        return exact, dual
+    return plan, dual
 
 
 class MinCut:

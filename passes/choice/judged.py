@@ -16,7 +16,7 @@ from ..plan_memory import build_joint_memory, estimate_peak
 from ..roles import Role
 from ..shortlists import plan_key
 from ..stored_sums import block_sums, reads_only
-from .plan import peak_candidates
+from .plan import PEAK_CANDIDATE_FRACTIONS, peak_candidate_parts
 from .records import Choosing
 
 log = logging.getLogger(__name__)
@@ -108,8 +108,14 @@ def judged_plans(c: Choosing, required: set, estimator=None) -> JudgedPlans:
 def ranked_candidates(c: Choosing, budget_bytes: int | None, cache: SolveCache | None = None):
     """(candidates fastest first (``plan.peak_candidates``, with the plans that save the block sums where the graph
     has some: ``stored_sums.py``), the plan-level estimator: ``plan_estimator``)."""
+    parts, estimator = candidate_parts(c, budget_bytes, cache)
+    return parts.plans(len(PEAK_CANDIDATE_FRACTIONS)), estimator
+
+
+def candidate_parts(c: Choosing, budget_bytes: int | None, cache: SolveCache | None = None):
+    """``ranked_candidates`` with its MILP refinements made on demand (``plan.PeakCandidates``)."""
     forward = [c.roles.role[n] is Role.FORWARD for n in c.flow.nodes]
     problem, sums = c.flow.parametric, block_sums(c.roles, c.flow.nodes)
     sums_problem = reads_only(problem, sums, c.profile.mem_bandwidth) if sums else None
-    candidates = peak_candidates(problem, forward, c.settings, c.profile, budget_bytes, cache, sums_problem)
-    return candidates, plan_estimator(c)
+    parts = peak_candidate_parts(problem, forward, c.settings, c.profile, budget_bytes, cache, sums_problem)
+    return parts, plan_estimator(c)

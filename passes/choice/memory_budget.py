@@ -13,8 +13,8 @@ from ..shortlists import BudgetShortlist, monotone_choice, plan_key
 from ..solvers import SOLVERS
 from .contract import CONTRACT_FIELDS, contract_plan
 from .default import block_sums_plan
-from .judged import judged_plans, ranked_candidates
-from .plan import budget_target_bytes, choose_plan, frontier_field
+from .judged import candidate_parts, judged_plans
+from .plan import PEAK_CANDIDATE_FRACTIONS, budget_target_bytes, choose_plan, frontier_field
 from .records import Chooser, Choosing, PlanChoice
 from .segmented import Segmentations, built
 from .settings import FxrematBudgetWarning, prices, warn_unreachable
@@ -30,13 +30,13 @@ def choose_plan_for_budget(c: Choosing) -> PlanChoice:
     price, max_price = prices(settings, c.profile)
     cache = SolveCache(problem)
     default, fewest = block_sums_plan(cache.at(price), c), cache.at(max_price)
-    candidates, estimator = ranked_candidates(c, None, cache)
+    parts, estimator = candidate_parts(c, None, cache)
     simulated = judged_plans(c, {plan_key(default)}, estimator)
-    contract_fields = {}
+    contract_fields, extra = {}, []
     if contract is not None:  # its plan is the default plan: budget 1.0, and the peak every budget stays below
         simulated.required = {plan_key(contract.user)}
         default, contract_fields = contract_plan(c.flow, settings, c.profile, request.graph_id, contract, simulated)
-        candidates = [*candidates, contract.user]
+        extra = [contract.user]
     target = budget_target_bytes(settings.memory_budget, default, fewest)
     met = fewest.saved_bytes <= target
     if not met:
@@ -49,11 +49,18 @@ def choose_plan_for_budget(c: Choosing) -> PlanChoice:
 
     # a raised choice runs recomputing the forward segment by segment in backward where that is lower
     segmentations = Segmentations(simulated, request, c.profile)
+    lowered = segmentations.peak if settings.backward_segments is None else None
+
+    def walk(refinements: int):
+        judged.clear()
+        candidates = [*parts.plans(refinements), *extra]
+        shortlist = BudgetShortlist([*candidates, default, fewest], simulated.peak, default, fewest)
+        return candidates, shortlist, monotone_choice(shortlist, default, target, peak_of, lowered)
+
     try:
-        plans = [*candidates, default, fewest]
-        shortlist = BudgetShortlist(plans, simulated.peak, default, fewest)  # estimated as the walk needs
-        lowered = segmentations.peak if settings.backward_segments is None else None
-        choice = monotone_choice(shortlist, default, target, peak_of, lowered)
+        candidates, shortlist, choice = walk(_refinements_first(parts, target))
+        if not met or shortlist.exhausted or shortlist.reached >= parts.refinements.slower_than():
+            candidates, shortlist, choice = walk(len(PEAK_CANDIDATE_FRACTIONS))  # they may change the choice
         if choice.peak == float("inf"):
             raise RuntimeError("no candidate plan within the budget could be simulated")
         fw_bw_recipe, simulation = simulated.handed_on(choice.plan)
@@ -61,8 +68,24 @@ def choose_plan_for_budget(c: Choosing) -> PlanChoice:
         _warn_unsimulated(request.graph_id, settings.memory_budget, error)
         return PlanChoice(*choose_plan(problem, settings, c.profile, request.graph_id))
     fields = _budget_fields(target, met, fewest, default, choice, len(candidates), len(judged), contract_fields)
+    return _finish(c, cache, choice, fields, segmentations, fw_bw_recipe, simulation)
+
+
+def _refinements_first(parts, target: int) -> int:
+    """The MILP refinements made before the walk: those at ``target`` saved bytes or more (at least one).  The walk
+    is made again with all of them unless every plan the others can give is slower than any plan it reached
+    (``plan.Refinements.slower_than``), it read no step's every plan (``BudgetShortlist.exhausted``: a raised
+    budget), and the budget is met (none can lower its fewest bytes): then they cannot change its choice.  At 48
+    blocks and memory_budget=0.5 that leaves two of the four HiGHS solves unmade (~0.6 CPU s)."""
+    return max(1, sum(t >= target for t in parts.refinements.targets))
+
+
+def _finish(c: Choosing, cache, choice, fields: dict, segmentations, fw_bw_recipe, simulation) -> PlanChoice:
+    """The choice's ``PlanChoice``: the frontier for a report-oriented run, and the plan built segment by segment
+    where the walk chose it so."""
+    settings, request = c.settings, c.request
     if settings.compare_default:  # a report-oriented run: also show the frontier
-        fields["frontier"] = frontier_field(problem, settings, c.profile, cache)
+        fields["frontier"] = frontier_field(c.flow.parametric, settings, c.profile, cache)
     segmented = segmentations.of(choice.plan)
     if segmented is not None and segmented[1].peak_bytes == choice.peak < simulation.peak_bytes:
         # the walk chose it recomputed segment by segment in backward (``Segmentations.peak``): built so

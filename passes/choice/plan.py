@@ -13,9 +13,10 @@ import dataclasses
 from ..budget import Plan, SolveCache, budget_target, frontier
 from ..checkpoints import checkpoint_grid
 from ..costs import DeviceProfile
+from ..milp import seconds_below
 from ..parametric import ParametricProblem
 from ..shortlists import fastest_first
-from ..solvers import SOLVERS, Budget, cheapest_within
+from ..solvers import SOLVERS, Budget, cheapest_within, cheapest_within_each
 from .settings import ChoiceSettings, prices, warn_unreachable
 
 
@@ -78,6 +79,55 @@ def candidate_plans(
     can take them between the frontier's vertices.  (Its frontier's plans are left out: a few percent lower than
     the default's peak at nearly its bytes, they held every tighter budget of ``shortlists.monotone_choice`` below
     them, where the plans between the vertices peak as the default does.)"""
+    return refinements_of(problem, settings, profile, cache, sums_problem).plans(len(PEAK_CANDIDATE_FRACTIONS))
+
+
+@dataclasses.dataclass
+class Refinements:
+    """``candidate_plans``' parts: the frontier's vertices and the MILP-refined plans at ``PEAK_CANDIDATE_FRACTIONS``
+    (solved on ``refined``: ``problem`` or its ``sums_problem``), made in that order, as many as asked for."""
+
+    problem: ParametricProblem
+    refined: ParametricProblem
+    vertices: list[Plan]
+    targets: list[int]
+    prices: tuple[float, float]
+    ends: tuple[Plan, Plan]  # ``refined``'s default and fewest-bytes plans
+    cache: SolveCache
+    made: list = dataclasses.field(default_factory=list)  # (plan, its MILP's dual bound) per target, in order
+
+    def plans(self, count: int) -> list[Plan]:
+        """``candidate_plans`` with the first ``count`` refinements."""
+        if count > len(self.made):
+            rest = self.targets[len(self.made) : count]
+            self.made += cheapest_within_each(self.refined, rest, *self.prices, *self.ends, self.cache)
+        return fastest_first([*self.vertices, *self._priced([plan for plan, _ in self.made[:count]])])
+
+    def slower_than(self) -> float:
+        """A lower bound on the seconds of every plan the refinements not made yet can give (infinity where none
+        is left): each is within its target, at most the made ones', so its MILP objective is at least their dual
+        bounds (``milp.seconds_below``); a target the price search cannot meet gives the fewest-bytes plan."""
+        rest = self.targets[len(self.made) :]
+        if not rest:
+            return float("inf")
+        dual = max((bound for _, bound in self.made), default=float("-inf"))
+        bound = seconds_below(self.refined, self.prices[0], dual, max(rest)) if dual > float("-inf") else dual
+        if self.ends[1].saved_bytes > min(rest):
+            bound = min(bound, self._priced([self.ends[1]])[0].seconds)
+        return bound
+
+    def _priced(self, plans: list[Plan]) -> list[Plan]:
+        return priced_by(self.problem, plans) if self.refined is not self.problem else plans
+
+
+def refinements_of(
+    problem: ParametricProblem,
+    settings: ChoiceSettings,
+    profile: DeviceProfile,
+    cache: SolveCache | None = None,
+    sums_problem: ParametricProblem | None = None,
+) -> Refinements:
+    """``candidate_plans``' frontier, and its refinements to be made (``Refinements.plans``)."""
     price, max_price = prices(settings, profile)
     cache = cache or SolveCache(problem)
     plans = frontier(problem, price, max_price, cache=cache)
@@ -86,14 +136,8 @@ def candidate_plans(
     if sums_problem is not None:
         refined_cache = SolveCache(sums_problem)
         refined, ends = sums_problem, (refined_cache.at(price), refined_cache.at(max_price))
-    refinements = [
-        cheapest_within(
-            refined, budget_target_bytes(fraction, default, fewest), price, max_price, *ends, refined_cache
-        )[0]
-        for fraction in PEAK_CANDIDATE_FRACTIONS
-    ]
-    plans.extend(priced_by(problem, refinements) if sums_problem is not None else refinements)
-    return fastest_first(plans)
+    targets = [budget_target_bytes(fraction, default, fewest) for fraction in PEAK_CANDIDATE_FRACTIONS]
+    return Refinements(problem, refined, plans, targets, (price, max_price), ends, refined_cache)
 
 
 def priced_by(problem: ParametricProblem, plans: list[Plan]) -> list[Plan]:
@@ -119,8 +163,35 @@ def peak_candidates(
     a range of checkpoint spacings (``checkpoints.py``), the plans that keep those checkpoints and recompute the
     segments between them lazily (the bytes-only frontier has no plan whose recompute is spread over backward).
     With a saved-bytes budget too, each checkpoint set also gets its cheapest plan within that budget."""
-    plans = candidate_plans(problem, settings, profile, cache, sums_problem)
+    parts = peak_candidate_parts(problem, forward, settings, profile, budget_bytes, cache, sums_problem)
+    return parts.plans(len(PEAK_CANDIDATE_FRACTIONS))
+
+
+@dataclasses.dataclass
+class PeakCandidates:
+    """``peak_candidates``' parts: the price search's (``Refinements``, made on demand) and the checkpointed."""
+
+    refinements: Refinements
+    checkpointed: list[Plan]
+
+    def plans(self, count: int) -> list[Plan]:
+        """``peak_candidates`` with the first ``count`` refinements."""
+        return fastest_first([*self.refinements.plans(count), *self.checkpointed])
+
+
+def peak_candidate_parts(
+    problem: ParametricProblem,
+    forward: list[bool],
+    settings: ChoiceSettings,
+    profile: DeviceProfile,
+    budget_bytes: int | None = None,
+    cache: SolveCache | None = None,
+    sums_problem: ParametricProblem | None = None,
+) -> PeakCandidates:
+    """``peak_candidates``, its MILP refinements not made yet (``PeakCandidates.plans``)."""
+    refinements = refinements_of(problem, settings, profile, cache, sums_problem)
     price, max_price = prices(settings, profile)
+    checkpointed: list[Plan] = []
     for constrained in checkpoint_grid(problem, forward):
         cache = SolveCache(constrained)
         found = frontier(constrained, price, max_price, max_solves=CHECKPOINT_FRONTIER_SOLVES, cache=cache)
@@ -128,5 +199,5 @@ def peak_candidates(
             plan, met = cheapest_within(constrained, budget_bytes, price, max_price, found[0], found[-1], cache)
             if met:
                 found.append(plan)
-        plans.extend(dataclasses.replace(plan, method="checkpoints") for plan in found)
-    return fastest_first(plans)
+        checkpointed.extend(dataclasses.replace(plan, method="checkpoints") for plan in found)
+    return PeakCandidates(refinements, checkpointed)

@@ -194,3 +194,30 @@ def test_budget_whose_candidates_cannot_be_simulated_is_met_by_bytes(monkeypatch
         _, _, saved, reports = run_fxremat_aot(model, inputs, memory_budget=0.0, strict=True)
     assert len([w for w in caught if issubclass(w.category, FxrematBudgetWarning)]) == 1
     assert reports[0].fallback_reason is None and saved.nbytes <= reports[0].budget_bytes
+
+
+@pytest.mark.parametrize("name, budget", [("block_softmax", 0.5), ("stack", 0.9)])
+def test_the_refinements_below_the_budget_are_made_only_where_they_could_change_the_choice(name, budget, monkeypatch):
+    """``memory_budget`` makes the MILP refinements below its budget only where the walk reached a plan as slow as
+    any they can give (``memory_budget._refinements_first``): the same report as with all four made first (but
+    ``budget_candidates``, the candidates it had), and on these fewer HiGHS solves."""
+    from fxremat_passes import solvers
+    from fxremat_passes.choice import memory_budget
+
+    model, inputs = example(name)
+    solved, refine = [], solvers._refine_bounded
+
+    def counted(*args):
+        solved.append(args[3])
+        return refine(*args)
+
+    monkeypatch.setattr(solvers, "_refine_bounded", counted)
+    reports = {}
+    for first in (memory_budget._refinements_first, lambda parts, target: len(parts.refinements.targets)):
+        monkeypatch.setattr(memory_budget, "_refinements_first", first)
+        solved.clear()
+        report = run_fxremat_aot(model, inputs, memory_budget=budget, strict=True)[3][0].to_dict()
+        reports[len(solved)] = {k: v for k, v in report.items() if k not in ("graph_id", "budget_candidates")}
+        reports[len(solved)] = {k: v for k, v in reports[len(solved)].items() if not k.endswith("_seconds")}
+    assert len(reports) == 2 and min(reports) < max(reports), sorted(reports)
+    assert reports[min(reports)] == reports[max(reports)]

@@ -382,3 +382,30 @@ def test_frontier_is_sorted_and_spans_default_to_fewest():
     assert points[-1].saved_bytes == solve_at(problem, MAX_PRICE).saved_bytes
     assert all(a.saved_bytes > b.saved_bytes for a, b in itertools.pairwise(points))
     assert all(a.seconds <= b.seconds + 1e-12 for a, b in itertools.pairwise(points))
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_no_plan_within_a_smaller_budget_is_faster_than_the_milps_dual_bound_allows(seed):
+    """``milp.seconds_below``: every plan within ``b`` <= ``budget`` saved bytes takes at least
+    ``seconds_below(problem, price, dual, b)`` seconds, ``dual`` the MILP's at ``budget`` (brute force; save scales
+    above 1 as PREFER_RECOMPUTE values have)."""
+    import dataclasses
+
+    from fxremat_passes.milp import seconds_below, solve_milp_bounded
+
+    rng = random.Random(seed)
+    problem = random_parametric(rng, rng.randint(3, 7), shared_storage=True)
+    scales = tuple(1.0 if rng.random() < 0.5 else rng.uniform(1.0, 3.0) for _ in range(problem.num_values))
+    problem = dataclasses.replace(problem, save_scale=scales)
+    budget = rng.randint(0, 200_000)
+    if brute_force_budget(problem, DEFAULT_PRICE, budget) is None:
+        return
+    dual = solve_milp_bounded(problem, DEFAULT_PRICE, budget)[1]
+    cut = problem.at(DEFAULT_PRICE)[0]
+    for states in itertools.product((0, 1, 2), repeat=problem.num_values):
+        saved = [v for v, s in enumerate(states) if s == 1]
+        recomputed = [v for v, s in enumerate(states) if s == 2]
+        nbytes = problem.saved_bytes(saved)
+        if nbytes <= budget and not check_plan(cut, saved, recomputed):
+            for within in (nbytes, budget):
+                assert problem.seconds(saved, recomputed) >= seconds_below(problem, DEFAULT_PRICE, dual, within)

@@ -127,8 +127,16 @@ def test_the_lazy_budget_shortlist_chooses_as_the_eager_one_and_estimates_only_w
     # 0 the default; 1 beaten by 2 (slower, larger, higher); 3 fits 70 bytes and the default's peak; 4-6 are
     # slower than 3 with fewer bytes: a budget of 70 never reaches them, but the eager shortlist estimates each
     # with a faster smaller plan (4 and 6 against 5) to find the beaten ones
-    plans = {0: (100, 1.0, 90), 1: (90, 3.0, 95), 2: (80, 2.0, 93), 3: (70, 2.5, 85), 4: (50, 5.5, 80),
-             5: (40, 5.0, 70), 6: (45, 6.0, 75), 7: (10, 9.0, 99)}
+    plans = {
+        0: (100, 1.0, 90),
+        1: (90, 3.0, 95),
+        2: (80, 2.0, 93),
+        3: (70, 2.5, 85),
+        4: (50, 5.5, 80),
+        5: (40, 5.0, 70),
+        6: (45, 6.0, 75),
+        7: (10, 9.0, 99),
+    }
     candidates = [_plan(b, s, k) for k, (b, s, _) in plans.items()]
     peak = {p.saved: plans[p.saved[0]][2] for p in candidates}
     default, fewest = candidates[0], candidates[7]
@@ -146,12 +154,16 @@ def test_the_lazy_budget_shortlist_matches_the_eager_one_on_random_plans_ties_an
     for case in range(400):
         n = rng.randint(2, 9)
         # few distinct values: ties on seconds, bytes and peak, and plans beaten by the default or fewest
-        plans = {k: (rng.choice((10, 20, 30, 40, 50)), rng.choice((1.0, 2.0, 3.0)), rng.choice((5, 6, 7))) for k in range(n)}
+        plans = {
+            k: (rng.choice((10, 20, 30, 40, 50)), rng.choice((1.0, 2.0, 3.0)), rng.choice((5, 6, 7))) for k in range(n)
+        }
         candidates = [_plan(b, s, k) for k, (b, s, _) in plans.items()]
         peak = {p.saved: plans[p.saved[0]][2] for p in candidates}
         default = min(candidates, key=lambda p: (p.seconds, -p.saved_bytes))
         fewest = min(candidates, key=lambda p: (p.saved_bytes, p.seconds))
         lowered = (lambda p: peak[p.saved] - p.saved[0] % 3) if case % 2 else None
         for target in (0, 15, 25, 35, 45, 60):
-            (eager, eager_judged, _), (lazy, lazy_judged, _) = _walks(candidates, peak, default, fewest, target, lowered)
+            (eager, eager_judged, _), (lazy, lazy_judged, _) = _walks(
+                candidates, peak, default, fewest, target, lowered
+            )
             assert (lazy, lazy_judged) == (eager, eager_judged), (case, target, plans)

@@ -12,7 +12,7 @@ from test_budget import DEFAULT_PRICE, MAX_PRICE, feasible, random_parametric
 
 from fxremat_passes.budget import SolveCache, budget_target
 from fxremat_passes.mincut import check_plan
-from fxremat_passes.solvers import SOLVERS, Budget
+from fxremat_passes.solvers import SOLVERS, Budget, cheapest_within, cheapest_within_each
 
 
 def test_the_registry_names_each_solver_by_its_own_name():
@@ -42,6 +42,19 @@ def test_a_fractional_budget_runs_from_the_fewest_to_the_default_and_bytes_are_b
     assert [budget_target(f, 1000, 200) for f in (0.0, 1.0, 0.5)] == [200, 1000, 600]
     assert budget_target(0.5, 100, 300) == 300  # a default below the fewest: the fewest
     assert budget_target(4096, 1000, 200) == 4096
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_refinements_made_together_are_the_ones_made_one_by_one(seed):
+    problem = random_parametric(random.Random(seed), 14, shared_storage=True)
+    if not feasible(problem):
+        return
+    default, fewest = SolveCache(problem).at(DEFAULT_PRICE), SolveCache(problem).at(MAX_PRICE)
+    targets = [budget_target(f, default.saved_bytes, fewest.saved_bytes) for f in (0.75, 0.5, 0.25, 0.1)]
+    cache = SolveCache(problem)
+    one_by_one = [cheapest_within(problem, t, DEFAULT_PRICE, MAX_PRICE, default, fewest, cache)[0] for t in targets]
+    together = cheapest_within_each(problem, targets, DEFAULT_PRICE, MAX_PRICE, default, fewest, SolveCache(problem))
+    assert [plan for plan, _ in together] == one_by_one
 
 
 def test_the_registry_does_not_import_torch():
