@@ -6,10 +6,12 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+import threading
 
 import pytest
 from test_budget import DEFAULT_PRICE, MAX_PRICE, feasible, random_parametric
 
+from fxremat_passes import solvers
 from fxremat_passes.budget import SolveCache, budget_target
 from fxremat_passes.mincut import check_plan
 from fxremat_passes.solvers import SOLVERS, Budget, cheapest_within, cheapest_within_each
@@ -45,16 +47,25 @@ def test_a_fractional_budget_runs_from_the_fewest_to_the_default_and_bytes_are_b
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_the_refinements_made_together_are_the_ones_made_one_by_one(seed):
+def test_the_refinements_made_at_once_are_the_ones_made_in_turn_and_run_on_threads_of_their_own(seed, monkeypatch):
     problem = random_parametric(random.Random(seed), 14, shared_storage=True)
     if not feasible(problem):
         return
     default, fewest = SolveCache(problem).at(DEFAULT_PRICE), SolveCache(problem).at(MAX_PRICE)
     targets = [budget_target(f, default.saved_bytes, fewest.saved_bytes) for f in (0.75, 0.5, 0.25, 0.1)]
     cache = SolveCache(problem)
-    one_by_one = [cheapest_within(problem, t, DEFAULT_PRICE, MAX_PRICE, default, fewest, cache)[0] for t in targets]
-    together = cheapest_within_each(problem, targets, DEFAULT_PRICE, MAX_PRICE, default, fewest, SolveCache(problem))
-    assert [plan for plan, _ in together] == one_by_one
+    in_turn = [cheapest_within(problem, t, DEFAULT_PRICE, MAX_PRICE, default, fewest, cache)[0] for t in targets]
+    threads, refine = [], solvers._refine_bounded
+
+    def recorded(*args):
+        threads.append(threading.current_thread().name)
+        return refine(*args)
+
+    monkeypatch.setattr(solvers, "_refine_bounded", recorded)
+    cache = SolveCache(problem)
+    at_once = cheapest_within_each(problem, targets, DEFAULT_PRICE, MAX_PRICE, default, fewest, cache)
+    assert [plan for plan, _ in at_once] == in_turn
+    assert len(threads) < 2 or all(name.startswith("fxremat-milp") for name in threads)
 
 
 def test_the_registry_does_not_import_torch():
