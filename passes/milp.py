@@ -173,12 +173,12 @@ def objective(problem: ParametricProblem, plan: Plan, price: float) -> float:
 def seconds_below(problem: ParametricProblem, price: float, dual_bound: float, saved_bytes: int) -> float:
     """A lower bound on ``plan.seconds`` of any plan saving at most ``saved_bytes`` whose ``objective`` at ``price``
     is at least ``dual_bound`` (a plan within the budget of a MILP with that dual bound): the objective less the
-    price of those bytes and the most the save scales can add (``objective``'s extra terms), with a margin for
-    rounding."""
+    price of those bytes and the most the save scales can add (``objective``'s extra terms), less a margin: HiGHS
+    computes its bound under LP tolerances, so 1e-4 of it (its default relative MIP gap), and rounding."""
     scaled = 0.0
     for v, scale in enumerate(problem.save_scale):
         traffic = problem.traffic_seconds[v]
         if traffic is not None and scale > 1.0:
             scaled += (scale - 1.0) * (traffic + price * problem.value_bytes(v))
     bound = dual_bound - scaled - price * saved_bytes
-    return bound - 1e-9 * (abs(dual_bound) + scaled + price * saved_bytes)
+    return bound - 1e-4 * abs(dual_bound) - 1e-9 * (scaled + price * saved_bytes)
