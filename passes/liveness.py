@@ -17,8 +17,11 @@ What it models (all in one place, so the rule can be checked against measurement
   never leaves it.  A kernel unit writes in place over an input of the same size that no other unit reads, its
   own kernel's included unless they feed it (Inductor's in-place update), including backward's saved inputs, which
   backward frees as they die, never its tangents (not donated).
-* On CPU a ``cat`` is a ConcatKernel: a buffer of its own that its inputs' kernels write into, never an in-place
-  update of an input (``lowering.concat_kernel``).  The op-level facts live in ``lowering.py``.
+* On CPU a ``cat`` is a ConcatKernel: a buffer of its own, stored whatever reads it, that its inputs' kernels write
+  into, never an in-place update of an input nor written over by a reader (``lowering.concat_kernel``); Inductor's
+  own estimate counts its bytes twice until its kernel group is done (``walk.Walk.count_slices``).  A scatter's
+  result is written over the tensor it scatters into, never over its values (``phase._Phase._scattered_into``).
+  The op-level facts live in ``lowering.py``.
 * Inductor's buffer reuse (``buffer_pool.py``): a freed buffer is held until a later allocation of the same size
   and dtype takes it, as long as Inductor's own estimate of the graph's memory stays within its estimated peak
   (``_pool_held``).

@@ -117,11 +117,35 @@ def inductor_class(node: fx.Node, cls: OpClass, graph: PhaseGraph | None = None)
         return OpClass.POINTWISE if packet in FUSED_LOADS or packet in POINTWISE_SCATTERS else OpClass.REDUCTION
     if cls is OpClass.POINTWISE and addmm_matmul(node, graph) is not None:
         return OpClass.MATMUL
+    if cls is OpClass.REDUCTION and unrolled_reduction(node):
+        return OpClass.POINTWISE
     if cls is OpClass.MATMUL and packet is BMM and len(node.args) >= 2:
         a, b = (arg.meta.get("val") if isinstance(arg, fx.Node) else None for arg in node.args[:2])
         if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == 3 and _bmm_is_reduction(a, b):
             return OpClass.REDUCTION
     return cls
+
+
+# Inductor unrolls a reduction over fewer elements than this into a pointwise sum (``config.unroll_reductions_threshold``)
+UNROLL_REDUCTIONS_THRESHOLD = 8
+
+
+def unrolled_reduction(node: fx.Node) -> bool:
+    """Whether Inductor lowers the reduction ``node`` as a pointwise value: ``ir.Reduction.create`` (and
+    ``WelfordReduction.create``, for ``var_mean``) returns a ``Pointwise`` whose loader adds the few elements up where
+    fewer than ``config.unroll_reductions_threshold`` (8) are reduced into each of several outputs, so it is no buffer
+    and fuses into its readers like any pointwise value.  GPT-2's position-embedding gradient: the sum over the batch
+    (2) of the gradient is loaded inside the scatter into the embedding's gradient, never stored (output code:
+    ``tmp10 + tmp11``, two loads 32768 apart, inside the scatter's loop)."""
+    if getattr(node.target, "overloadpacket", None) not in REDUCTIONS_WITH_DIMS or not node.args:
+        return False
+    src, out = node.args[0], node.meta.get("val")
+    if not isinstance(src, fx.Node) or not isinstance(src.meta.get("val"), torch.Tensor):
+        return False
+    out_numel = hinted_numel(out[0] if isinstance(out, (tuple, list)) else out)
+    if out_numel <= 1:
+        return False  # a full reduction to one element is never unrolled on CPU (``sympy_product(ranges) != 1``)
+    return hinted_numel(src.meta["val"]) < UNROLL_REDUCTIONS_THRESHOLD * out_numel
 
 
 # Inductor's bmm lowering (``tuned_bmm``, torch 2.13 on): a dot-shaped bmm on a GPU, of these dtypes and a short

@@ -21,6 +21,7 @@ from .lowering import (
     REALIZE_READS_THRESHOLD,
     _folded_into_addmm,
     _readers_through_views,
+    concat_kernel,
     realized_when_lowered,
 )
 from .node_facts import NodeFacts
@@ -57,6 +58,8 @@ def storage_kind(node: fx.Node, classes: dict[fx.Node, OpClass], graph: PhaseGra
         return NEVER  # the addmm that reads it writes the product and the sum at once (``addmm_matmul``)
     if cls is OpClass.POINTWISE and realized_when_lowered(node):
         return ALWAYS
+    if concat_kernel(node):
+        return ALWAYS  # a ConcatKernel's buffer is stored whatever reads it (``lowering.concat_kernel``)
     return FUSIBLE_VALUE if cls in FUSIBLE else ALWAYS
 
 
@@ -381,10 +384,13 @@ class _Phase:
         loop loads them (``_load_order``); when that is a buffer stored only inside this kernel (allocating
         nothing here), the result is a fresh buffer and no live storage is written over."""
         ancestors: set[fx.Node] | None = None
+        only = self._scattered_into(unit)
         for r in self._load_order(unit):
             local = r.name not in live and self.unit.get(r) is r and r in kernel
             size = self.facts.nbytes(r) if local else live.get(r.name)
-            if size != nbytes or r.name in self.keep:
+            if size != nbytes or r.name in self.keep or only not in (None, r):
+                continue
+            if self.facts.concat_kernel(r):  # a NopKernel's buffer is never written over (``decide_inplace_update``)
                 continue
             if r.name in self.carried and r.name not in self.donated:
                 continue
@@ -422,6 +428,21 @@ class _Phase:
                 elif root not in seen:  # a fused-away value: its loads, once (a second load adds nothing new)
                     seen.add(root)
                     stack.append(iter(self.view.inputs_of[root]))
+
+    def _scattered_into(self, unit: fx.Node):
+        """For a scatter, the one input its result may be written over: the tensor it scatters into (a value that
+        fuses away, such as the zeros a gradient starts from, is no storage: then none), else None for any unit.
+        Inductor lowers ``index_put`` to a clone of that tensor, realized, and a ``Scatter`` that mutates the clone
+        (torch/_inductor/lowering.py ``index_put`` -> ``index_put_impl_``: ``clone(x)``, ``self.realize()``,
+        ``MutationLayoutSHOULDREMOVE``); ``Scheduler.decide_inplace_update`` skips a mutation's output, and only the
+        clone reads anything at its write index (``SchedulerNode.can_inplace``).  So the values scattered are never
+        written over: Mixtral's expert weight gradients are fresh buffers beside the saved projection they read."""
+        if self.facts.loop_facts(unit)[1] is None:
+            return None
+        target = unit.args[0] if unit.args and isinstance(unit.args[0], fx.Node) else None
+        root = self.roots.get(target) if target is not None else None
+        stored = root is not None and (root in self.view.inputs or self.unit.get(root) is not None)
+        return root if stored else unit  # the unit itself: a read it never has
 
     def _ancestors_within(self, unit: fx.Node, kernel: list[fx.Node]) -> set[fx.Node]:
         """The units of ``kernel`` that ``unit`` depends on (a path between two members never leaves the kernel:

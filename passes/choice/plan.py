@@ -59,8 +59,13 @@ def frontier_field(
 
 
 # Budgets (fractions of the way from the fewest-bytes plan to the default) whose MILP-refined plans join the
-# frontier's vertices as candidates for a peak budget: the vertices alone jump over the middle of the range.
-PEAK_CANDIDATE_FRACTIONS = (0.75, 0.5, 0.25, 0.1)
+# frontier's vertices as candidates for a peak budget: the vertices alone jump over the middle of the range.  0.5
+# and 0.2 are where PyTorch users set `activation_memory_budget` most; at a fraction off this grid the walk takes the
+# next refined plan below the cap, so 0.2 on the grid spares that budget a plan recomputed segment by segment
+# (benchmark stack: 0.27 MB saved and 818 MFLOP recomputed -> 0.79 MB and 549 MFLOP at the same simulated peak;
+# benchmarks/RESULTS.md "Session 22").  0.35 splits the widest gap left; 0.25 stays, as the plan it finds is the
+# fastest at the same peak under some looser caps (block_sdpa at 0.5, T5 at PyTorch's 0.2 bytes).
+PEAK_CANDIDATE_FRACTIONS = (0.75, 0.5, 0.35, 0.25, 0.2, 0.1)
 
 
 def candidate_plans(

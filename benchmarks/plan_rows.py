@@ -1,0 +1,57 @@
+"""Issue #15's rows at plan level: saved bytes, simulated step peak, peak_raised_by_budget and backward segments of
+a benchmark model at each setting, in seconds rather than minutes (no Inductor code generation).
+
+    python benchmarks/plan_rows.py MODEL SETTING [SETTING ...]     # SETTING as in setting_peak.py
+
+``bench_models.build_workload(MODEL, "small")`` through AOTAutograd set up as Inductor sets it up
+(``tp.aot_autograd_as_inductor``, no-op compilers), with Inductor's own ``compile_fx.partition_fn`` calling
+fxremat's partitioner, so that Inductor's joint-graph passes run first as in a real compile (without them Mixtral's
+plans and peaks differ).  The simulated peaks equal ``setting_peak.py``'s (RESULTS.md "Issue #15, session 22").
+Prints one JSON line per setting.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def row(name: str, setting: str) -> dict:
+    import bench_models
+    import setting_peak
+    import torch._inductor.compile_fx as compile_fx
+    from functorch.compile import make_boxed_func
+
+    from fxremat.backend import make_partition_fn
+    from fxremat.options import Options
+    from fxremat_passes import _torch_private as tp
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    work = bench_models.build_workload(name, "small")
+    reports: list = []
+    options = Options.create(compare_default=False, **setting_peak.options_of(setting))
+    ours = make_partition_fn(options, reports, as_inductor=True)
+    partition = functools.partial(compile_fx.partition_fn, partitioner_fn_override=ours)
+    backend = tp.aot_autograd_as_inductor(partition, lambda gm, _inputs: make_boxed_func(gm.forward))
+    work.loss(work.forward(torch.compile(work.model, backend=backend))).backward()
+    return dict(
+        model=name,
+        setting=setting,
+        saved=sum(r.saved_bytes for r in reports),
+        simulated=sum(r.simulated_peak_bytes or 0 for r in reports),
+        raised=sum(r.peak_raised_by_budget or 0 for r in reports),
+        segments=sum(len(r.backward_checkpoints or ()) for r in reports),
+    )
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    for setting in sys.argv[2:]:
+        print(json.dumps(row(sys.argv[1], setting)), flush=True)
