@@ -126,7 +126,8 @@ def inductor_class(node: fx.Node, cls: OpClass, graph: PhaseGraph | None = None)
     return cls
 
 
-# Inductor unrolls a reduction over fewer elements than this into a pointwise sum (``config.unroll_reductions_threshold``)
+# Inductor unrolls a reduction over fewer elements than this into a pointwise sum
+# (``config.unroll_reductions_threshold``)
 UNROLL_REDUCTIONS_THRESHOLD = 8
 
 
