@@ -50,7 +50,7 @@ def setup(gm, kwargs):
     flow = build_flow_problem(roles, annotate_costs(joint.graph, profile), profile)
     forward = [roles.role[n] is Role.FORWARD for n in flow.nodes]
     options = Options.create()
-    candidates = peak_candidates(flow.parametric, forward, options, profile, None, SolveCache(flow.parametric))
+    candidates = peak_candidates(flow.parametric, forward, options, profile, None, SolveCache(flow.parametric)).every()
     return joint, roles, flow, candidates, num_fwd_outputs
 
 

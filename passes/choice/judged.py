@@ -16,7 +16,7 @@ from ..plan_memory import build_joint_memory, estimate_peak
 from ..roles import Role
 from ..shortlists import plan_key
 from ..stored_sums import block_sums, reads_only
-from .plan import PEAK_CANDIDATE_FRACTIONS, peak_candidate_parts
+from .plan import peak_candidates
 from .records import Choosing
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ def ranked_candidates(c: Choosing, budget_bytes: int | None, cache: SolveCache |
     """(candidates fastest first (``plan.peak_candidates``, with the plans that save the block sums where the graph
     has some: ``stored_sums.py``), the plan-level estimator: ``plan_estimator``)."""
     parts, estimator = candidate_parts(c, budget_bytes, cache)
-    return parts.plans(len(PEAK_CANDIDATE_FRACTIONS)), estimator
+    return parts.every(), estimator
 
 
 def candidate_parts(c: Choosing, budget_bytes: int | None, cache: SolveCache | None = None):
@@ -117,5 +117,5 @@ def candidate_parts(c: Choosing, budget_bytes: int | None, cache: SolveCache | N
     forward = [c.roles.role[n] is Role.FORWARD for n in c.flow.nodes]
     problem, sums = c.flow.parametric, block_sums(c.roles, c.flow.nodes)
     sums_problem = reads_only(problem, sums, c.profile.mem_bandwidth) if sums else None
-    parts = peak_candidate_parts(problem, forward, c.settings, c.profile, budget_bytes, cache, sums_problem)
+    parts = peak_candidates(problem, forward, c.settings, c.profile, budget_bytes, cache, sums_problem)
     return parts, plan_estimator(c)

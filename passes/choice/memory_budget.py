@@ -14,7 +14,7 @@ from ..solvers import SOLVERS
 from .contract import CONTRACT_FIELDS, contract_plan
 from .default import block_sums_plan
 from .judged import candidate_parts, judged_plans
-from .plan import PEAK_CANDIDATE_FRACTIONS, budget_target_bytes, choose_plan, frontier_field
+from .plan import budget_target_bytes, choose_plan, frontier_field
 from .records import Chooser, Choosing, PlanChoice
 from .segmented import Segmentations, built
 from .settings import FxrematBudgetWarning, prices, warn_unreachable
@@ -60,7 +60,7 @@ def choose_plan_for_budget(c: Choosing) -> PlanChoice:
     try:
         candidates, shortlist, choice = walk(_refinements_first(parts, target))
         if not met or shortlist.exhausted or shortlist.reached >= parts.refinements.slower_than():
-            candidates, shortlist, choice = walk(len(PEAK_CANDIDATE_FRACTIONS))  # they may change the choice
+            candidates, shortlist, choice = walk(len(parts.refinements.targets))  # they may change the choice
         if choice.peak == float("inf"):
             raise RuntimeError("no candidate plan within the budget could be simulated")
         fw_bw_recipe, simulation = simulated.handed_on(choice.plan)

@@ -155,26 +155,10 @@ def priced_by(problem: ParametricProblem, plans: list[Plan]) -> list[Plan]:
 CHECKPOINT_FRONTIER_SOLVES = 6
 
 
-def peak_candidates(
-    problem: ParametricProblem,
-    forward: list[bool],
-    settings: ChoiceSettings,
-    profile: DeviceProfile,
-    budget_bytes: int | None = None,
-    cache: SolveCache | None = None,
-    sums_problem: ParametricProblem | None = None,
-) -> list[Plan]:
-    """Candidates for a peak budget: the price search's plans (``candidate_plans``, with ``sums_problem``) and, for
-    a range of checkpoint spacings (``checkpoints.py``), the plans that keep those checkpoints and recompute the
-    segments between them lazily (the bytes-only frontier has no plan whose recompute is spread over backward).
-    With a saved-bytes budget too, each checkpoint set also gets its cheapest plan within that budget."""
-    parts = peak_candidate_parts(problem, forward, settings, profile, budget_bytes, cache, sums_problem)
-    return parts.plans(len(PEAK_CANDIDATE_FRACTIONS))
-
-
 @dataclasses.dataclass
 class PeakCandidates:
-    """``peak_candidates``' parts: the price search's (``Refinements``, made on demand) and the checkpointed."""
+    """``peak_candidates``: the price search's plans (``Refinements``, their MILP refinements made on demand) and
+    the checkpointed ones."""
 
     refinements: Refinements
     checkpointed: list[Plan]
@@ -183,8 +167,12 @@ class PeakCandidates:
         """``peak_candidates`` with the first ``count`` refinements."""
         return fastest_first([*self.refinements.plans(count), *self.checkpointed])
 
+    def every(self) -> list[Plan]:
+        """Every candidate, all the refinements made."""
+        return self.plans(len(PEAK_CANDIDATE_FRACTIONS))
 
-def peak_candidate_parts(
+
+def peak_candidates(
     problem: ParametricProblem,
     forward: list[bool],
     settings: ChoiceSettings,
@@ -193,7 +181,11 @@ def peak_candidate_parts(
     cache: SolveCache | None = None,
     sums_problem: ParametricProblem | None = None,
 ) -> PeakCandidates:
-    """``peak_candidates``, its MILP refinements not made yet (``PeakCandidates.plans``)."""
+    """Candidates for a peak budget: the price search's plans (``candidate_plans``, with ``sums_problem``) and, for
+    a range of checkpoint spacings (``checkpoints.py``), the plans that keep those checkpoints and recompute the
+    segments between them lazily (the bytes-only frontier has no plan whose recompute is spread over backward).
+    With a saved-bytes budget too, each checkpoint set also gets its cheapest plan within that budget.  The MILP
+    refinements are made as ``PeakCandidates.plans`` asks for them (``PeakCandidates.every``: all)."""
     refinements = refinements_of(problem, settings, profile, cache, sums_problem)
     price, max_price = prices(settings, profile)
     checkpointed: list[Plan] = []

@@ -34,7 +34,9 @@ def _candidates_and_memory(name):
     flow = build_flow_problem(roles, annotate_costs(joint.graph, profile), profile)
     forward = [roles.role[n] is Role.FORWARD for n in flow.nodes]
     # the candidates a peak-aware choice ranks (passes/choice/judged.py, ranked_candidates)
-    plans = peak_candidates(flow.parametric, forward, Options.create(), profile, None, SolveCache(flow.parametric))
+    plans = peak_candidates(
+        flow.parametric, forward, Options.create(), profile, None, SolveCache(flow.parametric)
+    ).every()
     if name == "convnet":  # no checkpoint grid there: the bytes frontier
         plans += frontier(flow.parametric, 0.0, 1e6 / profile.mem_bandwidth)
     return joint, roles, flow, plans, build_joint_memory(joint, roles, num_fwd_outputs), num_fwd_outputs
