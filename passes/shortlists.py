@@ -147,6 +147,14 @@ class PeakChoice:
     raised: bool  # the budget itself forced a peak above lowest_looser_peak
 
 
+# ``memory_budget``'s allowance over the lowest looser peak (``monotone_choice``'s ``tolerance``).  Plans of one
+# step tie within the simulator's precision (benchmarks/RESULTS.md, session 23: ViT's plans within 2.7% of each other,
+# T5's within 1.3%), and a strict bound let a tie decide: a looser budget's plan a few KB lower held every tighter
+# one to it, at up to 45% more recompute (ViT memory_budget=0.5: 1.09x PyTorch's step at 0.5).  Issue #15 asks the
+# measured peak to be non-increasing within 3%; 2% leaves the rest to the simulator's error between two plans.
+PEAK_TOLERANCE = 0.02
+
+
 # Plans a raised budget choice also judges run another way (``monotone_choice``'s ``lowered``): the lowest by
 # their own peak.  Each costs a split and up to ``passes/choice/peak.py``'s ``SEGMENTATIONS_SIMULATED`` simulations.
 LOWERED_CANDIDATES = 3
@@ -163,7 +171,7 @@ def _lowest(plans: list[Plan], peak_of, lowered) -> tuple[Plan, float]:
     return best, peaks[plan_key(best)]
 
 
-def monotone_choice(shortlist, default: Plan, target: int, peak_of, lowered=None) -> PeakChoice:
+def monotone_choice(shortlist, default: Plan, target: int, peak_of, lowered=None, tolerance: float = 0.0) -> PeakChoice:
     """The fastest plan of ``shortlist`` (a list, fastest first, or a ``BudgetShortlist``) within ``target`` saved
     bytes whose peak (``peak_of(plan)``, simulated on demand) is at most that of the plan chosen at every looser budget,
     the default plan's included; where none is, the lowest-peak plan within ``target`` (``raised``), a plan's peak
@@ -173,10 +181,17 @@ def monotone_choice(shortlist, default: Plan, target: int, peak_of, lowered=None
     Walking the budgets from the loosest down, the chosen plan changes only where a plan stops fitting, so the
     walk visits each distinct saved-bytes level of the shortlist above ``target``, then ``target``.  The shortlist
     does not depend on the budget, so the chosen peak is non-increasing as the budget goes down, except where a
-    budget leaves no plan that low (then it is the lowest the budget allows, and ``raised`` says so)."""
+    budget leaves no plan that low (then it is the lowest the budget allows, and ``raised`` says so).
+
+    ``tolerance``: a plan within ``(1 + tolerance)`` of that peak counts as no higher (the bound itself stays the
+    lowest peak chosen, so the allowance never compounds: every choice is within it of every looser one)."""
     listed = shortlist if isinstance(shortlist, BudgetShortlist) else _Listed(shortlist)
     bound = peak_of(default)
     choice = PeakChoice(default, bound, bound, False)
+
+    def above(peak: float, lowest: float) -> bool:
+        return peak > lowest * (1.0 + tolerance)
+
     if target >= default.saved_bytes:
         return choice
     target = max(target, listed.fewest_bytes())  # an unreachable budget: the fewest bytes
@@ -185,16 +200,16 @@ def monotone_choice(shortlist, default: Plan, target: int, peak_of, lowered=None
     bounds = []  # the bound before each cap
     for cap in caps:
         bounds.append(bound)
-        plan = next((p for p in listed.fitting(cap) if peak_of(p) <= bound), None)
+        plan = next((p for p in listed.fitting(cap) if not above(peak_of(p), bound)), None)
         if plan is None:
             plan, peak = _lowest(list(listed.fitting(cap)), peak_of, lowered)
         else:
             peak = peak_of(plan)
-        choice = PeakChoice(plan, peak, bound, peak > bound)
+        choice = PeakChoice(plan, peak, bound, above(peak, bound))
         bound = min(bound, choice.peak)
     # caps no shortlisted plan has (``BudgetShortlist.levels``) just above the target repeat its step, lowering
     # the bound to its own peak: the looser budgets' peak is the bound before the first of them
     last = len(caps) - 1
     while last > 0 and not listed.is_level(caps[last - 1]):
         last -= 1
-    return PeakChoice(choice.plan, choice.peak, bounds[last], choice.peak > bounds[last])
+    return PeakChoice(choice.plan, choice.peak, bounds[last], above(choice.peak, bounds[last]))
