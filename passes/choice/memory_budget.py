@@ -1,7 +1,7 @@
 """``memory_budget``'s peak-safe choice (docs/DESIGN.md §5.3): the fastest plan within the saved bytes whose
-simulated step peak is no higher than at any looser budget (within ``shortlists.PEAK_TOLERANCE``), walking a budget-independent shortlist
-(``shortlists.BudgetShortlist``, ``shortlists.monotone_choice``) of the price search's candidates
-(``plan.peak_candidates``), judged by their simulated step peak (``judged.JudgedPlans``)."""
+simulated step peak is no higher than at any looser budget (within ``shortlists.PEAK_TOLERANCE``), walking a
+budget-independent shortlist (``shortlists.BudgetShortlist``, ``shortlists.monotone_choice``) of the price search's
+candidates (``plan.peak_candidates``), judged by their simulated step peak (``judged.JudgedPlans``)."""
 
 from __future__ import annotations
 

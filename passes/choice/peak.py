@@ -8,7 +8,15 @@ from __future__ import annotations
 import warnings
 
 from ..budget import SolveCache, budget_target
-from ..shortlists import LOWERED_CANDIDATES, PEAK_TOLERANCE, budget_shortlist, fastest_first, monotone_choice, peak_shortlist, plan_key
+from ..shortlists import (
+    LOWERED_CANDIDATES,
+    PEAK_TOLERANCE,
+    budget_shortlist,
+    fastest_first,
+    monotone_choice,
+    peak_shortlist,
+    plan_key,
+)
 from ..solvers import cheapest_within
 from .contract import CONTRACT_FIELDS, contract_plan
 from .default import block_sums_plan
