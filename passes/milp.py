@@ -47,9 +47,11 @@ def solve_milp_bounded(
     budget_bytes: int | None = None,
     time_limit: float = 10.0,
     storage_budgets: Sequence[tuple[Sequence[int], int]] = (),
+    node_limit: int | None = None,
 ) -> tuple[Plan, float]:
     """(``solve_milp``'s plan, HiGHS's dual bound: no plan within these budgets has a lower ``objective``, even
-    where the time limit cut the search short)."""
+    where a limit cut the search short).  ``node_limit``: stop after that many branch-and-bound nodes, which, unlike
+    the time limit, gives the same plan whatever the machine's load."""
     from scipy.optimize import Bounds, LinearConstraint, milp  # imported on first use: see mincut.py
 
     n = problem.num_values
@@ -61,7 +63,7 @@ def solve_milp_bounded(
         constraints=LinearConstraint(matrix, lower, upper_rows),
         integrality=np.ones(2 * n + m),
         bounds=Bounds(np.zeros(2 * n + m), upper),
-        options={"time_limit": time_limit},
+        options={"time_limit": time_limit, **({"node_limit": node_limit} if node_limit is not None else {})},
     )
     if result.x is None:
         raise MilpFailed(f"MILP found no plan ({result.message})")
@@ -74,7 +76,7 @@ def solve_milp_bounded(
         recomputed=recomputed_t,
         saved_bytes=problem.saved_bytes(saved_t),
         seconds=problem.seconds(saved_t, recomputed_t),
-        method="milp" if result.status == 0 else "milp (time limit)",
+        method="milp" if result.status == 0 else "milp (limit)",
         recompute_seconds=problem.recompute_seconds_of(recomputed_t),
     )
     dual = getattr(result, "mip_dual_bound", None)

@@ -29,6 +29,12 @@ log = logging.getLogger(__name__)
 # fractional budgets, and HiGHS solves 929 values in 0.14 s and 2785 values (48 blocks) in 0.44 s here.
 MILP_REFINE_LIMIT = 20_000
 MILP_TIME_LIMIT = 5.0
+# A refinement also stops after this many branch-and-bound nodes: a time limit alone made the plan depend on the
+# machine's load (T5 at memory_budget=0.5: HiGHS at 639 nodes in 5 s under load, its optimum at 10,721 nodes in 21
+# s; a different incumbent, so a different plan, on a quiet machine).  HiGHS is deterministic up to a node count;
+# T5's incumbent at 100 nodes is within 0.06% of that optimum (benchmarks/RESULTS.md, session 23), and the 48-block
+# stack's refinements close at the root (1 node).
+MILP_NODE_LIMIT = 200
 
 
 @dataclass(frozen=True)
@@ -123,7 +129,7 @@ def _refine(problem: ParametricProblem, plan: Plan, price: float, target: int) -
 def _refine_bounded(problem: ParametricProblem, plan: Plan, price: float, target: int) -> tuple[Plan, float]:
     """(``_refine``'s plan, the MILP's dual bound, or -inf where it failed)."""
     try:
-        exact, dual = solve_milp_bounded(problem, price, target, MILP_TIME_LIMIT)
+        exact, dual = solve_milp_bounded(problem, price, target, MILP_TIME_LIMIT, node_limit=MILP_NODE_LIMIT)
     except MilpFailed as error:
         log.debug("MILP refinement failed: %s", error)
         return plan, float("-inf")

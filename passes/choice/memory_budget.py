@@ -1,5 +1,5 @@
 """``memory_budget``'s peak-safe choice (docs/DESIGN.md §5.3): the fastest plan within the saved bytes whose
-simulated step peak is no higher than at any looser budget (within ``shortlists.PEAK_TOLERANCE``), walking a
+simulated step peak is no higher than at any looser budget (within ``shortlists.BUDGET_TIE``), walking a
 budget-independent shortlist (``shortlists.BudgetShortlist``, ``shortlists.monotone_choice``) of the price search's
 candidates (``plan.peak_candidates``), judged by their simulated step peak (``judged.JudgedPlans``)."""
 
@@ -9,7 +9,7 @@ import logging
 import warnings
 
 from ..budget import Plan, SolveCache
-from ..shortlists import PEAK_TOLERANCE, BudgetShortlist, monotone_choice, plan_key
+from ..shortlists import BUDGET_TIE, BudgetShortlist, monotone_choice, plan_key
 from ..solvers import SOLVERS
 from .contract import CONTRACT_FIELDS, contract_plan
 from .default import block_sums_plan
@@ -55,7 +55,7 @@ def choose_plan_for_budget(c: Choosing) -> PlanChoice:
         judged.clear()
         candidates = [*parts.plans(refinements), *extra]
         shortlist = BudgetShortlist([*candidates, default, fewest], simulated.peak, default, fewest)
-        return candidates, shortlist, monotone_choice(shortlist, default, target, peak_of, lowered, PEAK_TOLERANCE)
+        return candidates, shortlist, monotone_choice(shortlist, default, target, peak_of, lowered, BUDGET_TIE)
 
     try:
         candidates, shortlist, choice = walk(_refinements_first(parts, target))

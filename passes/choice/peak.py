@@ -9,8 +9,9 @@ import warnings
 
 from ..budget import SolveCache, budget_target
 from ..shortlists import (
+    BUDGET_TIE,
     LOWERED_CANDIDATES,
-    PEAK_TOLERANCE,
+    STRICT,
     budget_shortlist,
     fastest_first,
     monotone_choice,
@@ -129,7 +130,7 @@ def _segmented_lowest(c: Choosing, candidates, shortlist, real, simulated, defau
     """(plan, its lowest-peak segmented recipe, that recipe's simulation, report fields) with the lowest segmented
     peak among the fewest-bytes candidate, the ``LOWERED_CANDIDATES`` lowest-peak shortlisted plans (``real``: plan
     key -> simulated peak) and every plan ``memory_budget``'s walk segments on its way down to the fewest bytes
-    (``memory_budget.choose_plan_for_budget``; and the walk without its ``PEAK_TOLERANCE``, which reaches lower
+    (``memory_budget.choose_plan_for_budget``; and the walk without its ``BUDGET_TIE``, which reaches lower
     plans), or None: where ``backward_segments=False``, or no such split can be
     segmented or simulated.  The lowest plan unsegmented often segments lowest too (a plan keeping more bytes
     recomputes less), but not always: a checkpointed plan a little higher unsegmented can segment lower, and a
@@ -142,8 +143,8 @@ def _segmented_lowest(c: Choosing, candidates, shortlist, real, simulated, defau
         segmentations.peak(plan)
     if c.settings.backward_segments is None:  # memory_budget's walk segments as it goes (choose_plan_for_budget)
         walked = budget_shortlist(candidates, simulated.peak, default_plan, fewest)
-        for tolerance in (PEAK_TOLERANCE, 0.0):  # the strict walk passes lower plans (Mixtral: 18.40 MiB measured)
-            monotone_choice(walked, default_plan, fewest.saved_bytes, simulated.peak, segmentations.peak, tolerance)
+        for tie in (BUDGET_TIE, STRICT):  # the strict walk passes lower plans (Mixtral: 18.40 MiB measured)
+            monotone_choice(walked, default_plan, fewest.saved_bytes, simulated.peak, segmentations.peak, tie)
     found = [(plan, *segmentation) for plan, segmentation in segmentations.found.values() if segmentation is not None]
     return min(found, key=lambda f: (f[2].peak_bytes, f[0].seconds), default=None)
 

@@ -8,7 +8,9 @@ import sys
 
 from fxremat_passes.budget import Plan
 from fxremat_passes.shortlists import (
+    STRICT,
     BudgetShortlist,
+    PeakTie,
     budget_shortlist,
     fastest_first,
     monotone_choice,
@@ -40,10 +42,11 @@ def test_monotone_choice_never_raises_the_peak_a_looser_budget_reached():
     assert not any(chosen[t].raised for t in (100, 70, 60, 50, 40))
 
 
-def test_a_tolerance_lets_a_faster_plan_tie_on_peak_without_compounding():
-    """Within ``tolerance`` of the lowest looser peak a plan counts as no higher (a tie within the simulator's
-    precision must not cost recompute), but the bound stays the lowest peak chosen: three plans each 1.5% above
-    the one before are not all no higher (ViT memory_budget=0.5, RESULTS session 23)."""
+def test_a_tie_lets_a_much_faster_plan_count_as_no_higher_without_compounding():
+    """Within ``tolerance`` of the lowest looser peak a plan counts as no higher where it buys ``exchange`` times
+    its rise in time (a tie within the simulator's precision must not cost much recompute), but the bound stays the
+    lowest peak chosen: plans each 1.5% above the one before are not all no higher (ViT memory_budget=0.5, RESULTS
+    session 23)."""
     # (saved bytes, seconds, simulated peak): 1 is 1.5% above the default and 2 is 1.5% above 1 (3.0% above 0);
     # 3 is the slow low plan a strict bound walks to
     plans = {0: (100, 1.0, 1000), 1: (60, 2.0, 1015), 2: (40, 3.0, 1030), 3: (30, 9.0, 990)}
@@ -52,12 +55,16 @@ def test_a_tolerance_lets_a_faster_plan_tie_on_peak_without_compounding():
     def peak_of(p):
         return plans[p.saved[0]][2]
 
-    strict = {t: monotone_choice(shortlist, shortlist[0], t, peak_of).plan.saved[0] for t in (60, 40)}
-    assert strict == {60: 3, 40: 3}  # a strict bound pays 4.5x the seconds for 1.5% of peak
-    tied = {t: monotone_choice(shortlist, shortlist[0], t, peak_of, tolerance=0.02) for t in (60, 40)}
-    assert tied[60].plan.saved == (1,) and not tied[60].raised and tied[60].lowest_looser_peak == 1000
-    assert tied[40].plan.saved == (3,)  # 1030 is 3% above the default's 1000: no tie, whatever 60's plan was
-    assert monotone_choice(shortlist, shortlist[0], 40, peak_of, tolerance=0.04).plan.saved == (2,)
+    def chosen(target, tie=STRICT):
+        return monotone_choice(shortlist, shortlist[0], target, peak_of, tie=tie)
+
+    assert chosen(60).plan.saved == chosen(40).plan.saved == (3,)  # strict: 4.5x the seconds for 1.5% of peak
+    tie = PeakTie(tolerance=0.02, exchange=10.0)
+    assert chosen(60, tie).plan.saved == (1,) and not chosen(60, tie).raised  # 78% less time for 1.5%: worth it
+    assert chosen(60, tie).lowest_looser_peak == 1000
+    assert chosen(40, tie).plan.saved == (3,)  # 1030 is 3% above the default's 1000: no tie, whatever 60's plan was
+    assert chosen(40, PeakTie(tolerance=0.04, exchange=10.0)).plan.saved == (2,)
+    assert chosen(60, PeakTie(tolerance=0.02, exchange=60.0)).plan.saved == (3,)  # 78% < 60 x 1.5%: not worth it
 
 
 def test_a_raised_choice_is_held_to_its_segmented_peak_and_so_is_every_tighter_budget():

@@ -68,6 +68,26 @@ def test_the_refinements_made_at_once_are_the_ones_made_in_turn_and_run_on_threa
     assert len(threads) < 2 or all(name.startswith("fxremat-milp") for name in threads)
 
 
+def test_a_refinement_stops_at_a_node_limit_so_its_plan_does_not_depend_on_the_load(monkeypatch):
+    """A time limit alone made the refined plan depend on how many nodes HiGHS reached in it (T5, RESULTS session
+    23); the node limit comes first on any machine that is not overloaded, and HiGHS is deterministic up to it."""
+    import scipy.optimize
+
+    problem = next(p for seed in range(20) if feasible(p := random_parametric(random.Random(seed), 14)))
+    default, fewest = SolveCache(problem).at(DEFAULT_PRICE), SolveCache(problem).at(MAX_PRICE)
+    target = budget_target(0.5, default.saved_bytes, fewest.saved_bytes)
+    options, milp = [], scipy.optimize.milp
+
+    def recorded(*args, **kwargs):
+        options.append(dict(kwargs["options"]))  # scipy pops what it reads
+        return milp(*args, **kwargs)
+
+    monkeypatch.setattr(scipy.optimize, "milp", recorded)
+    first = solvers._refine_bounded(problem, fewest, DEFAULT_PRICE, target)
+    assert options and options[0]["node_limit"] == solvers.MILP_NODE_LIMIT and options[0]["time_limit"] > 0
+    assert solvers._refine_bounded(problem, fewest, DEFAULT_PRICE, target) == first
+
+
 def test_the_registry_does_not_import_torch():
     code = "import sys, fxremat_passes.solvers; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
