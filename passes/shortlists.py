@@ -176,16 +176,22 @@ BUDGET_TIE = PeakTie(tolerance=0.02, exchange=10.0)
 
 
 # Plans a raised budget choice also judges run another way (``monotone_choice``'s ``lowered``): the lowest by
-# their own peak.  Each costs a split and up to ``passes/choice/peak.py``'s ``SEGMENTATIONS_SIMULATED`` simulations.
+# their own peak, and the plans tied with the last of them, up to ``LOWERED_TIED_MOST`` in all (llama_stack at 1.75
+# MiB: four checkpointed plans tie at 8,911,872 B, and the fourth by seconds segments lowest, 7,607,296 B against
+# 7,862,272; benchmarks/RESULTS.md, session 23).  Each costs a split and up to ``passes/choice/peak.py``'s
+# ``SEGMENTATIONS_SIMULATED`` simulations.
 LOWERED_CANDIDATES = 3
+LOWERED_TIED_MOST = 6
 
 
 def _lowest(plans: list[Plan], peak_of, lowered) -> tuple[Plan, float]:
     """(the plan of ``plans`` with the lowest peak, that peak), counting ``lowered(plan)`` for the
-    ``LOWERED_CANDIDATES`` lowest by their own peak; ties to the faster."""
+    ``LOWERED_CANDIDATES`` lowest by their own peak and those tied with the last of them; ties to the faster."""
     ranked = sorted(plans, key=lambda p: (peak_of(p), p.seconds))
     peaks = {plan_key(p): peak_of(p) for p in ranked}
-    for p in ranked[:LOWERED_CANDIDATES] if lowered is not None else ():
+    last = peak_of(ranked[min(LOWERED_CANDIDATES, len(ranked)) - 1]) if ranked else None
+    tried = ranked[:LOWERED_CANDIDATES] + [p for p in ranked[LOWERED_CANDIDATES:] if peak_of(p) == last]
+    for p in tried[:LOWERED_TIED_MOST] if lowered is not None else ():
         peaks[plan_key(p)] = min(peaks[plan_key(p)], lowered(p))
     best = min(ranked, key=lambda p: (peaks[plan_key(p)], p.seconds))
     return best, peaks[plan_key(best)]

@@ -93,6 +93,32 @@ def test_a_raised_choice_is_held_to_its_segmented_peak_and_so_is_every_tighter_b
     assert unsegmented.plan.saved == (2,) and unsegmented.raised and unsegmented.peak == 60
 
 
+def test_a_raised_step_segments_every_plan_tied_with_the_last_it_would_try():
+    """``_lowest`` segments the ``LOWERED_CANDIDATES`` lowest plans by their own peak and the plans tied with the
+    last of them: llama_stack at 1.75 MiB had four checkpointed plans at one peak, and the slowest of them segments
+    lowest (RESULTS session 23)."""
+    # the default, then five plans within 50 bytes: four tie at peak 80, the fourth by seconds segments to 40
+    plans = {
+        0: (100, 1.0, 50),
+        1: (45, 2.0, 80),
+        2: (44, 3.0, 80),
+        3: (43, 4.0, 80),
+        4: (42, 5.0, 80),
+        5: (41, 6.0, 90),
+    }
+    shortlist = [_plan(b, s, k) for k, (b, s, _) in plans.items()]
+    segmented = {(4,): 40}
+    lowered = []
+
+    def lowered_peak(p):
+        lowered.append(p.saved[0])
+        return segmented.get(p.saved, plans[p.saved[0]][2] - 1)
+
+    choice = monotone_choice(shortlist, shortlist[0], 45, lambda p: plans[p.saved[0]][2], lowered_peak)
+    assert choice.plan.saved == (4,) and choice.peak == 40 and not choice.raised
+    assert sorted(set(lowered)) == [1, 2, 3, 4]  # not 5: above the tie
+
+
 def test_fastest_first_keeps_one_plan_per_key_and_breaks_ties_by_bytes():
     a, b, c = _plan(100, 2.0, 0), _plan(50, 2.0, 1), _plan(10, 1.0, 2)
     again = _plan(100, 2.0, 0)
