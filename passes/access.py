@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch.fx as fx
 
+from .lowering import MAX_READS_CPU
 from .ops import OpClass
 
 MAX_PATHS = 4  # per read storage; a computation reading one storage in more ways is rare (and scored as any other)
@@ -88,6 +89,23 @@ def add_paths(into: dict, root: fx.Node, paths) -> None:
         if len(known) >= MAX_PATHS:
             return
         known.add(p[:MAX_DEPTH])
+
+
+# Loads kept per computation (``add_loads``): no rule compares a count of them with more than ``MAX_READS_CPU``.
+MAX_LOADS = MAX_READS_CPU + 1
+
+
+def add_loads(into: set, loads, prefix: tuple = (), elements: int = 1) -> None:
+    """Add ``loads`` ((storage, path) pairs) to ``into`` as read through ``prefix`` (``through``); ``elements`` > 1
+    for an unrolled reduction (``lowering.unrolled_elements``), which loads each once per element, at another index.
+    One pair per storage and index: Inductor's count of a value's reads (``Loops.num_reads``, torch/_inductor/ir.py)
+    is that of its loader's distinct ``load(name, index)`` calls (``OpCounterCSE.load``, ops_handler.py: a repeated
+    one is common-subexpression-eliminated), fused-away values' loads included, as it computes them inside."""
+    for storage, path in loads:
+        for k in range(elements):
+            if len(into) >= MAX_LOADS:
+                return
+            into.add((storage, prefix + path + ((("element", k),) if elements > 1 else ())))
 
 
 def add_horizontal(
