@@ -301,7 +301,7 @@ class _Phase:
             if root in inputs or self.unit[root] is not None:
                 found.add(root)
                 add_paths(paths, root, (chain,))
-                add_loads(loads, ((root, ()),), chain)
+                add_loads(loads, ((root, chain, ()),))
                 if arg is not table:
                     sized.add(root)
             else:
@@ -313,12 +313,12 @@ class _Phase:
                 prefix = chain + facts.access_through(root, self.classes.get(root))
                 for r, known in root_access.items():
                     add_paths(paths, r, (prefix + k for k in known))
-                add_loads(loads, root_loads, prefix)
+                add_loads(loads, root_loads)
         if self.classes[node] is OpClass.POINTWISE and facts.op_class(node) is OpClass.REDUCTION:
             elements = unrolled_elements(node)
             if elements > 1:
                 loads, per_element = set(), loads
-                add_loads(loads, per_element, (), elements)
+                add_loads(loads, per_element, elements)
         return found, sized, costly, paths, frozenset(loads)
 
     def _realized_on_reuse(self, node: fx.Node, computed: tuple) -> bool:

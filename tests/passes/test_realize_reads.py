@@ -44,6 +44,30 @@ def test_an_unrolled_sum_loads_its_inputs_once_per_element():
     assert stored.isdisjoint({"sum_1", "add", "add_1"})
 
 
+def test_mixtral_top2_sum_with_weights_normalised_by_their_own_sum():
+    """Mixtral's residual after its experts: v = a + sum over k of b[2t + k] * w[t, k] / (w[t, 0] + w[t, 1]), both
+    sums unrolled.  Inductor loads a once, b at two indices, w at the two the inner and the outer sum share: 5 reads,
+    stored.  And u = a + (w / w.sum(-1)).sum(1) + c, w at the same two indices: 4 reads, not stored (an inner
+    sum's loads are not multiplied by an outer one's elements: 6 reads of w would store it).  Both as real Inductor
+    does on CPU (torch 2.13, output code: v a buffer of its own, u none)."""
+
+    def backward(a, b, w, tangents_1):
+        v = a + (b * (w / w.sum(-1, keepdim=True)).reshape(-1, 1)).view(16, 2, 32).sum(1)
+        return v.sum(0), v * 2
+
+    args = (torch.randn(16, 32), torch.randn(32, 32), torch.rand(16, 2) + 1)
+    stored = _stored(backward, args, {"a_1": 2048, "b_1": 4096, "w_1": 128})
+    assert "add" in stored
+
+    def nested(a, w, c, tangents_1):
+        u = a + (w / w.sum(-1, keepdim=True)).sum(1, keepdim=True) + c
+        return u.sum(0), u * 2
+
+    args = (torch.randn(16, 32), torch.rand(16, 2) + 1, torch.randn(16, 32))
+    stored = _stored(nested, args, {"a_1": 2048, "w_1": 128, "c_1": 2048})
+    assert stored.isdisjoint({"add", "add_1"})
+
+
 def test_one_storage_read_at_three_offsets_is_three_reads():
     """v = x[:, :32] + x[:, 32:64] + x[:, 64:] + y + z: 3 storages, 5 reads (x at three indices), stored (as real
     Inductor does)."""
