@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch.fx as fx
 
+from .lowering import MAX_READS_CPU
 from .ops import OpClass
 
 MAX_PATHS = 4  # per read storage; a computation reading one storage in more ways is rare (and scored as any other)
@@ -88,6 +89,29 @@ def add_paths(into: dict, root: fx.Node, paths) -> None:
         if len(known) >= MAX_PATHS:
             return
         known.add(p[:MAX_DEPTH])
+
+
+# Loads kept per computation (``add_loads``): no rule compares a count of them with more than ``MAX_READS_CPU``.
+MAX_LOADS = MAX_READS_CPU + 1
+
+
+def add_loads(into: set, loads, elements: int = 1) -> None:
+    """Add ``loads`` to ``into``: (storage, the read's own layout against it (``step``), the elements of unrolled
+    reductions it is loaded for).  ``elements`` > 1 for an unrolled reduction (``lowering.unrolled_elements``),
+    which loads each once per element, at another index.  Inductor's count of a value's reads
+    (``Loops.num_reads``, torch/_inductor/ir.py) is that of its loader's distinct ``load(name, index)`` calls
+    (``OpCounterCSE.load``, ops_handler.py: a repeated one is common-subexpression-eliminated), fused-away values'
+    loads included, as it computes them inside.  The index is taken from the read's own layout only (a slice's
+    offset, a transpose): the ops between it and the kernel's loop (an expand, a ``where``) mostly broadcast, which
+    leaves the index as it is (a cross-entropy backward reading its labels through both branches of a ``where``: one
+    load).  A load an inner unrolled reduction made is not multiplied again: Mixtral's router weights divided by
+    their own top-2 sum and summed over the two experts load each weight once, not once per outer element, at the
+    two indices the inner and the outer sum share (so an element is known by its number alone)."""
+    for storage, step, made in loads:
+        for k in range(elements if elements > 1 and not made else 1):
+            if len(into) >= MAX_LOADS:
+                return
+            into.add((storage, step, (k,) if elements > 1 and not made else made))
 
 
 def add_horizontal(

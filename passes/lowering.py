@@ -138,15 +138,26 @@ def unrolled_reduction(node: fx.Node) -> bool:
     and fuses into its readers like any pointwise value.  GPT-2's position-embedding gradient: the sum over the batch
     (2) of the gradient is loaded inside the scatter into the embedding's gradient, never stored (output code:
     ``tmp10 + tmp11``, two loads 32768 apart, inside the scatter's loop)."""
+    return unrolled_elements(node) > 0
+
+
+def unrolled_elements(node: fx.Node) -> int:
+    """How many elements an unrolled reduction (``unrolled_reduction``) adds up into each output, 0 where ``node`` is
+    no such reduction: its loader computes its input once per element, each at another index, so loads each of that
+    computation's reads once per element (``ir.Reduction._unroll_reduction_fn``: ``value_fn(index, rindex)`` for every
+    ``rindex`` of the reduced ranges)."""
     if getattr(node.target, "overloadpacket", None) not in REDUCTIONS_WITH_DIMS or not node.args:
-        return False
+        return 0
     src, out = node.args[0], node.meta.get("val")
     if not isinstance(src, fx.Node) or not isinstance(src.meta.get("val"), torch.Tensor):
-        return False
+        return 0
     out_numel = hinted_numel(out[0] if isinstance(out, (tuple, list)) else out)
     if out_numel <= 1:
-        return False  # a full reduction to one element is never unrolled on CPU (``sympy_product(ranges) != 1``)
-    return hinted_numel(src.meta["val"]) < UNROLL_REDUCTIONS_THRESHOLD * out_numel
+        return 0  # a full reduction to one element is never unrolled on CPU (``sympy_product(ranges) != 1``)
+    src_numel = hinted_numel(src.meta["val"])
+    if src_numel >= UNROLL_REDUCTIONS_THRESHOLD * out_numel:
+        return 0
+    return max(1, src_numel // out_numel)
 
 
 # Inductor's bmm lowering (``tuned_bmm``, torch 2.13 on): a dot-shaped bmm on a GPU, of these dtypes and a short

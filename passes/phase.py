@@ -10,7 +10,7 @@ import torch
 import torch.fx as fx
 
 from . import _torch_private as tp
-from .access import add_paths
+from .access import add_loads, add_paths
 from .costs import alias_root, hinted_numel
 from .fusion import Fusion, fusion_order
 from .layout import depthwise_buffer_bytes, workspace_bytes
@@ -23,6 +23,7 @@ from .lowering import (
     _readers_through_views,
     concat_kernel,
     realized_when_lowered,
+    unrolled_elements,
 )
 from .node_facts import NodeFacts
 from .ops import CONVOLUTION, FUSIBLE, OpClass, op_class
@@ -224,7 +225,7 @@ class _Phase:
         self.unit = unit = {}
         # a built graph's facts are its own: nothing to share, so nothing kept
         known = self.facts.computations if self.view.facts is not None else None
-        computed: dict[fx.Node, tuple] = {}  # node -> (reads, loop, heavy, access), see ``_computed``
+        computed: dict[fx.Node, tuple] = {}  # node -> (reads, loop, heavy, access, loads), see ``_computed``
         # every node's ``_unit_of``, in graph order: an item's is its parent's (the loop runs for every node of every
         # plan's phases, so it asks each node once)
         self._plain_unit: dict[fx.Node, fx.Node | None] = {}
@@ -241,7 +242,7 @@ class _Phase:
             computed[node] = found
             node_unit = plain[node] = unit_of(node)
             # ``_realized_on_reuse`` is False but for a fusible value
-            if node_unit is None and kinds[node] == FUSIBLE_VALUE and self._realized_on_reuse(node, found[0], found[2]):
+            if node_unit is None and kinds[node] == FUSIBLE_VALUE and self._realized_on_reuse(node, found):
                 node_unit = node
             unit[node] = node_unit
         self.units = [n for n in self.nodes if unit[n] is n]
@@ -285,9 +286,10 @@ class _Phase:
         views to their root, through fused-away values to theirs; what sizes its loop: the same, less the tables a
         fused load picks rows from (an embedding's weight), plus the fused-away values computed inside it (the rows
         picked); whether it has a costly op, fused-away producers included; storage read -> its access paths
-        (``access.py``)).  None of these is changed after."""
+        (``access.py``); its loads as Inductor counts them, ``access.add_loads``).  None of these is changed after."""
         facts, inputs, roots = self.facts, self.view.inputs, self.roots
         found: set[fx.Node] = set()
+        loads: set[tuple] = set()
         sized: set[fx.Node] = set()
         costly, table = facts.reads(node)
         paths: dict[fx.Node, set] = {}
@@ -299,10 +301,11 @@ class _Phase:
             if root in inputs or self.unit[root] is not None:
                 found.add(root)
                 add_paths(paths, root, (chain,))
+                add_loads(loads, ((root, chain, ()),))
                 if arg is not table:
                     sized.add(root)
             else:
-                root_reads, root_loop, root_heavy, root_access = computed[root]
+                root_reads, root_loop, root_heavy, root_access, root_loads = computed[root]
                 found |= root_reads
                 sized |= root_loop
                 sized.add(root)
@@ -310,13 +313,23 @@ class _Phase:
                 prefix = chain + facts.access_through(root, self.classes.get(root))
                 for r, known in root_access.items():
                     add_paths(paths, r, (prefix + k for k in known))
-        return found, sized, costly, paths
+                add_loads(loads, root_loads)
+        if self.classes[node] is OpClass.POINTWISE and facts.op_class(node) is OpClass.REDUCTION:
+            elements = unrolled_elements(node)
+            if elements > 1:
+                loads, per_element = set(), loads
+                add_loads(loads, per_element, elements)
+        return found, sized, costly, paths, frozenset(loads)
 
-    def _realized_on_reuse(self, node: fx.Node, reads: set[fx.Node], costly: bool) -> bool:
+    def _realized_on_reuse(self, node: fx.Node, computed: tuple) -> bool:
         """Inductor stores a value read by more than one node instead of computing it inside each reader when that
-        computation is costly: on CPU one with exp, log, sigmoid or tanh, or one reading more than 4 buffers
-        (``StorageBox.should_realize_on_reuse``, ``config.realize_reads_threshold``).  E.g. a SiLU backward read
-        by both the expert weight's gradient and the input's: one tokens x hidden buffer."""
+        computation (``computed``: ``_computed``'s) is costly: on CPU one with exp, log, sigmoid or tanh, or one with
+        more than 4 reads (``StorageBox.should_realize_on_reuse``, ``config.realize_reads_threshold``), counted as
+        Inductor counts them, one per storage and index (``access.add_loads``).  E.g. a SiLU backward read by both the
+        expert weight's gradient and the input's: one tokens x hidden buffer; Mixtral's residual after the experts,
+        ``add_6`` plus the top-2 sum of expert outputs times router weights: 3 storages, 5 reads (the sum unrolled,
+        its inputs loaded at two indices each), stored (benchmarks/RESULTS.md, issue #15 session 23)."""
+        reads, costly, loads = computed[0], computed[2], computed[4]
         if self.kinds[node] != FUSIBLE_VALUE or not self.facts.is_tensor(node):
             return False
         cpu = self.facts.on_cpu(node)
@@ -332,7 +345,7 @@ class _Phase:
             # expert weights recomputed for both the forward bmm and the input gradient (792 MiB measured, 21 MiB
             # simulated without this rule; benchmarks/RESULTS.md, issue #15 session 7)
             return True
-        return (costly and cpu) or len(reads) > REALIZE_READS_THRESHOLD
+        return (costly and cpu) or len(loads) > REALIZE_READS_THRESHOLD
 
     def _allocates(self, node: fx.Node) -> bool:
         return self.roots[node] is node and self.facts.is_tensor(node) and self.classes[node] is not OpClass.MUTATION
