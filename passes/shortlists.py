@@ -185,15 +185,22 @@ LOWERED_TIED_MOST = 6
 
 
 def _lowest(plans: list[Plan], peak_of, lowered) -> tuple[Plan, float]:
-    """(the plan of ``plans`` with the lowest peak, that peak), counting ``lowered(plan)`` for the
-    ``LOWERED_CANDIDATES`` lowest by their own peak and those tied with the last of them; ties to the faster."""
+    """(the plan of ``plans`` with the lowest peak, that peak), counting ``lowered`` for the ``LOWERED_CANDIDATES``
+    lowest by their own peak and those tied with the last of them; ties to the faster, as each would run.
+    ``lowered``: the plan's peak run another way (a function), or an object whose ``peak(plan)`` and
+    ``seconds(plan)`` say both (``choice.segmented.Segmentations``: two plans segmented to one peak can differ in
+    the FLOPs their segments add)."""
     ranked = sorted(plans, key=lambda p: (peak_of(p), p.seconds))
     peaks = {plan_key(p): peak_of(p) for p in ranked}
+    seconds = {plan_key(p): p.seconds for p in ranked}
     last = peak_of(ranked[min(LOWERED_CANDIDATES, len(ranked)) - 1]) if ranked else None
     tried = ranked[:LOWERED_CANDIDATES] + [p for p in ranked[LOWERED_CANDIDATES:] if peak_of(p) == last]
+    lowered_peak = getattr(lowered, "peak", lowered)
     for p in tried[:LOWERED_TIED_MOST] if lowered is not None else ():
-        peaks[plan_key(p)] = min(peaks[plan_key(p)], lowered(p))
-    best = min(ranked, key=lambda p: (peaks[plan_key(p)], p.seconds))
+        if lowered_peak(p) < peaks[plan_key(p)]:
+            peaks[plan_key(p)] = lowered_peak(p)
+            seconds[plan_key(p)] = lowered.seconds(p) if hasattr(lowered, "seconds") else p.seconds
+    best = min(ranked, key=lambda p: (peaks[plan_key(p)], seconds[plan_key(p)]))
     return best, peaks[plan_key(best)]
 
 

@@ -49,7 +49,7 @@ def choose_plan_for_budget(c: Choosing) -> PlanChoice:
 
     # a raised choice runs recomputing the forward segment by segment in backward where that is lower
     segmentations = Segmentations(simulated, request, c.profile)
-    lowered = segmentations.peak if settings.backward_segments is None else None
+    lowered = segmentations if settings.backward_segments is None else None
 
     def walk(refinements: int):
         judged.clear()

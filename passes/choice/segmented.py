@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from .. import _torch_private as tp
 from ..budget import Plan
-from ..segments import lowest_peak_segments, segment_recompute_flops
+from ..segments import lowest_peak_segments, segment_recompute_flops, segment_recompute_seconds
 from ..shortlists import plan_key
 from .judged import JudgedPlans
 
@@ -29,6 +29,7 @@ class Segmentations:
     request: object
     profile: object
     found: dict = field(default_factory=dict)  # plan key -> (plan, its segmentation or None)
+    added: dict = field(default_factory=dict)  # plan key -> estimated seconds its segments add
 
     def peak(self, plan: Plan) -> float:
         """The plan's peak run segment by segment in backward, or infinity where it cannot be."""
@@ -37,6 +38,17 @@ class Segmentations:
             self.found[key] = (plan, _segmentation(self.simulated, plan, self.request, self.profile))
         segmentation = self.found[key][1]
         return segmentation[1].peak_bytes if segmentation is not None else float("inf")
+
+    def seconds(self, plan: Plan) -> float:
+        """The plan's estimated seconds run segment by segment (its own and what its segments recompute more)."""
+        key = plan_key(plan)
+        if key not in self.added:
+            self.peak(plan)  # its segmentation, made on first demand
+            segmentation = self.found[key][1]
+            recipe = self.simulated.handed_on(plan)[0][2] if segmentation is not None else None
+            added = segment_recompute_seconds(recipe, segmentation[0], self.profile) if recipe is not None else 0.0
+            self.added[key] = added
+        return plan.seconds + self.added[key]
 
     def of(self, plan: Plan):
         return self.found.get(plan_key(plan), (plan, None))[1]

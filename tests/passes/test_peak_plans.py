@@ -114,10 +114,12 @@ def test_tightest_peak_budget_grows_like_sqrt_n():
     activation = {n: [r.simulated_activation_peak_bytes for r in reports[n]] for n in reports}
     (lowest_3, fewest_3, segmented_3, _), (lowest_12, fewest_12, segmented_12, default_12) = activation.values()
     best_3, best_12 = min(lowest_3, segmented_3), min(lowest_12, segmented_12)
-    # measured: best 103,424 -> 181,504 B (1.75x), fewest-bytes 3.77x; at 12, best / fewest 0.22, / default 0.38
+    # measured: best 112,128 -> 218,368 B (1.95x), fewest-bytes 3.77x; at 12, best / fewest 0.27, / default 0.46.
+    # Segmentations are ranked by the step peak since session 23 (passes/segments.py): at 12 blocks the one with
+    # 181,504 B of activations (0.22 of the fewest-bytes plan's) has the same step peak, 634,240 B, and more FLOPs.
     assert best_12 <= 2.0 * best_3, (best_3, best_12)
     assert fewest_12 >= 3.4 * fewest_3, (fewest_3, fewest_12)  # the failure mode, for contrast: ~linear
-    assert best_12 < 0.25 * fewest_12 and best_12 < 0.4 * default_12, (best_12, fewest_12, default_12)
+    assert best_12 < 0.3 * fewest_12 and best_12 < 0.5 * default_12, (best_12, fewest_12, default_12)
     for n, runs in reports.items():
         step = [r.simulated_peak_bytes for r in runs]
         assert step[0] == min(step), (n, step)
@@ -171,7 +173,9 @@ def test_the_report_names_the_method_that_found_the_chosen_plan(monkeypatch, set
     report = run_fxremat_aot(model, inputs, strict=True, **setting)[3][0]
     assert [c.plan.method for c in chosen] == [report.plan_method], (chosen, report.plan_method)
     if setting == {"peak_budget": 0.0}:
-        assert report.plan_method == "checkpoints"  # the case that was wrong: not the price search's plan
+        # the case that was wrong: not the price search's plan (a checkpointed one until session 23's ranking of
+        # segmentations by the step peak, a MILP one since)
+        assert report.plan_method in ("checkpoints", "milp"), report.plan_method
 
 
 def test_the_candidates_between_the_vertices_save_the_block_sums_and_peak_no_higher():

@@ -119,6 +119,23 @@ def test_a_raised_step_segments_every_plan_tied_with_the_last_it_would_try():
     assert sorted(set(lowered)) == [1, 2, 3, 4]  # not 5: above the tie
 
 
+def test_plans_segmented_to_one_peak_tie_to_the_faster_as_each_would_run():
+    """Two plans segmented to the same peak: the one whose segments add less time wins, though it is the slower
+    unsegmented (llama_stack at 0.2 once segments were ranked by the step peak, RESULTS session 23)."""
+    plans = {0: (100, 1.0, 50), 1: (45, 2.0, 80), 2: (44, 3.0, 80)}
+    shortlist = [_plan(b, s, k) for k, (b, s, _) in plans.items()]
+
+    class Segmented:
+        def peak(self, p):
+            return 40
+
+        def seconds(self, p):
+            return p.seconds + {1: 5.0, 2: 1.0}[p.saved[0]]
+
+    choice = monotone_choice(shortlist, shortlist[0], 45, lambda p: plans[p.saved[0]][2], Segmented())
+    assert choice.plan.saved == (2,) and choice.peak == 40
+
+
 def test_fastest_first_keeps_one_plan_per_key_and_breaks_ties_by_bytes():
     a, b, c = _plan(100, 2.0, 0), _plan(50, 2.0, 1), _plan(10, 1.0, 2)
     again = _plan(100, 2.0, 0)
