@@ -144,7 +144,7 @@ class PeakChoice:
     plan: Plan
     peak: int  # the plan's simulated peak
     lowest_looser_peak: int  # the lowest peak chosen at any looser budget (the default plan's included)
-    raised: bool  # the budget itself forced a peak above lowest_looser_peak
+    raised: bool  # the budget itself forced a peak above lowest_looser_peak (beyond the walk's ``PeakTie``)
 
 
 @dataclasses.dataclass(frozen=True)
