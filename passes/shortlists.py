@@ -184,22 +184,29 @@ LOWERED_CANDIDATES = 3
 LOWERED_TIED_MOST = 6
 
 
+@dataclasses.dataclass(frozen=True)
+class PeakOnly:
+    """A way of running plans known by its peak alone (``peak(plan)``), each at its own seconds: ``monotone_choice``'s
+    ``lowered`` as ``choice.segmented.Segmentations`` is one, whose ``seconds`` add what the segments recompute."""
+
+    peak: object  # plan -> its peak run that way (infinity where it cannot be)
+
+    def seconds(self, plan: Plan) -> float:
+        return plan.seconds
+
+
 def _lowest(plans: list[Plan], peak_of, lowered) -> tuple[Plan, float]:
-    """(the plan of ``plans`` with the lowest peak, that peak), counting ``lowered`` for the ``LOWERED_CANDIDATES``
-    lowest by their own peak and those tied with the last of them; ties to the faster, as each would run.
-    ``lowered``: the plan's peak run another way (a function), or an object whose ``peak(plan)`` and
-    ``seconds(plan)`` say both (``choice.segmented.Segmentations``: two plans segmented to one peak can differ in
-    the FLOPs their segments add)."""
+    """(the plan of ``plans`` with the lowest peak, that peak), counting ``lowered.peak`` for the
+    ``LOWERED_CANDIDATES`` lowest by their own peak and those tied with the last of them; ties to the faster, as each
+    would run (``lowered.seconds``: two plans segmented to one peak can differ in the FLOPs their segments add)."""
     ranked = sorted(plans, key=lambda p: (peak_of(p), p.seconds))
     peaks = {plan_key(p): peak_of(p) for p in ranked}
     seconds = {plan_key(p): p.seconds for p in ranked}
     last = peak_of(ranked[min(LOWERED_CANDIDATES, len(ranked)) - 1]) if ranked else None
     tried = ranked[:LOWERED_CANDIDATES] + [p for p in ranked[LOWERED_CANDIDATES:] if peak_of(p) == last]
-    lowered_peak = getattr(lowered, "peak", lowered)
     for p in tried[:LOWERED_TIED_MOST] if lowered is not None else ():
-        if lowered_peak(p) < peaks[plan_key(p)]:
-            peaks[plan_key(p)] = lowered_peak(p)
-            seconds[plan_key(p)] = lowered.seconds(p) if hasattr(lowered, "seconds") else p.seconds
+        if lowered.peak(p) < peaks[plan_key(p)]:
+            peaks[plan_key(p)], seconds[plan_key(p)] = lowered.peak(p), lowered.seconds(p)
     best = min(ranked, key=lambda p: (peaks[plan_key(p)], seconds[plan_key(p)]))
     return best, peaks[plan_key(best)]
 
@@ -208,7 +215,7 @@ def monotone_choice(shortlist, default: Plan, target: int, peak_of, lowered=None
     """The fastest plan of ``shortlist`` (a list, fastest first, or a ``BudgetShortlist``) within ``target`` saved
     bytes whose peak (``peak_of(plan)``, simulated on demand) is at most that of the plan chosen at every looser budget,
     the default plan's included; where none is, the lowest-peak plan within ``target`` (``raised``), a plan's peak
-    then being ``lowered(plan)`` where that is lower (the plan run another way, e.g. recomputed segment by segment,
+    then being ``lowered.peak(plan)`` where that is lower (the plan run another way, e.g. recomputed segment by segment,
     as the budget's choice will run it: ``_lowest``); a tighter budget is held to that peak too.
 
     Walking the budgets from the loosest down, the chosen plan changes only where a plan stops fitting, so the

@@ -10,6 +10,7 @@ from fxremat_passes.budget import Plan
 from fxremat_passes.shortlists import (
     STRICT,
     BudgetShortlist,
+    PeakOnly,
     PeakTie,
     budget_shortlist,
     fastest_first,
@@ -84,9 +85,9 @@ def test_a_raised_choice_is_held_to_its_segmented_peak_and_so_is_every_tighter_b
     def peak_of(p):
         return peak[p.saved]
 
-    at_60 = monotone_choice(shortlist, shortlist[0], 60, peak_of, lowered_peak)
+    at_60 = monotone_choice(shortlist, shortlist[0], 60, peak_of, PeakOnly(lowered_peak))
     assert at_60.plan.saved == (1,) and at_60.peak == 40 and not at_60.raised
-    at_30 = monotone_choice(shortlist, shortlist[0], 30, peak_of, lowered_peak)
+    at_30 = monotone_choice(shortlist, shortlist[0], 30, peak_of, PeakOnly(lowered_peak))
     assert at_30.plan.saved == (2,) and at_30.raised and (at_30.peak, at_30.lowest_looser_peak) == (60, 40)
     assert (0,) not in lowered  # a plan that fits its bound is never segmented
     unsegmented = monotone_choice(shortlist, shortlist[0], 60, peak_of)  # without it: the lowest, raised by 10
@@ -114,7 +115,7 @@ def test_a_raised_step_segments_every_plan_tied_with_the_last_it_would_try():
         lowered.append(p.saved[0])
         return segmented.get(p.saved, plans[p.saved[0]][2] - 1)
 
-    choice = monotone_choice(shortlist, shortlist[0], 45, lambda p: plans[p.saved[0]][2], lowered_peak)
+    choice = monotone_choice(shortlist, shortlist[0], 45, lambda p: plans[p.saved[0]][2], PeakOnly(lowered_peak))
     assert choice.plan.saved == (4,) and choice.peak == 40 and not choice.raised
     assert sorted(set(lowered)) == [1, 2, 3, 4]  # not 5: above the tie
 
@@ -188,7 +189,8 @@ def _walks(candidates, peak, default, fewest, target, lowered_peak=None):
 
         make = BudgetShortlist if lazy else budget_shortlist
         shortlist = make([*candidates, default, fewest], estimate, default, fewest)
-        choice = monotone_choice(shortlist, default, target, peak_of, lowered_peak)
+        lowered = PeakOnly(lowered_peak) if lowered_peak is not None else None
+        choice = monotone_choice(shortlist, default, target, peak_of, lowered)
         results.append((choice, judged, estimated))
     return results
 
