@@ -35,7 +35,9 @@ from .costs import DeviceProfile, alias_root, node_cost, node_nbytes
 from .cse import impurity_test
 from .graph_facts import attached
 from .liveness import PeakEstimate, simulate_backwards
-from .ops import NEVER_RECOMPUTE, op_class
+from .lowering import _readers_through_views, inductor_class
+from .ops import NEVER_RECOMPUTE, OpClass, op_class
+from .phase import materialises
 from .split import FirstPass, SplitRecipe
 
 log = logging.getLogger(__name__)
@@ -80,12 +82,44 @@ class _Region:
     edges: list[tuple[int, int]]
     storage: list[int]
     storage_bytes: list[int]
+    fused: frozenset[fx.Node] = frozenset()  # gathers that hold no storage (``_fused_into_reductions``)
+
+
+class _InductorClasses(dict):
+    """Each joint node's class as Inductor's code generation sees it (``lowering.inductor_class``, outside any
+    phase: an ``add`` is not taken for an addmm), computed on first look."""
+
+    def __init__(self, reads: _JointReads) -> None:
+        super().__init__()
+        self.reads = reads
+
+    def __missing__(self, node: fx.Node):
+        found = self[node] = inductor_class(node, self.reads.op_class(node))
+        return found
+
+    def get(self, node, default=None):
+        return self[node] if isinstance(node, fx.Node) else default
+
+
+def _fused_into_reductions(node: fx.Node, classes: _InductorClasses, reads: _JointReads) -> bool:
+    """Whether ``node`` is a gather that Inductor never stores because only reductions read it, each loading it
+    element by element (``phase.materialises``): a MoE layer's gather of each token's expert weights, read by a
+    one-column ``bmm`` that Inductor lowers to a reduction on CPU (``lowering.inductor_class``).  Mixtral's are 512 MiB
+    by their shape, against nothing held, and counted at that size they set every segment's size (benchmarks/RESULTS.md,
+    session 24).  Only these: counting every fusible value as free (embedding lookups, pointwise values, which are
+    stored once they are checkpoints) moved the segmentations of llama_stack, stack, GPT-2 and Llama, several to
+    higher peaks or more recompute (the same session)."""
+    if reads.op_class(node) is not OpClass.GATHER or materialises(node, classes, set()):
+        return False
+    return all(classes[u] is OpClass.REDUCTION for u in _readers_through_views(node, classes))
 
 
 def _region(nodes: list[fx.Node], reads: _JointReads) -> _Region:
+    """The region's values, edges and storages (``_fused_into_reductions``: a gather that holds none)."""
     index = {n: i for i, n in enumerate(nodes)}
     edges = [(index[a], index[n]) for n in nodes for a in reads.inputs(n) if a in index]
-    storage, storage_bytes, storage_of = [], [], {}
+    storage, storage_bytes, storage_of, fused = [], [], {}, set()
+    classes = _InductorClasses(reads)
     for node in nodes:
         root = reads.root(node)
         if root.target is operator.getitem and root.args[0] in index:
@@ -93,11 +127,30 @@ def _region(nodes: list[fx.Node], reads: _JointReads) -> _Region:
         if root not in index or not isinstance(root.meta.get("val"), (torch.Tensor, tuple, list)):
             storage.append(-1)
             continue
+        if _fused_into_reductions(root, classes, reads):
+            fused.add(root)
+            storage.append(-1)
+            continue
         if root not in storage_of:
             storage_of[root] = len(storage_bytes)
             storage_bytes.append(reads.nbytes(root))
         storage.append(storage_of[root])
-    return _Region(nodes, len(nodes), edges, storage, storage_bytes)
+    return _Region(nodes, len(nodes), edges, storage, storage_bytes, frozenset(fused))
+
+
+def _checkpoint_set(region: _Region, members: Sequence[int], reads: _JointReads) -> tuple[fx.Node, ...]:
+    """The nodes of an open set, each gather its readers fuse replaced by its own inputs in the region: carried
+    from the first pass to a later segment it would have two readers, one of them a ``bmm``, and Inductor stores a
+    gather read that way (``phase._Phase._realized_on_reuse``): Mixtral's 256 MiB ``index_5``, measured 274 MB for a
+    step simulated at 22.7 MB (benchmarks/RESULTS.md, session 24).  Recomputed in its segment from the index it
+    gathers by, it is read once there and never stored."""
+    inside, result = set(region.nodes), []
+    for v in members:
+        node = region.nodes[v]
+        for kept in [a for a in reads.inputs(node) if a in inside] if node in region.fused else [node]:
+            if kept not in result:
+                result.append(kept)
+    return tuple(result)
 
 
 def _estimate(region: _Region, waists: Waists, chosen: Sequence[int]) -> int:
@@ -125,7 +178,7 @@ def checkpoint_grid(recipe: SplitRecipe) -> list[tuple[int, tuple[tuple[fx.Node,
         chosen = tuple(j for j in segment_checkpoints(waists, max(1, total // count)) if waists.open_sets[j])
         if chosen and chosen not in seen:
             seen.add(chosen)
-            sets = tuple(tuple(nodes[v] for v in waists.open_sets[j]) for j in chosen)
+            sets = tuple(_checkpoint_set(region, waists.open_sets[j], reads) for j in chosen)
             grid.append((_estimate(region, waists, chosen), sets))
     return grid
 

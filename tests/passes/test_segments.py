@@ -180,3 +180,36 @@ def test_segmentations_simulated_after_one_forward_are_their_own_simulations():
         simulate_backwards(recipe.build_forward(lazy=True), (c.build_backward(lazy=True) for c in candidates), 1)
     )
     assert shared == [simulate_step(*c.build(lazy=True), 1) for c in candidates]
+
+
+class _TokenExperts(torch.nn.Module):
+    """A MoE layer applied one token at a time (transformers' batched experts): each token gathers its expert's
+    weights, ``(tokens, ffn, dim)`` by shape, and a one-column ``bmm`` reads them, which Inductor lowers on CPU to a
+    reduction that the gather fuses into (``lowering.inductor_class``)."""
+
+    def __init__(self, experts: int = 4, dim: int = 16, ffn: int = 64) -> None:
+        super().__init__()
+        self.router = torch.nn.Linear(dim, experts)
+        self.weight = torch.nn.Parameter(torch.randn(experts, ffn, dim) / dim**0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        expert = self.router(x).argmax(-1)
+        hidden = torch.bmm(self.weight[expert], x.unsqueeze(-1)).squeeze(-1)
+        return torch.relu(hidden).sum(-1, keepdim=True) * x * self.router(x).softmax(-1)[:, :1]
+
+
+def test_a_gather_inductor_never_stores_holds_nothing_in_the_segments_region():
+    from fxremat_passes.segments import _JointReads, _region, checkpoint_grid, recomputed_region
+
+    recipe = _recipe(_TokenExperts(), (torch.randn(64, 16),), memory_budget=0.0)
+    reads = _JointReads(recipe)
+    nodes = recomputed_region(recipe, reads)
+    (gather,) = [n for n in nodes if n.target is torch.ops.aten.index.Tensor]
+    region = _region(nodes, reads)
+    assert reads.nbytes(gather) == 64 * 64 * 16 * 4  # what its shape says
+    assert region.storage[nodes.index(gather)] == -1  # what Inductor holds: nothing
+    # so no segmentation's estimate counts it: every estimate is below the gather's bytes
+    grid = checkpoint_grid(recipe)
+    assert grid and all(estimate < reads.nbytes(gather) for estimate, _ in grid)
+    # and no checkpoint carries it to a later segment, where a second reader would make Inductor store it
+    assert all(gather not in checkpoints for _, sets in grid for checkpoints in sets)
