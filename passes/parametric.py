@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .mincut import CAPACITY_LIMIT, CutProblem
+from .mincut import CAPACITY_LIMIT, INFINITE, CutProblem
 
 
 @dataclass(frozen=True)
@@ -57,13 +57,18 @@ class ParametricProblem:
 
     def seconds(self, saved: Iterable[int], recomputed: Iterable[int]) -> float:
         """Estimated time a plan adds: traffic of what it saves plus what it recomputes."""
-        return sum(self.traffic_seconds[v] or 0.0 for v in saved) + sum(
-            self.recompute_seconds[v] or 0.0 for v in recomputed
-        )
+        traffic, recompute = self._seconds_or_zero
+        return sum(map(traffic.__getitem__, saved)) + sum(map(recompute.__getitem__, recomputed))
 
     def recompute_seconds_of(self, recomputed: Iterable[int]) -> float:
         """Estimated time a plan spends recomputing (what a report calls est_recompute_seconds)."""
-        return sum(self.recompute_seconds[v] or 0.0 for v in recomputed)
+        return sum(map(self._seconds_or_zero[1].__getitem__, recomputed))
+
+    @functools.cached_property
+    def _seconds_or_zero(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """(traffic seconds, recompute seconds), 0.0 for None: summed in the same order as the values are given, so
+        the same float as summing ``t or 0.0`` value by value (every solve prices its plan so)."""
+        return tuple(t or 0.0 for t in self.traffic_seconds), tuple(r or 0.0 for r in self.recompute_seconds)
 
     @functools.cached_property
     def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -85,18 +90,23 @@ class ParametricProblem:
             price = np.where(storage >= 0, per_storage[np.maximum(storage, 0)], 0.0) if len(per_storage) else 0.0
         # elementwise what save_seconds computes, in the same float operations (so the same bits)
         save = (traffic + price * value_bytes.astype(np.float64)) * scale
-        quantised, scale = quantise(np.concatenate((save, recompute)))
+        costs, scale = _quantised(np.concatenate((save, recompute)))
         n = self.num_values
-        problem = CutProblem(n, tuple(quantised[:n]), tuple(quantised[n:]), self.edges, self.needed)
-        return problem, scale
+        return CutProblem.of_arrays(costs[:n], costs[n:], self.edges, self.needed), scale
 
 
 def quantise(values: np.ndarray) -> tuple[list[int | None], float]:
     """Seconds (NaN: infinite) -> ints with the finite total at half the solver's limit; a non-zero cost stays
     non-zero; None for infinite.  The total is summed in order, as Python's ``sum`` does, and np.rint rounds half to
     even as ``round`` does: the same ints as the scalar reference in tests/solver/test_budget.py."""
+    costs, scale = _quantised(values)
+    return [None if c == INFINITE else c for c in costs.tolist()], scale
+
+
+def _quantised(values: np.ndarray) -> tuple[np.ndarray, float]:
+    """``quantise`` as an int64 array, ``INFINITE`` for NaN (what ``CutProblem.of_arrays`` takes)."""
     finite = ~np.isnan(values)
     total = sum(values[finite].tolist())
     scale = (CAPACITY_LIMIT // 2) / total if total > 0 else 1.0
     ints = np.where(values > 0, np.maximum(1, np.rint(values * scale)), 0).astype(np.int64)
-    return [int(i) if f else None for i, f in zip(ints.tolist(), finite.tolist())], scale
+    return np.where(finite, ints, INFINITE), scale

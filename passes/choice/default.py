@@ -9,7 +9,6 @@ import logging
 from ..budget import Plan, solve_at
 from ..solvers import SOLVERS
 from ..stored_sums import block_sums, reads_only
-from .judged import plan_estimator
 from .plan import choose_plan, priced_by
 from .records import Chooser, Choosing, PlanChoice
 from .settings import prices
@@ -30,7 +29,7 @@ def block_sums_plan(plan: Plan, c: Choosing) -> Plan:
     other = solve_at(reads_only(c.flow.parametric, sums, c.profile.mem_bandwidth), price)
     if set(other.saved) == set(plan.saved) or other.saved_bytes > plan.saved_bytes:
         return plan
-    estimate, _ = plan_estimator(c)
+    estimate, _ = c.estimator
     if estimate(other).peak_bytes > estimate(plan).peak_bytes:
         return plan
     log.debug("%s: the plan that saves the block sums (%d)", c.request.graph_id, len(sums))

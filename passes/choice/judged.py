@@ -100,8 +100,9 @@ def plan_estimator(c: Choosing):
 
 
 def judged_plans(c: Choosing, required: set, estimator=None) -> JudgedPlans:
-    """The ``JudgedPlans`` of this graph's plans (``estimator``: ``plan_estimator(c)``, where already made)."""
-    estimate, exact = estimator or plan_estimator(c)
+    """The ``JudgedPlans`` of this graph's plans (``estimator``: ``plan_estimator``'s, by default the graph's own,
+    ``Choosing.estimator``)."""
+    estimate, exact = estimator or c.estimator
     return JudgedPlans(c.split, estimate, c.request.num_fwd_outputs, required=required, exact=exact)
 
 
@@ -118,4 +119,4 @@ def candidate_parts(c: Choosing, budget_bytes: int | None, cache: SolveCache | N
     problem, sums = c.flow.parametric, block_sums(c.roles, c.flow.nodes)
     sums_problem = reads_only(problem, sums, c.profile.mem_bandwidth) if sums else None
     parts = peak_candidates(problem, forward, c.settings, c.profile, budget_bytes, cache, sums_problem)
-    return parts, plan_estimator(c)
+    return parts, c.estimator

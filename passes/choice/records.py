@@ -44,6 +44,15 @@ class Choosing:
     regions: RegionAnnotations | None = None
 
     @functools.cached_property
+    def estimator(self) -> tuple[Callable[[Plan], PeakEstimate], bool]:
+        """``judged.plan_estimator``'s (estimate, exact), made on first demand, one per graph: the default plan's
+        block sums check (``default.block_sums_plan``) and a budget's candidates then share the joint graph's memory
+        and each plan's estimate (llama small at memory_budget=0.5: two builds and 28 estimates of 27 plans, before)."""
+        from .judged import plan_estimator
+
+        return plan_estimator(self)
+
+    @functools.cached_property
     def contract(self) -> Contract | None:
         """The user's checkpoints as a contract (``contract.user_contract``), made on first demand."""
         from .contract import user_contract

@@ -307,3 +307,24 @@ def test_importing_fxremat_does_not_import_scipy():
     # partitioned: scipy (0.2-0.4 s) waits for the first solve (passes/mincut.py; issue #16's warm-cache time)
     code = "import sys, fxremat; assert not [m for m in sys.modules if m.split('.')[0] == 'scipy'], 'scipy imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_default_partition_imports_the_max_flow_but_not_the_milp():
+    # the first partition of a process pays for the scipy it imports (benchmarks/RESULTS.md, "Partition time, session
+    # 24": scipy.sparse.csgraph 0.14-0.19 CPU s, unavoidable for the max-flow); scipy.optimize (HiGHS, 0.1 s more)
+    # serves budgets and solver="milp" alone, so the default plan must not import it
+    code = (
+        "import sys, torch, fxremat\n"
+        "from functorch.compile import aot_module, make_boxed_func\n"
+        "from fxremat.examples import example\n"
+        "from fxremat.options import Options\n"
+        "model, inputs = example('stack')\n"
+        "noop = lambda gm, _: make_boxed_func(gm.forward)\n"
+        "reports = []\n"
+        "partition_fn = fxremat.make_partition_fn(Options.create(), reports)\n"
+        "aot_module(model, fw_compiler=noop, partition_fn=partition_fn)(*inputs).sum().backward()\n"
+        "assert reports and reports[0].fallback_reason is None and reports[0].plan_method == 'mincut'\n"
+        "assert 'scipy.sparse.csgraph' in sys.modules, 'no max-flow'\n"
+        "assert 'scipy.optimize' not in sys.modules, 'scipy.optimize imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -5,12 +5,14 @@ No torch import here: the solver works on plain integers (a test below checks th
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import subprocess
 import sys
 
 import networkx as nx
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -244,3 +246,60 @@ def test_the_solvers_import_scipy_on_their_first_solve_not_before():
         "assert solution.saved == (0,) and 'scipy.sparse.csgraph' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- the vectorised parts of a solve (benchmarks/RESULTS.md, "Partition time, session 24") ---------------------------
+
+
+def walked_value_by_value(problem: CutProblem, in_forward: set[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The demand walk as the solver made it before: from the needed values, through the inputs of every value
+    computed in backward; a value computed in forward is saved and not walked through."""
+    preds: list[list[int]] = [[] for _ in range(problem.num_values)]
+    for u, w in problem.edges:
+        preds[w].append(u)
+    saved, recomputed, seen, stack = set(), set(), set(), list(problem.needed)
+    while stack:
+        v = stack.pop()
+        if v not in seen:
+            seen.add(v)
+            if v in in_forward:
+                saved.add(v)
+            else:
+                recomputed.add(v)
+                stack.extend(preds[v])
+    return tuple(sorted(saved)), tuple(sorted(recomputed))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_demand_walk_is_the_value_by_value_walk(seed):
+    from fxremat_passes.mincut import _demanded, v_in
+
+    rng = random.Random(seed)
+    problem = random_problem(rng, rng.randint(1, 40), rng.choice((0.05, 0.2, 0.5)), 0.2, 9)
+    in_forward = {v for v in range(problem.num_values) if rng.random() < 0.5}
+    reachable = np.zeros(2 + 2 * problem.num_values, dtype=bool)
+    reachable[[v_in(v) for v in in_forward]] = True
+    assert _demanded(problem, reachable) == walked_value_by_value(problem, in_forward)
+
+
+def solved(problem: CutProblem):
+    try:
+        return dataclasses.replace(solve_min_cut(problem), solve_seconds=0.0)
+    except InfeasibleCutError as error:
+        return error.path
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_problem_of_arrays_is_the_problem_of_its_tuples(seed):
+    from fxremat_passes.mincut import INFINITE
+
+    problem = random_problem(random.Random(seed), 30, 0.2, 0.2, 9)
+    save, recompute = problem.cost_arrays
+    made = CutProblem.of_arrays(save.copy(), recompute.copy(), problem.edges, problem.needed)
+    assert made == problem and all(type(c) is int for c in made.save_cost + made.recompute_cost if c is not None)
+    assert all((a == b).all() for a, b in zip(made.cost_arrays, problem.cost_arrays))
+    assert solved(made) == solved(problem)
+    with pytest.raises(ValueError, match="save_cost"):
+        CutProblem.of_arrays(np.full(3, INFINITE - 1), np.zeros(3, dtype=np.int64), (), (0,))
+    with pytest.raises(ValueError, match="recompute_cost"):
+        CutProblem.of_arrays(np.zeros(3, dtype=np.int64), np.zeros(3), (), (0,))
