@@ -5,14 +5,11 @@ over real per-node costs (bytes kept alive, FLOPs and memory traffic to recomput
     b = fxremat.backend(memory_price=20.0); model = torch.compile(model, backend=b); ...; b.reports
 """
 
-from fxremat_passes.choice import FxrematBudgetWarning
 from fxremat_passes.costs import PROFILES, DeviceProfile
 
 from .backend import FxrematBackend, backend, make_partition_fn, string_backend_reports
 from .knobs import FxrematKnobWarning
 from .options import Options
-from .partition import FxrematFallbackWarning
-from .render import format_text
 from .report import CutReport
 from .verify import FxrematVerifyError, FxrematVerifyWarning
 
@@ -34,3 +31,22 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+# Loaded on first use, not with fxremat: a warm compile (an AOTAutograd cache hit) never partitions, and these
+# modules (the partitioner's choice, the split, the report's rendering) are most of fxremat's import time
+# (benchmarks/RESULTS.md, session 24).
+_LAZY = {
+    "FxrematBudgetWarning": "fxremat_passes.choice",
+    "FxrematFallbackWarning": "fxremat.partition",
+    "format_text": "fxremat.render",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'fxremat' has no attribute {name!r}")

@@ -27,7 +27,6 @@ from fxremat_passes.layout_choice import LayoutChoice
 from fxremat_passes.region_budget import annotation_key
 
 from .options import Options
-from .partition import PartitionRequest, partition
 from .report import CutReport
 from .verify import Verifier
 
@@ -85,6 +84,10 @@ class FxrematPartitioner(tp.CustomPartitionerFn):
         return hashlib.sha256(text.encode()).hexdigest()
 
     def __call__(self, gm: fx.GraphModule, joint_inputs, **kwargs: Any):
+        # imported here, not with fxremat: a warm compile (an AOTAutograd cache hit) never partitions, and the
+        # partitioner's modules are most of fxremat's import (benchmarks/RESULTS.md, session 24)
+        from .partition import PartitionRequest, partition
+
         request = PartitionRequest(
             joint=gm,
             joint_inputs=joint_inputs,

@@ -106,7 +106,9 @@ class BrokenPlans:
     """While on, every fxremat partition (Inductor's, or ``make_partition_fn``'s) swaps two saved tensors."""
 
     def __init__(self, monkeypatch) -> None:
-        self._module = sys.modules["fxremat.backend"]
+        import fxremat.partition  # the backend imports it on its first partition (fxremat/backend.py)
+
+        self._module = sys.modules["fxremat.partition"]
         self._real = self._module.partition
         self._monkeypatch = monkeypatch
         self.swapped: list[tuple[str, str]] = []  # the names swapped, per partition

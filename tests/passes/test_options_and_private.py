@@ -328,3 +328,17 @@ def test_a_default_partition_imports_the_max_flow_but_not_the_milp():
         "assert 'scipy.optimize' not in sys.modules, 'scipy.optimize imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_importing_fxremat_leaves_the_partitioner_for_the_first_partition():
+    # a warm compile (an AOTAutograd cache hit) never partitions: the choice and the split are loaded on first use
+    # (benchmarks/RESULTS.md, session 24: fxremat's import 0.125 -> 0.074 s), and the names fxremat exports from them
+    # still resolve
+    code = (
+        "import sys, fxremat, fxremat.backend\n"
+        "assert 'fxremat_passes.choice' not in sys.modules and 'fxremat.partition' not in sys.modules\n"
+        "assert fxremat.FxrematBudgetWarning.__module__.startswith('fxremat_passes.choice')\n"
+        "assert issubclass(fxremat.FxrematFallbackWarning, Warning) and callable(fxremat.format_text)\n"
+        "assert 'fxremat.partition' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
