@@ -8,10 +8,8 @@ over real per-node costs (bytes kept alive, FLOPs and memory traffic to recomput
 from fxremat_passes.costs import PROFILES, DeviceProfile
 
 from .backend import FxrematBackend, backend, make_partition_fn, string_backend_reports
-from .knobs import FxrematKnobWarning
 from .options import Options
 from .report import CutReport
-from .verify import FxrematVerifyError, FxrematVerifyWarning
 
 __all__ = [
     "PROFILES",
@@ -33,11 +31,14 @@ __all__ = [
 __version__ = "0.1.0"
 
 # Loaded on first use, not with fxremat: a warm compile (an AOTAutograd cache hit) never partitions, and these
-# modules (the partitioner's choice, the split, the report's rendering) are most of fxremat's import time
-# (benchmarks/RESULTS.md, session 24).
+# modules (the partitioner's choice, the split, the report's rendering, PyTorch's knobs, verify) are most of
+# fxremat's import time (benchmarks/RESULTS.md, sessions 24 and 25).
 _LAZY = {
     "FxrematBudgetWarning": "fxremat_passes.choice",
     "FxrematFallbackWarning": "fxremat.partition",
+    "FxrematKnobWarning": "fxremat.knobs",
+    "FxrematVerifyError": "fxremat.verify",
+    "FxrematVerifyWarning": "fxremat.verify",
     "format_text": "fxremat.render",
 }
 

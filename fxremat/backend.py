@@ -17,18 +17,21 @@ import os
 import threading
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx as fx
 
 from fxremat_passes import _torch_private as tp
-from fxremat_passes.layout_choice import LayoutChoice
 from fxremat_passes.region_budget import annotation_key
 
 from .options import Options
 from .report import CutReport
-from .verify import Verifier
+
+if TYPE_CHECKING:  # loaded where used: a warm compile (no partition, no layout choice, no verify) needs neither
+    from fxremat_passes.layout_choice import LayoutChoice
+
+    from .verify import Verifier
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,12 @@ _warned_unsupported = False
 def source_hash() -> str:
     files = sorted(str(p) for d in _PACKAGE_DIRS for p in d.glob("*.py"))
     return tp.get_hash_for_files(tuple(files)).hex()
+
+
+def _layout_choice() -> LayoutChoice:
+    from fxremat_passes.layout_choice import LayoutChoice  # the simulator: loaded for a graph laid out by fxremat
+
+    return LayoutChoice()
 
 
 def report_store_dir() -> Path:
@@ -159,7 +168,7 @@ class FxrematBackend:
         tp.inductor_keeps_mutation_order(lambda: _compiling_for_fxremat())
         tp.inductor_vetoes_dragging_fusions(lambda: _compiling_for_fxremat())
         tp.inductor_bounds_reuse_by_allocated_buffers(lambda: _compiling_for_fxremat())
-        self._verifier = Verifier()
+        self._verifier: Verifier | None = None  # made on the first verified graph (options.verify)
 
     def __repr__(self) -> str:
         return f"fxremat.backend({self.options})"
@@ -209,7 +218,7 @@ class FxrematBackend:
         self._partitioner.current_regions = annotation_key(gm)
         layout_patches = self._layout_patches(example_inputs)
         # where fxremat lays the graph out, its partitioner decides how, per graph (passes/layout_choice.py)
-        layout = self._partitioner.current_layout = LayoutChoice() if layout_patches else None
+        layout = self._partitioner.current_layout = _layout_choice() if layout_patches else None
         key = _dynamo_graph_key(gm, example_inputs, self._partitioner.uuid())
         before = len(self.reports)
         self._partitioner.current_key = key
@@ -231,6 +240,10 @@ class FxrematBackend:
         if reference is None:
             return compiled
         # here, around what Inductor returns, so that a warm cache hit (no partition) is verified too
+        if self._verifier is None:
+            from .verify import Verifier
+
+            self._verifier = Verifier()
         return self._verifier.wrap(compiled, reference, self._graph_name(gm, self.reports[before:]))
 
     def _layout_patches(self, example_inputs) -> dict[str, Any]:

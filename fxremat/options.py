@@ -14,7 +14,6 @@ from typing import Any
 
 from fxremat_passes import _torch_private as tp
 from fxremat_passes.costs import PROFILES, DeviceProfile
-from fxremat_passes.solvers import SOLVERS
 
 ENV_REPORT_DIR = "FXREMAT_REPORT_DIR"
 ENV_VERIFY = "FXREMAT_VERIFY"
@@ -86,6 +85,14 @@ def normalise_budget(value: Any, name: str = "memory_budget") -> float | int | N
         f"{name} must be None, a float in [0, 1], an int number of bytes, or a size string like '512MiB'; "
         f"got {type(value).__name__}"
     )
+
+
+def _check_solver(name: Any) -> None:
+    # the solvers (and their max-flow and HiGHS code) load here, not with fxremat: a warm compile never solves
+    from fxremat_passes.solvers import SOLVERS
+
+    if name not in SOLVERS:
+        raise ValueError(f"solver={name!r} is not known; use one of {list(SOLVERS)}")
 
 
 def resolve_device(value: Any) -> DeviceProfile | str:
@@ -207,8 +214,8 @@ class Options:
             values["memory_price"] = float(price)
         if "device" in values:
             values["device"] = resolve_device(values["device"])
-        if "solver" in values and values["solver"] not in SOLVERS:
-            raise ValueError(f"solver={values['solver']!r} is not known; use one of {list(SOLVERS)}")
+        if "solver" in values:
+            _check_solver(values["solver"])
         if values.get("checkpoints", "honour") not in CHECKPOINT_MODES:
             raise ValueError(
                 f"checkpoints={values['checkpoints']!r} is not known; use 'honour' (the user's checkpoint regions are "

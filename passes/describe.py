@@ -15,7 +15,6 @@ import torch.fx as fx
 
 from .costs import DeviceProfile, alias_root, node_cost, symbolic_nbytes
 from .ops import qualified_name
-from .phase_copies import COPY_OF
 
 
 @dataclass(frozen=True)
@@ -122,6 +121,8 @@ def describe_split(
                 storage_nbytes=storage_bytes,
             )
         )
+    from .phase_copies import COPY_OF  # here: the report's module loads this one on a warm compile, never a split
+
     forward_names = {n.name for n in fw.graph.nodes if n.op == "call_function"}
     recomputed: list[RecomputedNode] = []
     for node in bw.graph.nodes:

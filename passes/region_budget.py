@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import torch.fx as fx
 
 from . import _torch_private as tp
-from .roles import forward_nodes
 
 REGION_SOURCE = "torch.autograd.graph.region_activation_memory_budget"
 LEGACY_SOURCE = 'node.meta["memory_budget"]'
@@ -100,6 +99,8 @@ def read_regions(joint: fx.GraphModule, num_fwd_outputs: int) -> RegionAnnotatio
             budgets += [b for b in _check_body(name, module) if b not in budgets]
     if not budgets:
         return RegionAnnotations((), ())
+    from .roles import forward_nodes  # here: fxremat's backend imports this module for annotation_key alone
+
     forward = forward_nodes(joint, num_fwd_outputs)  # only where some node is annotated
     return RegionAnnotations(tuple(budgets), tuple(n.name for n in unannotated if n in forward))
 
