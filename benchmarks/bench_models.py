@@ -8,8 +8,10 @@ processes hold the same weights.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -135,10 +137,26 @@ def checkpoint_blocks(model: torch.nn.Module) -> tuple[torch.nn.Module, str]:
     return Checkpointed(model), "the whole model as one block"
 
 
-def _example(name: str, shape: dict[str, int]) -> Workload:
-    from fxremat.examples import example
+def _examples_module():
+    """``fxremat/examples.py`` (torch only) loaded on its own, not through the ``fxremat`` package: a process that
+    compiles with Inductor alone must not pay fxremat's import (``compile_time.py`` compares the two).  Within fxremat's
+    own process the package's module is reused."""
+    import importlib.util
 
-    model, inputs = example(name, batch=shape["batch"], seq=shape["seq"], dim=shape["hidden"])
+    if "fxremat.examples" in sys.modules:
+        return sys.modules["fxremat.examples"]
+    name = "fxremat_examples_alone"
+    if name not in sys.modules:
+        package = importlib.util.find_spec("fxremat")  # finds the package's folder without running its __init__
+        spec = importlib.util.spec_from_file_location(name, Path(package.origin).parent / "examples.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def _example(name: str, shape: dict[str, int]) -> Workload:
+    model, inputs = _examples_module().example(name, batch=shape["batch"], seq=shape["seq"], dim=shape["hidden"])
     return Workload(model, args=tuple(inputs), loss=_sum_loss)
 
 

@@ -43,6 +43,37 @@ def test_summary_has_medians_spread_and_ratio():
     assert "| mlp | cold |" in ct.markdown_table([cold, warm])
 
 
+def test_warm_rounds_reuse_each_cold_cache_in_alternating_orders(monkeypatch):
+    calls = []
+
+    def fake_worker(model, config, size, cache, cache_dir, timeout, check):
+        calls.append((config, cache, cache_dir))
+        return dict(model=model, config=config, cache=cache, error=None, process_s=1.0)
+
+    monkeypatch.setattr(ct, "run_worker", fake_worker)
+    args = ct.parse_args(["--models", "mlp", "--repeats", "2", "--warm-rounds", "2"])
+    rows = ct.run_model(args, "mlp", lambda row: None)
+    ind, fx = ct.CONFIGS
+    assert [(c, k) for c, k, _ in calls] == [
+        (ind, "cold"), (fx, "cold"), (fx, "warm"), (ind, "warm"), (ind, "warm"), (fx, "warm"),
+        (fx, "cold"), (ind, "cold"), (ind, "warm"), (fx, "warm"), (fx, "warm"), (ind, "warm"),
+    ]  # fmt: skip
+    first_dirs = {c: d for c, k, d in calls[:2]}
+    assert all(d == first_dirs[c] for c, _, d in calls[2:6])  # the warm rounds run on the cold run's cache
+    assert [r["round"] for r in rows[:6]] == [0, 0, 1, 1, 2, 2]
+
+
+def test_paired_ratio_compares_the_runs_of_one_round():
+    rows = []
+    for round_number, (ind, fx) in enumerate([(10.0, 10.5), (20.0, 20.0), (10.0, 11.0)]):
+        rows += [dict(_row("inductor_default", "warm", ind, 4), repeat=0, round=round_number)]
+        rows += [dict(_row("fxremat_default", "warm", fx, 4), repeat=0, round=round_number)]
+    (_, warm) = ct.summarise(rows, list(ct.CONFIGS))
+    assert warm["paired_ratio"] == dict(n=3, median=pytest.approx(1.05), min=1.0, max=pytest.approx(1.1))
+    assert warm["ratio"] == pytest.approx(11.0 / 10.0)  # medians of each: 11 over 10
+    assert "1.050x [1.000-1.100]" in ct.markdown_table([warm])
+
+
 @pytest.mark.inductor
 def test_quick_records_every_field(tmp_path):
     out = tmp_path / "r.json"
