@@ -20,11 +20,14 @@ forward and the lazily compiled backward of that graph (``LayoutChoice``, read b
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch.fx as fx
 
 from . import _torch_private as tp
-from .liveness import PeakEstimate, simulate_step
+
+if TYPE_CHECKING:  # the simulator loads with the first decision: a warm compile makes a LayoutChoice and no decision
+    from .liveness import PeakEstimate
 
 # Channels-last must lower the simulated peak by more than this fraction to be chosen: contiguous was also the faster
 # step where measured (ResNet-18 0.70x, EfficientNet-B0 within 9%), and the simulator's error where the choice is
@@ -52,6 +55,8 @@ def decide_layout(
     """Simulate the split laid out channels-last and record the decision in ``choice``; returns that simulation
     where it wins (the report's peak is then its), else None.  Called with the contiguous layout in force, on a
     forward with a convolution."""
+    from .liveness import simulate_step
+
     with tp.inductor_config_patched({"layout_optimization": True}):
         channels_last = simulate_step(fw, bw, num_fwd_outputs)
     choice.peaks = (contiguous_peak, channels_last.peak_bytes)
