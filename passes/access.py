@@ -125,13 +125,27 @@ def another_index(node: fx.Node) -> dict:
         if not all(type(s) is int for s in (*sizes, *strides)):
             continue  # symbolic: never a guard (``layout``); taken to be read in order
         reduced = {d % len(sizes) for d in reduced if type(d) is int}
-        kept = [(sizes[d], strides[d]) for d in range(len(sizes)) if d not in reduced]
-        summed = [(sizes[d], strides[d]) for d in sorted(reduced)]
-        kept_strides = [st for size, st in kept if size != 1 and st != 0]
-        summed_strides = [st for size, st in summed if size != 1 and st != 0]
+        kept = _merged([(sizes[d], strides[d]) for d in range(len(sizes)) if d not in reduced])
+        summed = _merged([(sizes[d], strides[d]) for d in sorted(reduced)])
+        kept_strides = [st for _, st in kept if st != 0]
+        summed_strides = [st for _, st in summed if st != 0]
         if kept_strides and summed_strides and min(kept_strides) < max(summed_strides):
-            found[arg] = (ANOTHER_INDEX, tuple(kept), tuple(summed))
+            found[arg] = (ANOTHER_INDEX, kept, summed)
     return found
+
+
+def _merged(dims: list) -> tuple:
+    """(size, stride) dimensions in loop order, size-1 ones dropped and contiguous ones merged (as ``layout``): a sum
+    over a [2, 128, 256] value's first two dimensions reads it as one over a [256, 256] view of it does."""
+    out: list[tuple[int, int]] = []
+    for size, stride in dims:
+        if size == 1:
+            continue
+        if out and out[-1][1] == stride * size:
+            out[-1] = (out[-1][0] * size, stride)
+        else:
+            out.append((size, stride))
+    return tuple(out)
 
 
 def at_another_index(path: tuple) -> bool:
