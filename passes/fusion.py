@@ -108,9 +108,10 @@ class Fusion:
         ``fusable_read_and_write``), and scores a pair by its equal ``MemoryDep`` s alone (``score_fusion_memory``:
         a write read at another index adds nothing; ``_score_fusion_memory_by_buffer_overlap`` counts common reads
         only, never of a reduction), refusing a pair that shares nothing ("no shared data",
-        ``InductorChoices.can_fuse``).  Mixtral at ``memory_budget=0.0`` with a gather of expert weights
-        checkpointed: the stored gather fused into none of its readers, one a ``bmm`` lowered to a sum that reads it
-        transposed (benchmarks/RESULTS.md, "Session 24 (main)": 274 MB measured, 22.7 MB simulated)."""
+        ``InductorChoices.can_fuse``).  A stored gather of expert weights read by a one-row ``bmm`` as its second
+        operand (a sum over the weights' rows): score 0, ``can_fuse_vertical`` False (tests/passes/
+        test_fusion_index.py; benchmarks/RESULTS.md, "Session 25").  Not modelled: the C++ backend's own refusal of a
+        pointwise loop whose ranges are not the reduction's (``CppScheduling._why_fuse_nodes``)."""
         unit, find = self.unit, self.find
         for reader, writer in ((ga, gb), (gb, ga)):
             if any(unit.get(r) is not None and find(unit[r]) is writer for r in self.far[reader]):

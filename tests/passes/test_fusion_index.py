@@ -1,6 +1,7 @@
 """A stored value and a reduction that reads it at another index than it is written at (``access.another_index``):
 Inductor never fuses the two (``Scheduler.can_fuse_vertical``, ``score_fusion_memory``), so the value's buffer
-exists while that reduction runs (issue #15: Mixtral's checkpointed gather, 274 MB measured, 22.7 MB simulated)."""
+exists while that reduction runs (issue #15's "the simulator must see every plan it may choose"; RESULTS.md
+"Session 25")."""
 
 from __future__ import annotations
 
