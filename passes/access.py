@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch.fx as fx
 
 from .lowering import MAX_READS_CPU
-from .ops import OpClass
+from .ops import BMM, REDUCTIONS_WITH_DIMS, OpClass
 
 MAX_PATHS = 4  # per read storage; a computation reading one storage in more ways is rare (and scored as any other)
 MAX_DEPTH = 12  # descriptors kept per path
@@ -81,6 +81,76 @@ def through(node: fx.Node, classes: dict[fx.Node, OpClass]) -> tuple:
 def op_path(node: fx.Node) -> tuple:
     """What a value computed inside a kernel by an op other than an elementwise one adds to a path (``through``)."""
     return (_descriptor(node), layout(node))
+
+
+# The first element of a path read at another index than its storage is written at (``another_index``).
+ANOTHER_INDEX = "another index"
+# Whether such reads are told apart at all (off: every read of a reduction is taken to be at its producer's index,
+# as before issue #15's session 25).
+VERTICAL_INDEX_RULE = True
+
+
+def _reduced_dims(node: fx.Node) -> tuple:
+    """(argument, its reduced dimensions) of each tensor a reduction reads in its loop: ``bmm(a, b)`` lowered to a
+    multiply and a sum (``lowering.inductor_class``: ``tuned_bmm``, ``L.sum_(L.mul(a[..., None], b[:, None]),
+    axis=2)``) sums over a's dimension 2 and b's dimension 1; a ``sum``/``mean``/... over its listed dimensions."""
+    packet = getattr(node.target, "overloadpacket", None)
+    args = node.args
+    if packet is BMM and len(args) >= 2:
+        return ((args[0], (2,)), (args[1], (1,)))
+    if packet in REDUCTIONS_WITH_DIMS and len(args) >= 2 and isinstance(args[1], (list, tuple)) and args[1]:
+        return ((args[0], tuple(args[1])),)
+    return ()
+
+
+def another_index(node: fx.Node) -> dict:
+    """The arguments that the reduction ``node`` (an Inductor reduction kernel on CPU) reads out of their storage's
+    order -> the first element of their path (``ANOTHER_INDEX``, then (size, stride) in loop order).
+
+    A reduction's loop runs over its kept dimensions, then its reduced ones, and Inductor reorders loops only within
+    each (``ComputedBuffer.simplify_and_reorder``; the C++ backend never reorders a node's loops to match another's:
+    ``Scheduler.shared_data_after_reordering_loop`` returns at once on CPU).  So where a reduced dimension has a
+    larger stride than a kept one (a sum over rows, the one-column ``bmm`` of a transposed weight: Mixtral's input
+    gradient), the read's index is not the one its producer writes at: Inductor finds no equal ``MemoryDep``
+    (``Scheduler.score_fusion_memory``) and never fuses the producer into it (``Fusion.reads_at_another_index``)."""
+    found: dict = {}
+    if not VERTICAL_INDEX_RULE:
+        return found
+    for arg, reduced in _reduced_dims(node):
+        val = arg.meta.get("val") if isinstance(arg, fx.Node) else None
+        try:
+            sizes, strides = list(val.shape), list(val.stride())
+        except (AttributeError, TypeError, RuntimeError):
+            continue
+        if not all(type(s) is int for s in (*sizes, *strides)):
+            continue  # symbolic: never a guard (``layout``); taken to be read in order
+        reduced = {d % len(sizes) for d in reduced if type(d) is int}
+        kept = _merged([(sizes[d], strides[d]) for d in range(len(sizes)) if d not in reduced])
+        summed = _merged([(sizes[d], strides[d]) for d in sorted(reduced)])
+        kept_strides = [st for _, st in kept if st != 0]
+        summed_strides = [st for _, st in summed if st != 0]
+        if kept_strides and summed_strides and min(kept_strides) < max(summed_strides):
+            found[arg] = (ANOTHER_INDEX, kept, summed)
+    return found
+
+
+def _merged(dims: list) -> tuple:
+    """(size, stride) dimensions in loop order, size-1 ones dropped and contiguous ones merged (as ``layout``): a sum
+    over a [2, 128, 256] value's first two dimensions reads it as one over a [256, 256] view of it does."""
+    out: list[tuple[int, int]] = []
+    for size, stride in dims:
+        if size == 1:
+            continue
+        if out and out[-1][1] == stride * size:
+            out[-1] = (out[-1][0] * size, stride)
+        else:
+            out.append((size, stride))
+    return tuple(out)
+
+
+def at_another_index(path: tuple) -> bool:
+    """Whether a read through ``path`` is at another index than its storage is written at (``another_index``)."""
+    return bool(path) and type(path[0]) is tuple and path[0][:1] == (ANOTHER_INDEX,)
 
 
 def add_paths(into: dict, root: fx.Node, paths) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from .access import add_horizontal, priority
+from .access import add_horizontal, at_another_index, priority
 from .lowering import KERNEL_CLASSES
 
 # Scheduler nodes apart beyond which Inductor does not fuse horizontally (torch/_inductor/scheduler.py).
@@ -60,6 +60,8 @@ class Fusion:
         self.first = dict(self.order)
         self.last = dict(self.order)
         self.members = {u: [u] for u in units}
+        # group -> the storages its units read at another index than they are written at (``reads_at_another_index``)
+        self.far = {u: {r for r, ps in access.get(u, {}).items() if any(map(at_another_index, ps))} for u in units}
         self.reducing: set[fx.Node] = set()  # groups Inductor's C++ backend schedules as reductions (``fuse``)
 
     def find(self, u):
@@ -82,8 +84,8 @@ class Fusion:
             size = nbytes(r)
             p = self.unit.get(r)
             if p is not None and p in loop:
-                for b in us:  # producer into consumer
-                    if b is not p and loop[b] == loop[p]:
+                for b in us:  # producer into consumer, where it reads the producer's value at its index
+                    if b is not p and loop[b] == loop[p] and r not in self.far[b]:
                         key = (p, b) if self.index[p] < self.index[b] else (b, p)
                         candidates.setdefault(key, [0, 0])[0] += size
             # two readers (horizontal): only within FUSION_DISTANCE of each other (checked again on merging), which
@@ -98,6 +100,23 @@ class Fusion:
                 orders = [unit_order[u] for u in group_]
                 add_horizontal(candidates, r, size, group_, orders, self.access, FUSION_DISTANCE)
         return candidates
+
+    def reads_at_another_index(self, ga, gb) -> bool:
+        """Whether a unit of one group reads a storage the other writes at another index than it is written at
+        (``access.another_index``).  Inductor fuses a consumer into its producer only where every read of the
+        producer's buffers matches a write (``Scheduler.can_fuse_vertical``: "memory deps did not match", via
+        ``fusable_read_and_write``), and scores a pair by its equal ``MemoryDep`` s alone (``score_fusion_memory``:
+        a write read at another index adds nothing; ``_score_fusion_memory_by_buffer_overlap`` counts common reads
+        only, never of a reduction), refusing a pair that shares nothing ("no shared data",
+        ``InductorChoices.can_fuse``).  A stored gather of expert weights read by a one-row ``bmm`` as its second
+        operand (a sum over the weights' rows): score 0, ``can_fuse_vertical`` False (tests/passes/
+        test_fusion_index.py; benchmarks/RESULTS.md, "Session 25").  Not modelled: the C++ backend's own refusal of a
+        pointwise loop whose ranges are not the reduction's (``CppScheduling._why_fuse_nodes``)."""
+        unit, find = self.unit, self.find
+        for reader, writer in ((ga, gb), (gb, ga)):
+            if any(unit.get(r) is not None and find(unit[r]) is writer for r in self.far[reader]):
+                return True
+        return False
 
     def creates_cycle(self, a, b) -> bool:
         """A path a -> x -> ... -> b through another group (or b -> ... -> a); all paths run forward in graph
@@ -178,6 +197,7 @@ class Fusion:
             self.reducing.add(ga)
         self.first[ga], self.last[ga] = min(self.first[ga], self.first[gb]), max(self.last[ga], self.last[gb])
         self.group[gb] = ga
+        self.far[ga] |= self.far.pop(gb)
         self.members[ga].extend(self.members.pop(gb))
         self.lo[ga], self.hi[ga] = min(self.lo[ga], self.lo[gb]), max(self.hi[ga], self.hi[gb])
         for s in succ.pop(gb):
@@ -212,7 +232,7 @@ class Fusion:
 
         for (a, b), score in sorted(self.candidates(fusible, loop, nbytes).items(), key=ranked):
             ga, gb = self.find(a), self.find(b)
-            if ga is gb or self.too_far(ga, gb) or self.creates_cycle(ga, gb):
+            if ga is gb or self.too_far(ga, gb) or self.creates_cycle(ga, gb) or self.reads_at_another_index(ga, gb):
                 continue
             if self.refused(ga, gb, score[0], nbytes) or self.cpu_reduction_first(ga, gb):
                 continue

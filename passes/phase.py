@@ -10,7 +10,7 @@ import torch
 import torch.fx as fx
 
 from . import _torch_private as tp
-from .access import add_loads, add_paths
+from .access import add_loads, add_paths, another_index
 from .costs import alias_root, hinted_numel
 from .fusion import Fusion, fusion_order
 from .layout import depthwise_buffer_bytes, workspace_bytes
@@ -293,15 +293,18 @@ class _Phase:
         sized: set[fx.Node] = set()
         costly, table = facts.reads(node)
         paths: dict[fx.Node, set] = {}
+        cls = self.classes[node]
+        far = another_index(node) if cls is OpClass.REDUCTION and self._cpu_reduction(node) else {}
         for arg in self.view.inputs_of[node]:
             if not facts.is_tensor(arg):
                 continue  # an item of a multi-output op: its kernel is the op's
             root = roots[arg]
-            chain = facts.access_step(arg, root)
+            step = facts.access_step(arg, root)
+            chain = (far[arg],) if arg in far else step  # the loop's order, where that is not the storage's
             if root in inputs or self.unit[root] is not None:
                 found.add(root)
                 add_paths(paths, root, (chain,))
-                add_loads(loads, ((root, chain, ()),))
+                add_loads(loads, ((root, step, ()),))
                 if arg is not table:
                     sized.add(root)
             else:
@@ -314,7 +317,7 @@ class _Phase:
                 for r, known in root_access.items():
                     add_paths(paths, r, (prefix + k for k in known))
                 add_loads(loads, root_loads)
-        if self.classes[node] is OpClass.POINTWISE and facts.op_class(node) is OpClass.REDUCTION:
+        if cls is OpClass.POINTWISE and facts.op_class(node) is OpClass.REDUCTION:
             elements = unrolled_elements(node)
             if elements > 1:
                 loads, per_element = set(), loads
