@@ -23,14 +23,13 @@ import torch
 import torch.fx as fx
 
 from fxremat_passes import _torch_private as tp
+from fxremat_passes.layout_choice import LayoutChoice
 from fxremat_passes.region_budget import annotation_key
 
 from .options import Options
 from .report import CutReport
 
-if TYPE_CHECKING:  # loaded where used: a warm compile (no partition, no layout choice, no verify) needs neither
-    from fxremat_passes.layout_choice import LayoutChoice
-
+if TYPE_CHECKING:  # loaded on the first verified graph: a compile without verify never needs it
     from .verify import Verifier
 
 log = logging.getLogger(__name__)
@@ -46,12 +45,6 @@ _warned_unsupported = False
 def source_hash() -> str:
     files = sorted(str(p) for d in _PACKAGE_DIRS for p in d.glob("*.py"))
     return tp.get_hash_for_files(tuple(files)).hex()
-
-
-def _layout_choice() -> LayoutChoice:
-    from fxremat_passes.layout_choice import LayoutChoice  # the simulator: loaded for a graph laid out by fxremat
-
-    return LayoutChoice()
 
 
 def report_store_dir() -> Path:
@@ -218,7 +211,7 @@ class FxrematBackend:
         self._partitioner.current_regions = annotation_key(gm)
         layout_patches = self._layout_patches(example_inputs)
         # where fxremat lays the graph out, its partitioner decides how, per graph (passes/layout_choice.py)
-        layout = self._partitioner.current_layout = _layout_choice() if layout_patches else None
+        layout = self._partitioner.current_layout = LayoutChoice() if layout_patches else None
         key = _dynamo_graph_key(gm, example_inputs, self._partitioner.uuid())
         before = len(self.reports)
         self._partitioner.current_key = key

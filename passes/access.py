@@ -51,15 +51,7 @@ def layout(node: fx.Node) -> tuple:
         # symbolic: int() would add a guard (a recompile per shape, tests/robustness/test_dynamic_shapes.py); the
         # expressions themselves say where the read lands
         return (tuple(map(str, sizes)), tuple(map(str, strides)), str(offset))
-    dims: list[list[int]] = []
-    for size, stride in zip(sizes, strides):
-        if size == 1:
-            continue
-        if dims and dims[-1][1] == stride * size:
-            dims[-1] = [dims[-1][0] * size, stride]
-        else:
-            dims.append([size, stride])
-    return (tuple(map(tuple, dims)), offset)
+    return (_merged(list(zip(sizes, strides))), offset)
 
 
 def step(arg: fx.Node, root: fx.Node) -> tuple:
@@ -135,8 +127,9 @@ def another_index(node: fx.Node) -> dict:
 
 
 def _merged(dims: list) -> tuple:
-    """(size, stride) dimensions in loop order, size-1 ones dropped and contiguous ones merged (as ``layout``): a sum
-    over a [2, 128, 256] value's first two dimensions reads it as one over a [256, 256] view of it does."""
+    """(size, stride) dimensions in loop order, size-1 ones dropped and contiguous ones merged (``layout`` and
+    ``another_index``): a sum over a [2, 128, 256] value's first two dimensions reads it as one over a [256, 256] view
+    of it does."""
     out: list[tuple[int, int]] = []
     for size, stride in dims:
         if size == 1:

@@ -337,7 +337,7 @@ def test_importing_fxremat_leaves_the_partitioner_for_the_first_partition():
     code = (
         "import sys, fxremat, fxremat.backend\n"
         "fxremat.backend(memory_budget=0.5, device='cpu')\n"
-        "sys.modules['fxremat.backend']._layout_choice()  # a CPU graph's compile, warm or cold, makes one\n"
+        "sys.modules['fxremat.backend'].LayoutChoice()  # a CPU graph's compile, warm or cold, makes one\n"
         "later = ['fxremat_passes.choice', 'fxremat.partition', 'fxremat_passes.solvers', 'fxremat_passes.liveness',\n"
         "         'fxremat.verify', 'fxremat.knobs', 'fxremat_passes.roles']\n"
         "assert not [m for m in later if m in sys.modules], [m for m in later if m in sys.modules]\n"
