@@ -27,6 +27,7 @@ from fxremat_passes import _torch_private as tp
 from fxremat_passes.budget import Plan
 from fxremat_passes.choice import ChoiceSettings, choose, kept_tagged, segmented_split
 from fxremat_passes.costs import DeviceProfile, annotate_costs
+from fxremat_passes.cpp_units import join_kernel_runs
 from fxremat_passes.cse import MetaSnapshot, prepare_joint_graph
 from fxremat_passes.describe import describe_split
 from fxremat_passes.flow_problem import VALUE_ROLES, build_flow_problem
@@ -401,4 +402,18 @@ def _ours_described(request: PartitionRequest, options: Options, profile: Device
     layout = Layout()
     if request.layout is not None and has_convolution(fw):
         peak, layout = _choose_layout(request, fw, bw, peak)
+    peak = _fewer_cpp_units(request, fw, bw, peak)
     return fw, bw, [Described.of(described), peak, *ours.records, layout]
+
+
+def _fewer_cpp_units(request: PartitionRequest, fw: fx.GraphModule, bw: fx.GraphModule, peak: SimulatedPeak):
+    """Under Inductor on CPU, the backward reordered for fewer C++ units where its simulated peak, in the layout
+    Inductor gets, stays the same (``cpp_units.py``).  Reordered, the report's peak is the simulation that checked
+    it (the recipe's copy of the split, which a deferred peak simulates, has the order before); else it stays as
+    it was (deferred where it was)."""
+    if not request.inductor or graph_device(request.joint)[0] != "cpu":
+        return peak
+    with tp.inductor_config_patched(request.layout.inductor_patch() if request.layout else {}):
+        joined = join_kernel_runs(fw, bw, request.num_fwd_outputs)
+    return SimulatedPeak(**simulated.peak_fields(joined.estimate)) if joined.moves else peak
+

@@ -126,6 +126,23 @@ def simulate_backwards(fw: fx.GraphModule, bws, num_fwd_outputs: int, recopy: bo
         yield forward.step(bw_view, channels_last)
 
 
+def backward_simulations(fw: fx.GraphModule, num_fwd_outputs: int):
+    """bw -> (``simulate_step(fw, bw)``, backward's simulated ``_Phase``: its kernels and their order after
+    fusion), for backwards of ``fw`` in turn (one backward reordered, ``cpp_units.py``): they share the forward's
+    simulation, as in ``simulate_backwards``.  A backward graph is read as it is at the call."""
+    fw_view, copies, channels_last = graph_view(fw.graph), channels_last_copies(fw), layout_optimised(fw)
+    forward: list[_ForwardRun] = []
+
+    def simulate(bw: fx.GraphModule) -> tuple[PeakEstimate, _Phase]:
+        bw_view = graph_view(bw.graph)
+        if not forward:
+            forward.append(_ForwardRun(fw_view, num_fwd_outputs, copies, bw_view))
+        estimate = forward[0].step(bw_view, channels_last)
+        return estimate, forward[0].backward
+
+    return simulate
+
+
 def simulate_phases(
     fw: PhaseGraph, bw: PhaseGraph, num_fwd_outputs: int, channels_last: bool, copies: dict[str, int]
 ) -> PeakEstimate:
@@ -156,6 +173,7 @@ class _ForwardRun:
         arrivals = recopied_saved_inputs(self.fw, bw, self.num_fwd_outputs, self.copies)[1] if self.recopy else {}
         backward = _backward_phase(self.fw, bw, self.saved, forward.live, self.user_roots, channels_last, arrivals)
         backward_peak = backward.run("backward", timeline)
+        self.backward = backward  # the last step's backward, for ``backward_simulations``
         gradient_bytes = sum(_tensor_storage_bytes(a) for a in bw.returned if phase_root(a, bw) not in bw.inputs)
         return PeakEstimate.of_timeline(
             timeline,

@@ -1,0 +1,155 @@
+"""Issue #16: the backward reordered for fewer C++ units on Inductor's CPU backend where its simulated peak does not
+change (``passes/cpp_units.py``).  The split is what fxremat hands Inductor (``as_inductor=True``), run here by no-op
+compilers; one test compiles with real Inductor and counts its C++ sources."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from functorch.compile import make_boxed_func
+from helpers import assert_grads_close, eager_grads
+
+import fxremat
+from fxremat.examples import MLP, LlamaStack
+from fxremat.options import Options
+from fxremat_passes import _torch_private as tp
+from fxremat_passes import cpp_units
+from fxremat_passes.cpp_units import count_runs, join_kernel_runs
+from fxremat_passes.liveness import backward_simulations, simulate_step
+
+
+def _models():
+    torch.manual_seed(0)
+    return {
+        "mlp": (MLP(64, 256), torch.randn(32, 64)),
+        "llama": (LlamaStack(depth=2, dim=64, heads=4, kv_heads=2), torch.randn(2, 64, 64)),
+    }
+
+
+def _split(model, x, as_inductor: bool):
+    """(forward, backward, report, parameter gradients) of one step as fxremat hands the graphs to the compiler."""
+    torch._dynamo.reset()
+    graphs: list = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    reports: list = []
+    partition_fn = fxremat.make_partition_fn(Options.create(compare_default=False, strict=True), reports, as_inductor)
+    model.zero_grad(set_to_none=True)
+    torch.compile(model, backend=tp.aot_autograd_as_inductor(partition_fn, keep))(x).sum().backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    fw, bw = graphs
+    return fw, bw, reports[0], grads
+
+
+def _runs(fw, bw) -> int:
+    _, phase = backward_simulations(fw, 1)(bw)
+    return count_runs(cpp_units._schedule(phase)[1])
+
+
+@pytest.mark.parametrize("name", ["mlp", "llama"])
+def test_inductor_gets_fewer_kernel_runs_at_no_higher_peak_and_the_same_gradients(name):
+    """mlp: the GELU recomputed for the second layer's weight gradient strands the bias gradient between two
+    matmuls; Llama: the RMSNorm recomputed for a projection's weight gradient strands the norm's weight gradient.
+    Both moves are made; the plan is the same, and so are the simulated peak and the gradients (eager's)."""
+    model, x = _models()[name]
+    fw, bw, report, grads = _split(model, x, as_inductor=True)
+    plain_fw, plain_bw, plain_report, _ = _split(model, x, as_inductor=False)  # no Inductor: not reordered
+    assert report.saved_bytes == plain_report.saved_bytes
+    assert _runs(fw, bw) < _runs(plain_fw, plain_bw)
+    assert simulate_step(fw, bw, 1).peak_bytes == simulate_step(plain_fw, plain_bw, 1).peak_bytes
+    assert report.simulated_peak_bytes == simulate_step(fw, bw, 1).peak_bytes  # the report simulates what runs
+    assert_grads_close(grads, eager_grads(model, [x])[1])
+
+
+def test_an_order_that_would_not_help_is_put_back(monkeypatch):
+    """Where the simulated runs would not fall (here: every count the same), the graph keeps its own order."""
+    model, x = _models()["mlp"]
+    fw, bw, _, _ = _split(model, x, as_inductor=False)
+    before = [n.name for n in bw.graph.nodes]
+    monkeypatch.setattr(cpp_units, "count_runs", lambda generated: 1)
+    joined = join_kernel_runs(fw, bw, 1)
+    assert joined.moves == 0 and [n.name for n in bw.graph.nodes] == before
+    monkeypatch.undo()
+    joined = join_kernel_runs(fw, bw, 1)
+    assert joined.moves > 0 and joined.runs_after < joined.runs_before
+    assert [n.name for n in bw.graph.nodes] != before
+    bw.graph.lint()
+
+
+@contextlib.contextmanager
+def _no_caches():
+    """Every kernel generated, none taken from an earlier compile's caches."""
+    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
+        yield
+
+
+@pytest.mark.inductor
+def test_mlp_compiles_as_many_cpp_sources_as_inductors_own_split():
+    """Real Inductor: fxremat's split of mlp (the GELU output recomputed, 1 MiB less saved) compiles to as many
+    distinct C++ sources as Inductor's default split (four before the reorder, against three), same gradients."""
+    from torch._inductor import async_compile
+
+    original = async_compile.AsyncCompile.cpp_pybinding
+    counts = {}
+    for backend in ("inductor", fxremat.backend(compare_default=False)):
+        sources: set[str] = set()
+
+        def recording(self, argtypes, source_code, sources=sources):
+            sources.add(source_code)
+            return original(self, argtypes, source_code)
+
+        model, x = _models()["mlp"]
+        torch._dynamo.reset()
+        with pytest.MonkeyPatch.context() as patch, _no_caches():
+            patch.setattr(async_compile.AsyncCompile, "cpp_pybinding", recording)
+            torch.compile(model, backend=backend)(x).sum().backward()
+        assert_grads_close({n: p.grad for n, p in model.named_parameters()}, eager_grads(model, [x])[1])
+        counts[backend if isinstance(backend, str) else "fxremat"] = len(sources)
+    assert counts["fxremat"] == counts["inductor"], counts
+
+
+def _moved(fn, *args) -> int:
+    """``cpp_units._apply`` of one move on ``fn``'s traced graph: its first call (a matmul, or a draw) after its last
+    (a sum that reads neither); the moves made."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(fn)(*args)
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    extern, last = nodes[0], nodes[-1]
+    return cpp_units._apply(gm.graph, [cpp_units._Move((extern,), frozenset({last}), last)])
+
+
+def test_a_move_never_passes_a_write_nor_carries_a_draw():
+    a, b, c = torch.randn(4, 4), torch.randn(4, 4), torch.randn(4)
+    assert _moved(lambda a, b, c: (torch.mm(a, b), (c + 1).sum()), a, b, c) == 1  # the control: moved
+    assert _moved(lambda a, b, c: (torch.mm(a, b), c.add_(1).sum()), a, b, c) == 0  # would pass an in-place add
+    draw = lambda a, b, c: (torch.ops.aten.native_dropout(a, 0.5, True), (c + 1).sum())  # noqa: E731
+    assert _moved(draw, a, b, c) == 0
+
+
+def test_a_kernel_that_may_fuse_with_a_later_one_is_never_passed():
+    """A sum passed by a matmul must not share a read with a kernel after the next matmul: fused with it, the sum
+    would run there, and the matmul after it (block_sdpa, +5.6% measured before the rule)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fxremat_passes.phase import _Phase
+
+    def step(t, w, x, w2, reads_t_again: bool):
+        m1, s1, m2 = torch.mm(t, w), t.sum(0), torch.mm(x, w2)
+        return m1, s1, ((t if reads_t_again else x) * m2).sum(0)  # a product: no addmm
+
+    for reads_t_again in (True, False):
+        args = (torch.randn(8, 8), torch.randn(8, 8), torch.randn(8, 8), torch.randn(8, 8))
+        gm = make_fx(lambda *a: step(*a, reads_t_again))(*args)
+        nodes = list(gm.graph.nodes)
+        position = {n: i for i, n in enumerate(nodes)}
+        by_name = {n.name: n for n in nodes}
+        mm, passed = by_name["mm"], [by_name["sum_1"]]
+        fusions = cpp_units._LaterFusions(_Phase(gm.graph, keep=set(), carried={}))
+        later = nodes[position[passed[-1]] + 1 :]
+        assert fusions.across(passed, later, position, position[mm]) is reads_t_again
