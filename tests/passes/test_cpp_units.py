@@ -153,3 +153,15 @@ def test_a_kernel_that_may_fuse_with_a_later_one_is_never_passed():
         fusions = cpp_units._LaterFusions(_Phase(gm.graph, keep=set(), carried={}))
         later = nodes[position[passed[-1]] + 1 :]
         assert fusions.across(passed, later, position, position[mm]) is reads_t_again
+
+
+def test_a_graph_too_large_to_simulate_cheaply_is_left_as_it_is(monkeypatch):
+    """The trials' cost is bounded in graph nodes simulated (``SIMULATED_NODES``): beyond it nothing is simulated or
+    moved (a 48-block stack spent 2.5-2.9 s on trials before the bound)."""
+    model, x = _models()["mlp"]
+    fw, bw, _, _ = _split(model, x, as_inductor=False)
+    before = [n.name for n in bw.graph.nodes]
+    monkeypatch.setattr(cpp_units, "SIMULATED_NODES", len(fw.graph.nodes) + 2 * len(bw.graph.nodes) - 1)
+    monkeypatch.setattr(cpp_units, "backward_simulations", None)  # never called
+    assert join_kernel_runs(fw, bw, 1) == cpp_units.Joined(0, 0, 0, None)
+    assert [n.name for n in bw.graph.nodes] == before
