@@ -106,7 +106,6 @@ class BrokenPlans:
     """While on, every fxremat partition (Inductor's, or ``make_partition_fn``'s) swaps two saved tensors."""
 
     def __init__(self, monkeypatch) -> None:
-        import fxremat.partition  # the backend imports it on its first partition (fxremat/backend.py)
 
         self._module = sys.modules["fxremat.partition"]
         self._real = self._module.partition
@@ -133,3 +132,26 @@ def broken_plans(monkeypatch):
 def torch_seed():
     """Every torch test starts from the same random state (each tier's conftest.py makes it autouse there)."""
     torch.manual_seed(0)
+
+
+def split_as_compiled(model, x, options: Options, as_inductor: bool, loss=lambda out: out.sum()):
+    """(forward, backward, report) of one training step of ``model`` on ``x`` as fxremat hands the two graphs to
+    the compiler (``as_inductor``: the split Inductor would get), run by no-op compilers; the parameters' ``grad``
+    are that step's."""
+    from functorch.compile import make_boxed_func
+
+    from fxremat_passes import _torch_private as tp
+
+    torch._dynamo.reset()
+    graphs: list = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    reports: list = []
+    partition_fn = fxremat.make_partition_fn(options, reports, as_inductor=as_inductor)
+    model.zero_grad(set_to_none=True)
+    loss(torch.compile(model, backend=tp.aot_autograd_as_inductor(partition_fn, keep))(x)).backward()
+    fw, bw = graphs
+    return fw, bw, reports[0]

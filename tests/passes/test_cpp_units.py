@@ -8,13 +8,11 @@ import contextlib
 
 import pytest
 import torch
-from functorch.compile import make_boxed_func
-from helpers import assert_grads_close, eager_grads
+from helpers import assert_grads_close, eager_grads, split_as_compiled
 
 import fxremat
 from fxremat.examples import MLP, LlamaStack
 from fxremat.options import Options
-from fxremat_passes import _torch_private as tp
 from fxremat_passes import cpp_units
 from fxremat_passes.cpp_units import count_runs, join_kernel_runs
 from fxremat_passes.liveness import backward_simulations, simulate_step
@@ -30,20 +28,9 @@ def _models():
 
 def _split(model, x, as_inductor: bool):
     """(forward, backward, report, parameter gradients) of one step as fxremat hands the graphs to the compiler."""
-    torch._dynamo.reset()
-    graphs: list = []
-
-    def keep(gm, example_inputs):
-        graphs.append(gm)
-        return make_boxed_func(gm.forward)
-
-    reports: list = []
-    partition_fn = fxremat.make_partition_fn(Options.create(compare_default=False, strict=True), reports, as_inductor)
-    model.zero_grad(set_to_none=True)
-    torch.compile(model, backend=tp.aot_autograd_as_inductor(partition_fn, keep))(x).sum().backward()
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-    fw, bw = graphs
-    return fw, bw, reports[0], grads
+    options = Options.create(compare_default=False, strict=True)
+    fw, bw, report = split_as_compiled(model, x, options, as_inductor)
+    return fw, bw, report, {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
 def _runs(fw, bw) -> int:

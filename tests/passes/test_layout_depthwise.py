@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-from functorch.compile import make_boxed_func
+from helpers import split_as_compiled
 
-import fxremat
 from fxremat.options import Options
-from fxremat_passes import _torch_private as tp
 from fxremat_passes.layout import depthwise_buffer_bytes
 from fxremat_passes.ops import CONVOLUTION, CONVOLUTION_BACKWARD
 from fxremat_passes.phase import _Phase as Phase
@@ -29,21 +27,10 @@ def _net(kernel: int) -> nn.Module:
 
 def _split(kernel: int, as_inductor: bool, **options):
     """(forward, backward, report) of ``_net(kernel)`` as fxremat hands them to the compiler."""
-    torch._dynamo.reset()
-    graphs: list = []
-
-    def keep(gm, example_inputs):
-        graphs.append(gm)
-        return make_boxed_func(gm.forward)
-
-    reports: list = []
-    partition_fn = fxremat.make_partition_fn(
-        Options.create(compare_default=False, strict=True, **options), reports, as_inductor=as_inductor
+    options = Options.create(compare_default=False, strict=True, **options)
+    return split_as_compiled(
+        _net(kernel), torch.randn(2, 4, 8, 8), options, as_inductor, lambda out: out.square().mean()
     )
-    model, x = _net(kernel), torch.randn(2, 4, 8, 8)
-    torch.compile(model, backend=tp.aot_autograd_as_inductor(partition_fn, keep))(x).square().mean().backward()
-    fw, bw = graphs
-    return fw, bw, reports[0]
 
 
 def _convolutions(gm) -> list:
