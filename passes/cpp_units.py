@@ -191,12 +191,12 @@ def _restore(graph: fx.Graph, original: list[fx.Node]) -> None:
         before.append(node)
 
 
-# What the simulations may cost, in graph nodes simulated: the first simulates forward and backward, each trial the
-# backward again (about 0.06 ms a node here: a 500-node backward's trials cost 20-40 ms each, a 48-block stack's
-# 0.3 s).  A partition takes 0.1-0.2 s on the benchmark models, and a C++ unit saved 0.3-1 s of a cold compile, but
-# a deep model's repeated blocks compile to the same few sources whatever their number: so a graph whose first
-# simulation and one trial exceed this is left as it is (the 48-block stack of benchmarks/solve_time.py: 2.5-2.9 s
-# of trials for 6 of 289 runs, before this bound), and a smaller one gets as many one-at-a-time trials as fit.
+# What the two simulations may cost, in graph nodes simulated (the first simulates forward and backward, the trial
+# the backward again; about 0.06 ms a node here).  A graph beyond it is left as it is: a deep model's repeated blocks
+# compile to the same few sources whatever their number (the 48-block stack of benchmarks/solve_time.py: 2.5-2.9 s
+# of trials for 6 of 289 runs before this bound, with single moves tried).  Single moves are not tried either: on
+# ViT and GPT-2 they cost 0.1-0.26 s of partition for no fewer distinct C++ sources (benchmarks/RESULTS.md, session
+# 26), where all moves at once cost 10-60 ms.
 SIMULATED_NODES = 4000
 
 
@@ -212,29 +212,18 @@ _NOT_MADE = object()  # ``_try``: no move could be made (a run reads its externs
 
 def join_kernel_runs(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) -> Joined:
     """Reorder ``bw`` in place (recompiled where changed) for fewer C++ units where its simulated step peak stays
-    the same (module docstring): every move at once, or, where that changes the peak, one move at a time, each kept
-    where the simulation says so, as far as ``SIMULATED_NODES`` allows (nothing tried beyond it)."""
-    forward_nodes, backward_nodes = len(fw.graph.nodes), len(bw.graph.nodes)
-    spent = forward_nodes + 2 * backward_nodes  # the first simulation and the all-at-once trial
-    if spent > SIMULATED_NODES:
+    the same (module docstring): every move at once, kept where the simulation says so; nothing tried on a graph
+    beyond ``SIMULATED_NODES``."""
+    if len(fw.graph.nodes) + 2 * len(bw.graph.nodes) > SIMULATED_NODES:
         return Joined(0, 0, 0, None)
     simulate = backward_simulations(fw, num_fwd_outputs)
     estimate, phase = simulate(bw)
     runs_before = count_runs(_schedule(phase)[1])
     moves = _candidate_moves(phase, {n: i for i, n in enumerate(bw.graph.nodes)})
     best = _Trial(0, runs_before, estimate)
-    later_fusions = _LaterFusions(phase)
-    trial = _try(bw, simulate, moves, best, later_fusions)
+    trial = _try(bw, simulate, moves, best, _LaterFusions(phase))
     if isinstance(trial, _Trial):
         best = trial
-    elif len(moves) > 1:
-        for move in moves:
-            if spent + backward_nodes > SIMULATED_NODES:
-                break
-            trial = _try(bw, simulate, [move], best, later_fusions)
-            spent += backward_nodes if trial is not _NOT_MADE else 0
-            best = trial if isinstance(trial, _Trial) else best
-    if best.moves:
         bw.recompile()
         log.debug("joined kernel runs: %d moves, %d -> %d runs", best.moves, runs_before, best.runs)
     return Joined(best.moves, runs_before, best.runs, best.estimate)
