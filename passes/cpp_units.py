@@ -207,9 +207,6 @@ class _Trial:
     estimate: PeakEstimate
 
 
-_NOT_MADE = object()  # ``_try``: no move could be made (a run reads its externs), so nothing was simulated
-
-
 def join_kernel_runs(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) -> Joined:
     """Reorder ``bw`` in place (recompiled where changed) for fewer C++ units where its simulated step peak stays
     the same (module docstring): every move at once, kept where the simulation says so; nothing tried on a graph
@@ -222,7 +219,7 @@ def join_kernel_runs(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: in
     moves = _candidate_moves(phase, {n: i for i, n in enumerate(bw.graph.nodes)})
     best = _Trial(0, runs_before, estimate)
     trial = _try(bw, simulate, moves, best, _LaterFusions(phase))
-    if isinstance(trial, _Trial):
+    if trial is not None:
         best = trial
         bw.recompile()
         log.debug("joined kernel runs: %d moves, %d -> %d runs", best.moves, runs_before, best.runs)
@@ -231,11 +228,11 @@ def join_kernel_runs(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: in
 
 def _try(bw: fx.GraphModule, simulate, moves: list[_Move], best: _Trial, later_fusions: _LaterFusions):
     """Make ``moves`` on top of ``best``; keep them where the simulated runs fall and the peak stays the same
-    (returns the new best), else put the graph back (returns None, or ``_NOT_MADE``)."""
+    (returns the new best), else put the graph back (returns None; nothing simulated where no move could be made)."""
     before = list(bw.graph.nodes)
     made = _apply(bw.graph, moves, later_fusions)
     if not made:
-        return _NOT_MADE
+        return None
     estimate, phase = simulate(bw)
     runs = count_runs(_schedule(phase)[1])
     if runs < best.runs and estimate.peak_bytes == best.estimate.peak_bytes:
