@@ -31,6 +31,7 @@ import torch.fx as fx
 from . import _torch_private as tp
 from .liveness import PeakEstimate, backward_simulations
 from .lowering import KERNEL_CLASSES
+from .ops import has_tag
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +55,16 @@ class _Move:
     after: fx.Node  # the run's last node in graph order: the externs go right after it
 
 
+def _generated(phase, unit: fx.Node) -> bool:
+    """Whether ``unit`` is a generated CPU kernel, part of a kernel group (``walk.Walk.grouped``'s rule), rather
+    than an extern one."""
+    return phase.classes[unit] in KERNEL_CLASSES and phase.facts.on_cpu(unit)
+
+
 def _schedule(phase) -> tuple[list[fx.Node], list[bool]]:
-    """The backward's kernels in Inductor's order after fusion (heads), and whether each is a generated CPU kernel
-    (part of a kernel group) rather than an extern one."""
+    """The backward's kernels in Inductor's order after fusion (heads), and whether each is generated."""
     order = phase.fusion_order()
-    generated = [phase.classes[head] in KERNEL_CLASSES and phase.facts.on_cpu(head) for head in order]
-    return order, generated
+    return order, [_generated(phase, head) for head in order]
 
 
 def count_runs(generated: list[bool]) -> int:
@@ -108,7 +113,9 @@ def _users_up_to(node: fx.Node, last: int, position: dict[fx.Node, int]) -> list
 
 def _draws(node: fx.Node) -> bool:
     """Whether ``node`` may draw random numbers (attention with its dropout among them, whatever its probability)."""
-    return torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
+    return has_tag(
+        node, torch.Tag.nondeterministic_seeded
+    )  # not ``op_class``'s RANDOM: that spares SDPA without dropout
 
 
 def _writes(node: fx.Node) -> bool:
@@ -136,7 +143,7 @@ class _LaterFusions:
 
     def __init__(self, phase) -> None:
         self.phase = phase
-        self.generated = {u for u in phase.units if phase.classes[u] in KERNEL_CLASSES and phase.facts.on_cpu(u)}
+        self.generated = {u for u in phase.units if _generated(phase, u)}
         self.group = {u: units for units in phase.kernels.values() for u in units}
 
     def across(self, passed: list[fx.Node], later: list[fx.Node], position: dict[fx.Node, int], start: int) -> bool:
@@ -200,42 +207,24 @@ def _restore(graph: fx.Graph, original: list[fx.Node]) -> None:
 SIMULATED_NODES = 4000
 
 
-@dataclass(frozen=True)
-class _Trial:
-    moves: int  # moves kept so far
-    runs: int
-    estimate: PeakEstimate
-
-
 def join_kernel_runs(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) -> Joined:
     """Reorder ``bw`` in place (recompiled where changed) for fewer C++ units where its simulated step peak stays
-    the same (module docstring): every move at once, kept where the simulation says so; nothing tried on a graph
-    beyond ``SIMULATED_NODES``."""
+    the same (module docstring): every move at once, kept where the simulation says so, else the graph put back;
+    nothing tried on a graph beyond ``SIMULATED_NODES``."""
     if len(fw.graph.nodes) + 2 * len(bw.graph.nodes) > SIMULATED_NODES:
         return Joined(0, 0, 0, None)
     simulate = backward_simulations(fw, num_fwd_outputs)
     estimate, phase = simulate(bw)
-    runs_before = count_runs(_schedule(phase)[1])
-    moves = _candidate_moves(phase, {n: i for i, n in enumerate(bw.graph.nodes)})
-    best = _Trial(0, runs_before, estimate)
-    trial = _try(bw, simulate, moves, best, _LaterFusions(phase))
-    if trial is not None:
-        best = trial
-        bw.recompile()
-        log.debug("joined kernel runs: %d moves, %d -> %d runs", best.moves, runs_before, best.runs)
-    return Joined(best.moves, runs_before, best.runs, best.estimate)
-
-
-def _try(bw: fx.GraphModule, simulate, moves: list[_Move], best: _Trial, later_fusions: _LaterFusions):
-    """Make ``moves`` on top of ``best``; keep them where the simulated runs fall and the peak stays the same
-    (returns the new best), else put the graph back (returns None; nothing simulated where no move could be made)."""
-    before = list(bw.graph.nodes)
-    made = _apply(bw.graph, moves, later_fusions)
-    if not made:
-        return None
-    estimate, phase = simulate(bw)
     runs = count_runs(_schedule(phase)[1])
-    if runs < best.runs and estimate.peak_bytes == best.estimate.peak_bytes:
-        return _Trial(best.moves + made, runs, estimate)
-    _restore(bw.graph, before)
-    return None
+    original = list(bw.graph.nodes)
+    made = _apply(bw.graph, _candidate_moves(phase, {n: i for i, n in enumerate(original)}), _LaterFusions(phase))
+    if not made:
+        return Joined(0, runs, runs, estimate)
+    joined, joined_phase = simulate(bw)
+    joined_runs = count_runs(_schedule(joined_phase)[1])
+    if joined_runs < runs and joined.peak_bytes == estimate.peak_bytes:
+        bw.recompile()
+        log.debug("joined kernel runs: %d moves, %d -> %d runs", made, runs, joined_runs)
+        return Joined(made, runs, joined_runs, joined)
+    _restore(bw.graph, original)
+    return Joined(0, runs, runs, estimate)
