@@ -1,5 +1,6 @@
 """Issue #15's rows at plan level: saved bytes, simulated step peak, peak_raised_by_budget and backward segments of
-a benchmark model at each setting, in seconds rather than minutes (no Inductor code generation).
+a benchmark model at each setting (and the partition's seconds), in seconds rather than minutes (no Inductor code
+generation).
 
     python benchmarks/plan_rows.py MODEL SETTING [SETTING ...]     # SETTING as in setting_peak.py
 
@@ -48,6 +49,7 @@ def row(name: str, setting: str) -> dict:
         simulated=sum(r.simulated_peak_bytes or 0 for r in reports),
         raised=sum(r.peak_raised_by_budget or 0 for r in reports),
         segments=sum(len(r.backward_checkpoints or ()) for r in reports),
+        partition_s=round(sum(r.partition_seconds for r in reports), 3),
     )
 
 

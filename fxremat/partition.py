@@ -39,7 +39,7 @@ from fxremat_passes.layout import (
     saved_inputs_as_views,
 )
 from fxremat_passes.layout_choice import LayoutChoice, decide_layout
-from fxremat_passes.liveness import PeakEstimate, saved_views_of_inputs
+from fxremat_passes.liveness import PeakEstimate, cpp_units_joined, saved_views_of_inputs
 from fxremat_passes.phase_copies import copy_gathers_per_phase
 from fxremat_passes.region_budget import annotations_hidden
 from fxremat_passes.roles import Policy, Role, classify, recompute_tag
@@ -393,27 +393,32 @@ def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphMod
 
 
 def _ours_described(request: PartitionRequest, options: Options, profile: DeviceProfile, regions):
-    """fxremat's split and every report record it makes: (fw, bw, records)."""
-    ours = _fxremat_partition(request, options, profile, regions)
-    fw, bw = ours.fw, ours.bw
-    _enter("describe")
-    described = describe_split(fw, bw, request.num_fwd_outputs, profile)
-    peak = simulated.report_peak(fw, bw, request.num_fwd_outputs, ours.recipe, ours.peak)
-    layout = Layout()
-    if request.layout is not None and has_convolution(fw):
-        peak, layout = _choose_layout(request, fw, bw, peak)
+    """fxremat's split and every report record it makes: (fw, bw, records).  Under Inductor on CPU every step is
+    simulated with the backward in the order ``_fewer_cpp_units`` will give it (``liveness.cpp_units_joined``)."""
+    with cpp_units_joined(_joins_cpp_units(request)):
+        ours = _fxremat_partition(request, options, profile, regions)
+        fw, bw = ours.fw, ours.bw
+        _enter("describe")
+        described = describe_split(fw, bw, request.num_fwd_outputs, profile)
+        peak = simulated.report_peak(fw, bw, request.num_fwd_outputs, ours.recipe, ours.peak)
+        layout = Layout()
+        if request.layout is not None and has_convolution(fw):
+            peak, layout = _choose_layout(request, fw, bw, peak)
     peak = _fewer_cpp_units(request, fw, bw, peak)
     return fw, bw, [Described.of(described), peak, *ours.records, layout]
 
 
+def _joins_cpp_units(request: PartitionRequest) -> bool:
+    return request.inductor and graph_device(request.joint)[0] == "cpu"
+
+
 def _fewer_cpp_units(request: PartitionRequest, fw: fx.GraphModule, bw: fx.GraphModule, peak: SimulatedPeak):
     """Under Inductor on CPU, the backward reordered for fewer C++ units where its simulated peak, in the layout
-    Inductor gets, stays the same (``cpp_units.py``).  Reordered, the report's peak is the simulation that checked
-    it (the recipe's copy of the split, which a deferred peak simulates, has the order before); else it stays as
-    it was (deferred where it was)."""
-    if not request.inductor or graph_device(request.joint)[0] != "cpu":
+    Inductor gets, is no higher (``cpp_units.py``): the order the plan was judged in.  Reordered, the report's peak
+    is the simulation of the new order (the recipe's copy of the split, which a deferred peak simulates, has the
+    order before); else it stays as it was (deferred where it was)."""
+    if not _joins_cpp_units(request):
         return peak
     with tp.inductor_config_patched(request.layout.inductor_patch() if request.layout else {}):
         joined = join_kernel_runs(fw, bw, request.num_fwd_outputs)
-    return SimulatedPeak(**simulated.peak_fields(joined.estimate)) if joined.moves else peak
-
+    return SimulatedPeak(**simulated.peak_fields(joined.estimate)) if joined.reordered else peak

@@ -45,7 +45,9 @@ What it models (all in one place, so the rule can be checked against measurement
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+import contextvars
+from dataclasses import dataclass, replace
 
 import torch
 import torch.fx as fx
@@ -53,6 +55,7 @@ import torch.fx as fx
 from .buffer_pool import _pool_held  # noqa: F401  (re-exported: tests)
 from .costs import alias_root
 from .fusion import FUSION_DISTANCE  # noqa: F401  (re-exported)
+from .kernel_runs import joined_orders, runs_of, too_large
 from .layout import channels_last_copies, layout_optimised, recopied_saved_inputs
 from .phase import (  # noqa: F401  (re-exported: plan_memory, tests, benchmarks)
     ALWAYS,
@@ -126,21 +129,40 @@ def simulate_backwards(fw: fx.GraphModule, bws, num_fwd_outputs: int, recopy: bo
         yield forward.step(bw_view, channels_last)
 
 
-def backward_simulations(fw: fx.GraphModule, num_fwd_outputs: int):
-    """bw -> (``simulate_step(fw, bw)``, backward's simulated ``_Phase``: its kernels and their order after
-    fusion), for backwards of ``fw`` in turn (one backward reordered, ``cpp_units.py``): they share the forward's
-    simulation, as in ``simulate_backwards``.  A backward graph is read as it is at the call."""
+# Whether the steps simulated now are compiled by Inductor's CPU backend, whose backward fxremat reorders for fewer
+# C++ units (``cpp_units.py``): every plan is then judged by the peak of the order it will run in.
+_CPP_UNITS_JOINED = contextvars.ContextVar("fxremat_cpp_units_joined", default=False)
+
+
+@contextlib.contextmanager
+def cpp_units_joined(joined: bool = True):
+    """Within it (where ``joined``), every simulated step's backward is the order ``cpp_units.join_kernel_runs``
+    will hand Inductor: reordered for fewer runs of generated kernels (``kernel_runs.py``) where that keeps or
+    lowers the simulated peak (``_ForwardRun.joined``).  The planner compares plans by those peaks, so that a
+    plan's reorder cannot void its comparison with another setting's plan (issue #15's monotone budgets)."""
+    token = _CPP_UNITS_JOINED.set(joined)
+    try:
+        yield
+    finally:
+        _CPP_UNITS_JOINED.reset(token)
+
+
+def simulated_backward(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) -> _Phase:
+    """The simulation of ``bw`` as it is (never reordered): its kernels and their order after fusion."""
+    forward = _ForwardRun(graph_view(fw.graph), num_fwd_outputs, channels_last_copies(fw), graph_view(bw.graph))
+    forward.step(graph_view(bw.graph), layout_optimised(fw), join=False)
+    return forward.backward
+
+
+def joined_step(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int):
+    """(the simulated step of ``bw`` reordered for fewer C++ units (``_ForwardRun.joined``), its new node order),
+    or None where it keeps its order."""
+    if too_large(len(fw.graph.nodes), len(bw.graph.nodes)):
+        return None
     fw_view, copies, channels_last = graph_view(fw.graph), channels_last_copies(fw), layout_optimised(fw)
-    forward: list[_ForwardRun] = []
-
-    def simulate(bw: fx.GraphModule) -> tuple[PeakEstimate, _Phase]:
-        bw_view = graph_view(bw.graph)
-        if not forward:
-            forward.append(_ForwardRun(fw_view, num_fwd_outputs, copies, bw_view))
-        estimate = forward[0].step(bw_view, channels_last)
-        return estimate, forward[0].backward
-
-    return simulate
+    bw_view = graph_view(bw.graph)
+    forward = _ForwardRun(fw_view, num_fwd_outputs, copies, bw_view)
+    return forward.joined(bw_view, channels_last, forward.step(bw_view, channels_last, join=False))
 
 
 def simulate_phases(
@@ -168,12 +190,38 @@ class _ForwardRun:
         self.phase = _Phase(fw, keep=saved_roots | self.user_roots, carried=copies)
         self.peak = self.phase.run("forward", self.timeline)
 
-    def step(self, bw: PhaseGraph, channels_last: bool) -> PeakEstimate:
+    def step(self, bw: PhaseGraph, channels_last: bool, join: bool | None = None) -> PeakEstimate:
+        """The step with ``bw`` after this forward; ``join``: with ``bw`` reordered where ``joined`` keeps it (by
+        default, within ``cpp_units_joined``)."""
+        estimate = self._step(bw, channels_last)
+        if not (_CPP_UNITS_JOINED.get() if join is None else join):
+            return estimate
+        joined = self.joined(bw, channels_last, estimate)
+        return estimate if joined is None else joined[0]
+
+    def joined(self, bw: PhaseGraph, channels_last: bool, estimate: PeakEstimate):
+        """(the step with ``bw`` in one of ``kernel_runs.joined_orders``, that order): of the orders with fewer
+        simulated runs of generated kernels and a peak no higher than ``estimate``'s (``bw``'s own step, just
+        simulated), the lowest peak, then the fewest runs; None where there is none.  Never higher: a unit is never
+        bought with peak (issue #16)."""
+        if too_large(len(self.fw.nodes), len(bw.nodes)):
+            return None
+        own = self.backward
+        runs, best, best_key = runs_of(own), None, None
+        for order in joined_orders(bw, own):
+            joined = self._step(replace(bw, nodes=order), channels_last)
+            key = (joined.peak_bytes, runs_of(self.backward))
+            if key[1] < runs and key[0] <= estimate.peak_bytes and (best_key is None or key < best_key):
+                best, best_key, phase = (joined, order), key, self.backward
+        self.backward = own if best is None else phase
+        return best
+
+    def _step(self, bw: PhaseGraph, channels_last: bool) -> PeakEstimate:
         forward, timeline = self.phase, list(self.timeline)
         arrivals = recopied_saved_inputs(self.fw, bw, self.num_fwd_outputs, self.copies)[1] if self.recopy else {}
         backward = _backward_phase(self.fw, bw, self.saved, forward.live, self.user_roots, channels_last, arrivals)
         backward_peak = backward.run("backward", timeline)
-        self.backward = backward  # the last step's backward, for ``backward_simulations``
+        self.backward = backward  # the last step's simulated backward: its kernels and their order (``joined``)
         gradient_bytes = sum(_tensor_storage_bytes(a) for a in bw.returned if phase_root(a, bw) not in bw.inputs)
         return PeakEstimate.of_timeline(
             timeline,

@@ -11,6 +11,7 @@ tests/conftest.py, so that tests/solver runs where torch is not installed.
 from __future__ import annotations
 
 import copy
+import functools
 import sys
 
 import pytest
@@ -134,10 +135,11 @@ def torch_seed():
     torch.manual_seed(0)
 
 
-def split_as_compiled(model, x, options: Options, as_inductor: bool, loss=lambda out: out.sum()):
+def split_as_compiled(model, x, options: Options, as_inductor: bool, loss=lambda out: out.sum(), joint_passes=False):
     """(forward, backward, report) of one training step of ``model`` on ``x`` as fxremat hands the two graphs to
     the compiler (``as_inductor``: the split Inductor would get), run by no-op compilers; the parameters' ``grad``
-    are that step's."""
+    are that step's.  ``joint_passes``: Inductor's own partition function calls fxremat's, so that its joint-graph
+    passes run first, as in a real compile (benchmarks/plan_rows.py)."""
     from functorch.compile import make_boxed_func
 
     from fxremat_passes import _torch_private as tp
@@ -151,6 +153,10 @@ def split_as_compiled(model, x, options: Options, as_inductor: bool, loss=lambda
 
     reports: list = []
     partition_fn = fxremat.make_partition_fn(options, reports, as_inductor=as_inductor)
+    if joint_passes:
+        import torch._inductor.compile_fx as compile_fx
+
+        partition_fn = functools.partial(compile_fx.partition_fn, partitioner_fn_override=partition_fn)
     model.zero_grad(set_to_none=True)
     loss(torch.compile(model, backend=tp.aot_autograd_as_inductor(partition_fn, keep))(x)).backward()
     fw, bw = graphs

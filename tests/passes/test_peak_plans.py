@@ -13,8 +13,9 @@ from fxremat.examples import Stack, example
 from fxremat_passes import _torch_private as tp
 from fxremat_passes.budget import frontier
 from fxremat_passes.costs import PROFILES, annotate_costs
+from fxremat_passes.cpp_units import join_kernel_runs
 from fxremat_passes.flow_problem import build_flow_problem
-from fxremat_passes.liveness import simulate_step
+from fxremat_passes.liveness import cpp_units_joined, simulate_step
 from fxremat_passes.plan_memory import build_joint_memory, estimate_peak
 from fxremat_passes.roles import classify
 
@@ -66,6 +67,33 @@ def test_plan_estimate_is_the_simulation_of_the_split(name):
             simulated.activation_peak_bytes,
         ), (name, plan.saved_bytes)
         assert estimated.timeline == simulated.timeline, (name, plan.saved_bytes)
+
+
+@pytest.mark.parametrize("name", ["block_sdpa", "llama_stack"])
+def test_plan_estimate_in_the_order_inductor_gets_is_the_simulation_of_the_reordered_split(name):
+    """Within ``liveness.cpp_units_joined`` (fxremat's partition under Inductor on CPU) a plan's estimate is the step
+    of its backward as ``cpp_units.join_kernel_runs`` will reorder it: equal to the simulation of the real split
+    once reordered, on every candidate plan, and never above the estimate in the split's own order."""
+    joint, roles, flow, plans, memory, num_fwd_outputs = _candidates_and_memory(name)
+    index = {n: i for i, n in enumerate(joint.graph.nodes)}
+    reordered = 0
+    for plan in plans:
+        saved = [flow.nodes[v] for v in plan.saved]
+        fw, bw = tp.split_with_saved_values(
+            joint,
+            [n for n in saved if not tp.is_sym_node(n)],
+            [n for n in saved if tp.is_sym_node(n)],
+            num_fwd_outputs=num_fwd_outputs,
+            static_lifetime_input_nodes=roles.static_inputs,
+        )
+        own = estimate_peak(memory, {index[n] for n in saved})
+        with cpp_units_joined():
+            estimated = estimate_peak(memory, {index[n] for n in saved})
+        reordered += join_kernel_runs(fw, bw, num_fwd_outputs).reordered
+        simulated = simulate_step(fw, bw, num_fwd_outputs)  # the graph as it now is, never reordered again
+        assert estimated.timeline == simulated.timeline, (name, plan.saved_bytes)
+        assert estimated.peak_bytes <= own.peak_bytes, (name, plan.saved_bytes)
+    assert reordered > 0, name  # else this proves nothing
 
 
 def test_estimates_share_what_their_phases_have_in_common():
