@@ -68,6 +68,7 @@ from .phase import (  # noqa: F401  (re-exported: plan_memory, tests, benchmarks
     phase_root,
     storage_kind,
 )
+from .node_facts import NodeFacts
 from .phase_graph import PhaseGraph, _tensor_storage_bytes, graph_view
 
 
@@ -147,6 +148,13 @@ def cpp_units_joined(joined: bool = True):
         _CPP_UNITS_JOINED.reset(token)
 
 
+def _with_facts(view: PhaseGraph) -> PhaseGraph:
+    """``view`` with a ``NodeFacts`` of its own where it has none (a built graph's), so that its reordered views
+    (``_ForwardRun.joined``) share what the simulation computes of its nodes (their fusion is keyed by their place):
+    GPT-2's ``peak_budget=0.0`` partition, which simulates 80 segmented backwards, took 58% less."""
+    return view if view.facts is not None else replace(view, facts=NodeFacts())
+
+
 def simulated_backward(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) -> _Phase:
     """The simulation of ``bw`` as it is (never reordered): its kernels and their order after fusion."""
     forward = _ForwardRun(graph_view(fw.graph), num_fwd_outputs, channels_last_copies(fw), graph_view(bw.graph))
@@ -160,7 +168,7 @@ def joined_step(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int):
     if too_large(len(fw.graph.nodes), len(bw.graph.nodes)):
         return None
     fw_view, copies, channels_last = graph_view(fw.graph), channels_last_copies(fw), layout_optimised(fw)
-    bw_view = graph_view(bw.graph)
+    bw_view = _with_facts(graph_view(bw.graph))
     forward = _ForwardRun(fw_view, num_fwd_outputs, copies, bw_view)
     return forward.joined(bw_view, channels_last, forward.step(bw_view, channels_last, join=False))
 
@@ -193,9 +201,10 @@ class _ForwardRun:
     def step(self, bw: PhaseGraph, channels_last: bool, join: bool | None = None) -> PeakEstimate:
         """The step with ``bw`` after this forward; ``join``: with ``bw`` reordered where ``joined`` keeps it (by
         default, within ``cpp_units_joined``)."""
-        estimate = self._step(bw, channels_last)
         if not (_CPP_UNITS_JOINED.get() if join is None else join):
-            return estimate
+            return self._step(bw, channels_last)
+        bw = _with_facts(bw)
+        estimate = self._step(bw, channels_last)
         joined = self.joined(bw, channels_last, estimate)
         return estimate if joined is None else joined[0]
 
