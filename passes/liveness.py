@@ -57,6 +57,7 @@ from .costs import alias_root
 from .fusion import FUSION_DISTANCE  # noqa: F401  (re-exported)
 from .kernel_runs import joined_orders, runs_of, too_large
 from .layout import channels_last_copies, layout_optimised, recopied_saved_inputs
+from .node_facts import NodeFacts
 from .phase import (  # noqa: F401  (re-exported: plan_memory, tests, benchmarks)
     ALWAYS,
     FUSES_INTO,
@@ -68,7 +69,6 @@ from .phase import (  # noqa: F401  (re-exported: plan_memory, tests, benchmarks
     phase_root,
     storage_kind,
 )
-from .node_facts import NodeFacts
 from .phase_graph import PhaseGraph, _tensor_storage_bytes, graph_view
 
 

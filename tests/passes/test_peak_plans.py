@@ -43,6 +43,17 @@ def _candidates_and_memory(name):
     return joint, roles, flow, plans, build_joint_memory(joint, roles, num_fwd_outputs), num_fwd_outputs
 
 
+def _split(joint, roles, saved, num_fwd_outputs):
+    """The real split of the plan saving ``saved`` (joint nodes)."""
+    return tp.split_with_saved_values(
+        joint,
+        [n for n in saved if not tp.is_sym_node(n)],
+        [n for n in saved if tp.is_sym_node(n)],
+        num_fwd_outputs=num_fwd_outputs,
+        static_lifetime_input_nodes=roles.static_inputs,
+    )
+
+
 @pytest.mark.parametrize("name", ["mlp", "block_sdpa", "stack", "llama_stack", "convnet"])
 def test_plan_estimate_is_the_simulation_of_the_split(name):
     """The plan-level estimate runs the simulation itself over the split it would make (plan_memory.py): equal to
@@ -53,13 +64,7 @@ def test_plan_estimate_is_the_simulation_of_the_split(name):
     assert len(plans) >= 2, name
     for plan in plans:
         saved = [flow.nodes[v] for v in plan.saved]
-        fw, bw = tp.split_with_saved_values(
-            joint,
-            [n for n in saved if not tp.is_sym_node(n)],
-            [n for n in saved if tp.is_sym_node(n)],
-            num_fwd_outputs=num_fwd_outputs,
-            static_lifetime_input_nodes=roles.static_inputs,
-        )
+        fw, bw = _split(joint, roles, saved, num_fwd_outputs)
         simulated = simulate_step(fw, bw, num_fwd_outputs)
         estimated = estimate_peak(memory, {index[n] for n in saved})
         assert (estimated.peak_bytes, estimated.activation_peak_bytes) == (
@@ -79,13 +84,7 @@ def test_plan_estimate_in_the_order_inductor_gets_is_the_simulation_of_the_reord
     reordered = 0
     for plan in plans:
         saved = [flow.nodes[v] for v in plan.saved]
-        fw, bw = tp.split_with_saved_values(
-            joint,
-            [n for n in saved if not tp.is_sym_node(n)],
-            [n for n in saved if tp.is_sym_node(n)],
-            num_fwd_outputs=num_fwd_outputs,
-            static_lifetime_input_nodes=roles.static_inputs,
-        )
+        fw, bw = _split(joint, roles, saved, num_fwd_outputs)
         own = estimate_peak(memory, {index[n] for n in saved})
         with cpp_units_joined():
             estimated = estimate_peak(memory, {index[n] for n in saved})
