@@ -6,14 +6,15 @@ generation).
 
 ``bench_models.build_workload(MODEL, "small")`` through AOTAutograd set up as Inductor sets it up
 (``tp.aot_autograd_as_inductor``, no-op compilers), with Inductor's own ``compile_fx.partition_fn`` calling
-fxremat's partitioner, so that Inductor's joint-graph passes run first as in a real compile (without them Mixtral's
-plans and peaks differ).  The simulated peaks equal ``setting_peak.py``'s (RESULTS.md "Issue #15, session 22").
+fxremat's partitioner (``tp.after_inductor_joint_passes``), so that Inductor's joint-graph passes run first as in a
+real compile (without them Mixtral's plans and peaks differ). The simulated peaks equal ``setting_peak.py``'s
+(RESULTS.md "Issue #15, session 22") where the plans do (a real compile decides the layout of a graph with
+convolutions, so ViT's budgets may differ: RESULTS.md, session 27).
 Prints one JSON line per setting.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from pathlib import Path
@@ -26,10 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def row(name: str, setting: str) -> dict:
     import bench_models
     import setting_peak
-    import torch._inductor.compile_fx as compile_fx
     from functorch.compile import make_boxed_func
 
-    from fxremat.backend import make_partition_fn
+    from fxremat.backend import FxrematPartitioner
     from fxremat.options import Options
     from fxremat_passes import _torch_private as tp
 
@@ -38,8 +38,7 @@ def row(name: str, setting: str) -> dict:
     work = bench_models.build_workload(name, "small")
     reports: list = []
     options = Options.create(compare_default=False, **setting_peak.options_of(setting))
-    ours = make_partition_fn(options, reports, as_inductor=True)
-    partition = functools.partial(compile_fx.partition_fn, partitioner_fn_override=ours)
+    partition = tp.after_inductor_joint_passes(FxrematPartitioner(options, lambda r, _key: reports.append(r), True))
     backend = tp.aot_autograd_as_inductor(partition, lambda gm, _inputs: make_boxed_func(gm.forward))
     work.loss(work.forward(torch.compile(work.model, backend=backend))).backward()
     return dict(

@@ -11,7 +11,6 @@ tests/conftest.py, so that tests/solver runs where torch is not installed.
 from __future__ import annotations
 
 import copy
-import functools
 import sys
 
 import pytest
@@ -152,11 +151,13 @@ def split_as_compiled(model, x, options: Options, as_inductor: bool, loss=lambda
         return make_boxed_func(gm.forward)
 
     reports: list = []
-    partition_fn = fxremat.make_partition_fn(options, reports, as_inductor=as_inductor)
     if joint_passes:
-        import torch._inductor.compile_fx as compile_fx
+        from fxremat.backend import FxrematPartitioner
 
-        partition_fn = functools.partial(compile_fx.partition_fn, partitioner_fn_override=partition_fn)
+        partitioner = FxrematPartitioner(options, lambda report, key: reports.append(report), as_inductor)
+        partition_fn = tp.after_inductor_joint_passes(partitioner)
+    else:
+        partition_fn = fxremat.make_partition_fn(options, reports, as_inductor=as_inductor)
     model.zero_grad(set_to_none=True)
     loss(torch.compile(model, backend=tp.aot_autograd_as_inductor(partition_fn, keep))(x)).backward()
     fw, bw = graphs

@@ -114,7 +114,8 @@ SCHEDULER_DROPS_MUTATION_RENAMES = TORCH == (2, 13)
 __all__ = [
     "realizes_inputs",
     "CheckpointPolicy", "CustomPartitionerFn", "RANDOM_OP_PACKETS", "SUPPORTED_TORCH",
-    "activation_quantization_enabled", "aot_autograd", "aot_autograd_as_inductor", "aten_target",
+    "activation_quantization_enabled", "after_inductor_joint_passes", "aot_autograd", "aot_autograd_as_inductor",
+    "aten_target",
     "copy_graph_module", "copy_node", "cse_enabled", "dce_impure_random", "default_partition",
     "extract_fwd_bwd_outputs", "extract_fwd_bwd_outputs_and_descs", "find_symbol_bindings", "fresh_inductor_cache",
     "functorch_knob", "inductor_layout_switches_at_default", "LAYOUT_SWITCHES", "inductor_config_patched",
@@ -442,6 +443,21 @@ def aot_autograd_as_inductor(partition_fn, compiler):
         decompositions=select_decomp_table(),
         keep_inference_input_mutations=True,
     )
+
+
+def after_inductor_joint_passes(partitioner: CustomPartitionerFn):
+    """A ``partition_fn`` that runs Inductor's joint-graph passes before ``partitioner``, as Inductor's compile does
+    (without them some joint graphs differ: plans, peaks, the backward's reorders): Inductor's own ``partition_fn``
+    with ``partitioner`` as its ``custom_partitioner_fn``, which torch 2.11 to 2.14 honour alike (2.13's
+    ``partitioner_fn_override`` argument is not in 2.11)."""
+    import torch._inductor.compile_fx as compile_fx
+    from torch._inductor import config as inductor_config
+
+    def partition_fn(gm, joint_inputs, **kwargs):
+        with inductor_config.patch(custom_partitioner_fn=partitioner):
+            return compile_fx.partition_fn(gm, joint_inputs, **kwargs)
+
+    return partition_fn
 
 
 def realizes_inputs(node: torch.fx.Node) -> bool:
