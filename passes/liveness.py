@@ -151,7 +151,8 @@ def cpp_units_joined(joined: bool = True):
 def _with_facts(view: PhaseGraph) -> PhaseGraph:
     """``view`` with a ``NodeFacts`` of its own where it has none (a built graph's), so that its reordered views
     (``_ForwardRun.joined``) share what the simulation computes of its nodes (their fusion is keyed by their place):
-    GPT-2's ``peak_budget=0.0`` partition, which simulates 80 segmented backwards, took 58% less."""
+    GPT-2's ``peak_budget=0.0`` partition, which simulates 80 segmented backwards, takes 36% less (6.0-6.3 s
+    against 9.5-9.8, interleaved, benchmarks/RESULTS.md session 27)."""
     return view if view.facts is not None else replace(view, facts=NodeFacts())
 
 
