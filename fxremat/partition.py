@@ -413,8 +413,8 @@ def _joins_cpp_units(request: PartitionRequest) -> bool:
 
 
 def _fewer_cpp_units(request: PartitionRequest, fw: fx.GraphModule, bw: fx.GraphModule, peak: SimulatedPeak):
-    """Under Inductor on CPU, the backward reordered for fewer C++ units where its simulated peak, in the layout
-    Inductor gets, is no higher (``cpp_units.py``): the order the plan was judged in.  Reordered, the report's peak
+    """Under Inductor on CPU, the backward reordered for fewer C++ units or a lower simulated peak (in the layout
+    Inductor gets), neither rising (``cpp_units.py``): the order the plan was judged in.  Reordered, the report's peak
     is the simulation of the new order (the recipe's copy of the split, which a deferred peak simulates, has the
     order before); else it stays as it was (deferred where it was)."""
     if not _joins_cpp_units(request):

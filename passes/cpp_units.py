@@ -3,7 +3,8 @@
 Inductor's CPU backend compiles each run of generated kernels between two extern kernels as one C++ source; a
 recompute read by an extern weight-gradient matmul can split what would be one run in two (``kernel_runs.py``).
 ``join_kernel_runs`` reorders the built backward into one of ``kernel_runs.joined_orders`` where the simulation
-keeps it (``liveness._ForwardRun.joined``): fewer simulated runs, and a simulated step peak no higher than before.
+keeps it (``liveness._ForwardRun.joined``): no more simulated runs and a simulated step peak no higher than before,
+and fewer of one (``liveness._better``).
 The planner judged every plan by the same simulation (``liveness.cpp_units_joined``, around fxremat's partition
 under Inductor on CPU), so the peak a plan was compared by is the peak of the order it runs in: a reorder that
 lowers the peak (GPT-2's default plan -6.1%, block_sdpa's -9.9% measured: benchmarks/RESULTS.md, session 26) is
