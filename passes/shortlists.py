@@ -265,3 +265,9 @@ def _step(listed, cap: int, bound: float, peak_of, lowered, tie: PeakTie) -> tup
     if tied is not None and tie.worth(tied, peak_of(tied), plan, peak):
         return tied, peak_of(tied)
     return plan, peak
+
+
+def one_step(plans: list[Plan], cap: int, bound: float, peak_of, lowered=None, tie: PeakTie = STRICT):
+    """(plan, peak) of ``monotone_choice``'s step at ``cap`` over ``plans`` alone, under ``bound`` (the looser
+    budgets' lowest peak): the fastest within ``cap`` at most ``bound`` high, else the lowest (``_lowest``)."""
+    return _step(_Listed(fastest_first(plans)), cap, bound, peak_of, lowered, tie)

@@ -1,7 +1,8 @@
 """``memory_budget``'s peak-safe choice (docs/DESIGN.md §5.3): the fastest plan within the saved bytes whose
 simulated step peak is no higher than at any looser budget (within ``shortlists.BUDGET_TIE``), walking a
 budget-independent shortlist (``shortlists.BudgetShortlist``, ``shortlists.monotone_choice``) of the price search's
-candidates (``plan.peak_candidates``), judged by their simulated step peak (``judged.JudgedPlans``)."""
+candidates (``plan.peak_candidates``), judged by their simulated step peak (``judged.JudgedPlans``); a raised
+choice looked at again among the front-loaded plans (``front.front_loaded_choice``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from ..shortlists import BUDGET_TIE, BudgetShortlist, monotone_choice, plan_key
 from ..solvers import SOLVERS
 from .contract import CONTRACT_FIELDS, contract_plan
 from .default import block_sums_plan
+from .front import front_loaded_choice
 from .judged import candidate_parts, judged_plans
 from .plan import budget_target_bytes, choose_plan, frontier_field
 from .records import Chooser, Choosing, PlanChoice
@@ -61,6 +63,7 @@ def choose_plan_for_budget(c: Choosing) -> PlanChoice:
         candidates, shortlist, choice = walk(_refinements_first(parts, target))
         if not met or shortlist.exhausted or shortlist.reached >= parts.refinements.slower_than():
             candidates, shortlist, choice = walk(len(parts.refinements.targets))  # they may change the choice
+        choice = front_loaded_choice(c, choice, default, target, peak_of, lowered, BUDGET_TIE)
         if choice.peak == float("inf"):
             raise RuntimeError("no candidate plan within the budget could be simulated")
         fw_bw_recipe, simulation = simulated.handed_on(choice.plan)

@@ -252,3 +252,22 @@ def test_the_refinements_below_the_budget_are_made_only_where_they_could_change_
         reports[len(solved)] = {k: v for k, v in reports[len(solved)].items() if not k.endswith("_seconds")}
     assert len(reports) == 2 and min(reports) < max(reports), sorted(reports)
     assert reports[min(reports)] == reports[max(reports)]
+
+
+def test_a_raised_budget_is_looked_at_again_among_the_front_loaded_plans(monkeypatch):
+    """A raised ``memory_budget`` choice is made again over the plans that keep the default plan's first saves
+    (passes/choice/front.py): on this small stack every shortlisted plan within 0.5's bytes peaks above the default,
+    the front-loaded one (run segment by segment) as low as it.  Without the second look the choice stays raised."""
+    import fxremat_passes.choice.memory_budget as memory_budget
+
+    model, inputs = example("stack", batch=2, seq=16, dim=32)
+    _, expected = eager_grads(model, inputs)
+    _, grads, saved, reports = run_fxremat_aot(model, inputs, memory_budget=0.5, strict=True)
+    report = reports[0]
+    assert_grads_close(grads, expected)
+    assert report.plan_method == "front" and report.saved_bytes == saved.nbytes <= report.budget_bytes
+    assert report.peak_raised_by_budget == 0
+    monkeypatch.setattr(memory_budget, "front_loaded_choice", lambda c, choice, *args: choice)
+    without = run_fxremat_aot(model, inputs, memory_budget=0.5, strict=True)[3][0]
+    assert without.plan_method != "front" and without.peak_raised_by_budget > 0
+    assert report.simulated_peak_bytes < without.simulated_peak_bytes

@@ -1,0 +1,50 @@
+"""A raised ``memory_budget`` choice looked at again among the front-loaded plans within its bytes
+(``front_saves.py``: the default plan's first saves kept, the rest traded), which put the budget's bytes where the
+step's peak is (docs/DESIGN.md §5.3)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..budget import Plan, SolveCache, frontier
+from ..front_saves import front_problems
+from ..roles import Role
+from ..shortlists import PeakChoice, PeakTie, one_step
+from ..solvers import cheapest_within
+from .plan import CHECKPOINT_FRONTIER_SOLVES
+from .records import Choosing
+from .settings import prices
+
+
+def front_loaded_choice(
+    c: Choosing, choice: PeakChoice, default: Plan, target: int, peak_of, lowered, tie: PeakTie
+) -> PeakChoice:
+    """``choice`` where it is not raised; else the step ``monotone_choice`` made at ``target`` made again over the
+    front-loaded plans within ``target`` and ``choice``'s own plan (``shortlists.one_step``, under the same bound:
+    the looser budgets' lowest peak, which these plans never change), taken where its peak is lower.  Only a raised
+    choice pays for them: at a looser budget the walk met its bound without them, and a looser budget's choice is
+    never made with them, so no tighter budget's bound moves."""
+    if not choice.raised:
+        return choice
+    plans = front_loaded_plans(c, default, target)
+    if not plans:
+        return choice
+    plan, peak = one_step([*plans, choice.plan], target, choice.lowest_looser_peak, peak_of, lowered, tie)
+    if peak >= choice.peak:
+        return choice
+    return PeakChoice(plan, peak, choice.lowest_looser_peak, not tie.within(peak, choice.lowest_looser_peak))
+
+
+def front_loaded_plans(c: Choosing, default: Plan, target: int) -> list[Plan]:
+    """For each of ``front_saves.front_problems``: its frontier (as a checkpointed problem's, ``plan.py``) and its
+    cheapest plan within ``target``, those within ``target``, priced by the graph's own problem."""
+    problem = c.flow.parametric
+    price, max_price = prices(c.settings, c.profile)
+    forward = [c.roles.role[n] is Role.FORWARD for n in c.flow.nodes]
+    plans: list[Plan] = []
+    for constrained in front_problems(problem, forward, default.saved):
+        cache = SolveCache(constrained)
+        found = frontier(constrained, price, max_price, max_solves=CHECKPOINT_FRONTIER_SOLVES, cache=cache)
+        plan, met = cheapest_within(constrained, target, price, max_price, found[0], found[-1], cache)
+        plans += [p for p in (*found, *([plan] if met else [])) if p.saved_bytes <= target]
+    return [dataclasses.replace(p, method="front", seconds=problem.seconds(p.saved, p.recomputed)) for p in plans]
