@@ -14,3 +14,15 @@ def test_every_setting_gets_a_row_and_the_milp_is_never_above_it():
         if row["setting"].startswith("memory_budget"):  # held to the plan's saved bytes too: never below P*
             assert row["optimal_capped"] and row["peak_milp"] <= row["peak_milp_capped"] <= row["peak_ours"]
     assert "proven optimal" in summary(rows) and "| mlp" in format_table(rows, saved_cap=True)
+
+
+def test_a_segmented_plan_is_marked_and_left_out_of_the_summary():
+    """The MILP schedules a plan's saved set recomputed lazily; a plan run segment by segment in backward is not
+    that schedule, so its row says so and its gap is not counted."""
+    row = dict(graph="g", setting="memory_budget=0.5", nodes=3, stages=2, peak_ours=10, compute_ours_us=1.0)
+    row.update(saved_ours=4, peak_milp=8, lower_bound=8, optimal=True, solve_s=0.1)
+    plain = dict(row, gap=0.25, gap_capped=0.0, peak_milp_capped=10, optimal_capped=True)
+    segmented = dict(plain, graph="h", segmented=True, gap=None, gap_capped=None)
+    text = summary([plain, segmented])
+    assert "1 of 2 rows" in text and "worst 25.00%" in text and "1 segmented, left out" in text
+    assert "segmented" in format_table([plain, segmented], saved_cap=True).splitlines()[-1]
