@@ -153,7 +153,9 @@ def rows_for(name: str, time_limit: float, saved_cap: bool = False) -> list[dict
         if saved_cap and setting.startswith("memory_budget"):
             rows[-1].update(_capped(graph, ours, saved_bytes(graph, plan), time_limit))
         if setting in segmented:  # P_ours is of its saved set run unsegmented: not the plan that runs
-            rows[-1].update(segmented=True, gap=None, gap_capped=None)
+            rows[-1].update(segmented=True, gap=None)
+            if "gap_capped" in rows[-1]:
+                rows[-1]["gap_capped"] = None
     return rows
 
 

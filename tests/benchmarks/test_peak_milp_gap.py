@@ -23,6 +23,8 @@ def test_a_segmented_plan_is_marked_and_left_out_of_the_summary():
     row.update(saved_ours=4, peak_milp=8, lower_bound=8, optimal=True, solve_s=0.1)
     plain = dict(row, gap=0.25, gap_capped=0.0, peak_milp_capped=10, optimal_capped=True)
     segmented = dict(plain, graph="h", segmented=True, gap=None, gap_capped=None)
-    text = summary([plain, segmented])
-    assert "1 of 2 rows" in text and "worst 25.00%" in text and "1 segmented, left out" in text
-    assert "segmented" in format_table([plain, segmented], saved_cap=True).splitlines()[-1]
+    peak = dict(row, setting="peak_budget=0.0", segmented=True, gap=None)  # no capped columns
+    text = summary([plain, segmented, peak])
+    assert "1 of 3 rows" in text and "worst 25.00%" in text and "2 segmented, left out" in text
+    table = format_table([plain, segmented, peak], saved_cap=True).splitlines()
+    assert "segmented" in table[-2] and "segmented" in table[-1]
