@@ -7,13 +7,14 @@ bytes in the first blocks recomputes there, at that peak, while the same bytes g
 recomputed early in backward, when fewer gradients are held.  The price search and its refinements spread their
 saves by cost alone, and the checkpointed plans (``checkpoints.py``) by the forward's waists, so neither puts the
 budget's bytes where the peak is.  ViT at ``memory_budget=0.5`` (2.63 MB): every shortlisted plan simulated at
-8,292,152 B or more, 2.8% above the default plan's 8,065,992, while the plan that keeps the default's saves in the
-first 15% of the forward's bytes (the patch embedding and the first block's attention inputs, 1.0 MB) and recomputes
-the rest saves 1.51 MB and simulates 8,224,472 (benchmarks/RESULTS.md, session 28).
+8,292,152 B or more, 2.8% above the default plan's 8,065,992; a plan that keeps the default's first saves (the patch
+embedding and the first block's attention inputs among them) and trades the rest simulates 8,065,992 at 2.5 MB
+saved (measured 8,076,592 against the default's 8,077,616), and Mixtral's 0.2 is 14.7% lower so
+(benchmarks/RESULTS.md, session 28).
 
 ``front_problems`` forbids recomputing the default plan's first saved values (in graph order), up to each of
-``FRONT_FRACTIONS`` of its saved bytes, one constrained problem per fraction; the callers solve each as they do a
-checkpointed one (``choice/plan.py``'s ``peak_candidates``).
+``FRONT_FRACTIONS`` of its saved bytes, one constrained problem per fraction; ``choice/front.py`` solves each as a
+checkpointed one is (``choice/plan.constrained_plans``) and looks at the plans where a budget's choice is raised.
 """
 
 from __future__ import annotations

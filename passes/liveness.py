@@ -245,10 +245,10 @@ def _better(joined: tuple[int, int], own: tuple[int, int]) -> bool:
     """Whether an order of (simulated peak, runs of generated kernels) ``joined`` is better than the backward's own:
     no more runs and no higher peak, and fewer of one.  A unit is never bought with peak (issue #16), nor peak with
     a unit.  A lower peak at as many runs counts: the moves that join runs also run weight-gradient matmuls later,
-    and where the runs stay apart (recomputation between them) the later allocation alone lowers the peak (GPT-2's
-    ``memory_budget=0.2``: a plan saving 1,064,964 B 524,288 B lower so, the first block's ``c_attn`` weight gradient
-    allocated after the embedding gradients, as low as the segmented plan it took before, at 1.009x PyTorch's step
-    instead of 1.106x; benchmarks/RESULTS.md, session 28)."""
+    and where the runs stay apart (recomputation between them) the later allocation alone lowers the peak.  GPT-2's
+    ``memory_budget=0.2``: with its first block's ``c_attn`` weight gradient allocated after the embedding
+    gradients, an unsegmented plan saving 1,064,964 B simulates 524,288 B lower, as low as the segmented plan taken
+    before, and steps at 1.009x PyTorch's 0.2 instead of 1.106x (benchmarks/RESULTS.md, session 28)."""
     return joined[0] <= own[0] and joined[1] <= own[1] and joined != own
 
 

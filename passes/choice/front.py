@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..budget import Plan, SolveCache, frontier
+from ..budget import Plan
 from ..front_saves import front_problems
 from ..roles import Role
 from ..shortlists import PeakChoice, PeakTie, one_step
-from ..solvers import cheapest_within
-from .plan import CHECKPOINT_FRONTIER_SOLVES
+from .plan import constrained_plans
 from .records import Choosing
 from .settings import prices
 
@@ -36,15 +35,13 @@ def front_loaded_choice(
 
 
 def front_loaded_plans(c: Choosing, default: Plan, target: int) -> list[Plan]:
-    """For each of ``front_saves.front_problems``: its frontier (as a checkpointed problem's, ``plan.py``) and its
-    cheapest plan within ``target``, those within ``target``, priced by the graph's own problem."""
+    """For each of ``front_saves.front_problems``: its plans (``plan.constrained_plans``: its frontier and its
+    cheapest plan within ``target``) within ``target``, priced by the graph's own problem."""
     problem = c.flow.parametric
-    price, max_price = prices(c.settings, c.profile)
     forward = [c.roles.role[n] is Role.FORWARD for n in c.flow.nodes]
     plans: list[Plan] = []
     for constrained in front_problems(problem, forward, default.saved):
-        cache = SolveCache(constrained)
-        found = frontier(constrained, price, max_price, max_solves=CHECKPOINT_FRONTIER_SOLVES, cache=cache)
-        plan, met = cheapest_within(constrained, target, price, max_price, found[0], found[-1], cache)
-        plans += [p for p in (*found, *([plan] if met else [])) if p.saved_bytes <= target]
+        plans += [
+            p for p in constrained_plans(constrained, prices(c.settings, c.profile), target) if p.saved_bytes <= target
+        ]
     return [dataclasses.replace(p, method="front", seconds=problem.seconds(p.saved, p.recomputed)) for p in plans]

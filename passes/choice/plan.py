@@ -190,11 +190,20 @@ def peak_candidates(
     price, max_price = prices(settings, profile)
     checkpointed: list[Plan] = []
     for constrained in checkpoint_grid(problem, forward):
-        cache = SolveCache(constrained)
-        found = frontier(constrained, price, max_price, max_solves=CHECKPOINT_FRONTIER_SOLVES, cache=cache)
-        if budget_bytes is not None:
-            plan, met = cheapest_within(constrained, budget_bytes, price, max_price, found[0], found[-1], cache)
-            if met:
-                found.append(plan)
+        found = constrained_plans(constrained, (price, max_price), budget_bytes)
         checkpointed.extend(dataclasses.replace(plan, method="checkpoints") for plan in found)
     return PeakCandidates(refinements, checkpointed)
+
+
+def constrained_plans(constrained: ParametricProblem, price_range: tuple[float, float], budget_bytes: int | None):
+    """A constrained problem's plans (a checkpoint set's, ``checkpoints.with_checkpoints``; a front-loaded one's,
+    ``front_saves.py``): its frontier from the default price to the fewest bytes (``CHECKPOINT_FRONTIER_SOLVES``
+    solves) and, with ``budget_bytes``, its cheapest plan within them where it meets them."""
+    price, max_price = price_range
+    cache = SolveCache(constrained)
+    found = frontier(constrained, price, max_price, max_solves=CHECKPOINT_FRONTIER_SOLVES, cache=cache)
+    if budget_bytes is not None:
+        plan, met = cheapest_within(constrained, budget_bytes, price, max_price, found[0], found[-1], cache)
+        if met:
+            found.append(plan)
+    return found
