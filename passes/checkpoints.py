@@ -19,7 +19,7 @@ for a range of sizes.  The min-cut then prices everything else as usual within t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from .parametric import ParametricProblem
@@ -89,11 +89,16 @@ def segment_checkpoints(waists: Waists, segment_bytes: int) -> tuple[int, ...]:
 
 
 def with_checkpoints(problem: ParametricProblem, waists: Waists, checkpoints: Sequence[int]) -> ParametricProblem:
-    """The problem in which the open sets at ``checkpoints`` may not be recomputed (so they are kept when a later
-    value is recomputed).  A value that may not be saved (``traffic_seconds`` None: MUST_RECOMPUTE, or sharing a
-    storage with one) stays recomputable: forcing it would leave the cut no way to supply a backward that reads it
+    """The problem in which the open sets at ``checkpoints`` may not be recomputed (``without_recompute``)."""
+    return without_recompute(problem, [v for j in checkpoints for v in waists.open_sets[j]])
+
+
+def without_recompute(problem: ParametricProblem, values: Iterable[int]) -> ParametricProblem:
+    """The problem in which ``values`` may not be recomputed (so they are kept when a later value is recomputed).
+    A value that may not be saved (``traffic_seconds`` None: MUST_RECOMPUTE, or sharing a storage with one) stays
+    recomputable: forcing it would leave the cut no way to supply a backward that reads it
     (tests/robustness/test_must_recompute_fuzz.py)."""
-    forced = {v for j in checkpoints for v in waists.open_sets[j] if problem.traffic_seconds[v] is not None}
+    forced = {v for v in values if problem.traffic_seconds[v] is not None}
     recompute = tuple(None if v in forced else r for v, r in enumerate(problem.recompute_seconds))
     return replace(problem, recompute_seconds=recompute)
 

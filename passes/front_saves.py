@@ -9,8 +9,8 @@ saves by cost alone, and the checkpointed plans (``checkpoints.py``) by the forw
 budget's bytes where the peak is.  ViT at ``memory_budget=0.5`` (2.63 MB): every shortlisted plan simulated at
 8,292,152 B or more, 2.8% above the default plan's 8,065,992; a plan that keeps the default's first saves (the patch
 embedding and the first block's attention inputs among them) and trades the rest simulates 8,065,992 at 2.5 MB
-saved (measured 8,076,592 against the default's 8,077,616), and Mixtral's 0.2 is 14.7% lower so
-(benchmarks/RESULTS.md, session 28).
+saved (measured 8,076,592 against the default's 8,077,616), and Mixtral's 0.2 measures 14.5% lower so (20,083,720
+B against 23,495,688; benchmarks/RESULTS.md, session 28).
 
 ``front_problems`` forbids recomputing the default plan's first saved values (in graph order), up to each of
 ``FRONT_FRACTIONS`` of its saved bytes, one constrained problem per fraction; ``choice/front.py`` solves each as a
@@ -20,8 +20,8 @@ checkpointed one is (``choice/plan.constrained_plans``) and looks at the plans w
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 
+from .checkpoints import without_recompute
 from .parametric import ParametricProblem
 
 # Fractions of the default plan's saved bytes kept, from the forward's start.  Up to 0.4: a budget below the default
@@ -33,9 +33,9 @@ def front_problems(
     problem: ParametricProblem, forward: Sequence[bool], default_saved: Iterable[int]
 ) -> list[ParametricProblem]:
     """For each fraction ``f`` of ``FRONT_FRACTIONS`` with a distinct, non-empty set: ``problem`` with the default
-    plan's first saved forward values (``default_saved``, in graph order) made non-recomputable, as many as keep
-    within ``f`` of its saved bytes (distinct storages).  A value that may not be saved (``traffic_seconds`` None)
-    is never forced (``checkpoints.with_checkpoints``' rule)."""
+    plan's first saved forward values (``default_saved``, in graph order) made non-recomputable
+    (``checkpoints.without_recompute``, which never forces a value that may not be saved), as many as keep within
+    ``f`` of its saved bytes (distinct storages)."""
     saved = sorted(v for v in set(default_saved) if forward[v] and problem.traffic_seconds[v] is not None)
     total = problem.saved_bytes(saved)
     problems, seen = [], set()
@@ -43,8 +43,7 @@ def front_problems(
         forced = frozenset(_first_within(problem, saved, fraction * total))
         if forced and forced not in seen:
             seen.add(forced)
-            recompute = tuple(None if v in forced else r for v, r in enumerate(problem.recompute_seconds))
-            problems.append(replace(problem, recompute_seconds=recompute))
+            problems.append(without_recompute(problem, forced))
     return problems
 
 

@@ -37,11 +37,9 @@ def front_loaded_choice(
 def front_loaded_plans(c: Choosing, default: Plan, target: int) -> list[Plan]:
     """For each of ``front_saves.front_problems``: its plans (``plan.constrained_plans``: its frontier and its
     cheapest plan within ``target``) within ``target``, priced by the graph's own problem."""
-    problem = c.flow.parametric
+    problem, price_range = c.flow.parametric, prices(c.settings, c.profile)
     forward = [c.roles.role[n] is Role.FORWARD for n in c.flow.nodes]
     plans: list[Plan] = []
     for constrained in front_problems(problem, forward, default.saved):
-        plans += [
-            p for p in constrained_plans(constrained, prices(c.settings, c.profile), target) if p.saved_bytes <= target
-        ]
+        plans += [p for p in constrained_plans(constrained, price_range, target) if p.saved_bytes <= target]
     return [dataclasses.replace(p, method="front", seconds=problem.seconds(p.saved, p.recomputed)) for p in plans]

@@ -195,7 +195,9 @@ def peak_candidates(
     return PeakCandidates(refinements, checkpointed)
 
 
-def constrained_plans(constrained: ParametricProblem, price_range: tuple[float, float], budget_bytes: int | None):
+def constrained_plans(
+    constrained: ParametricProblem, price_range: tuple[float, float], budget_bytes: int | None
+) -> list[Plan]:
     """A constrained problem's plans (a checkpoint set's, ``checkpoints.with_checkpoints``; a front-loaded one's,
     ``front_saves.py``): its frontier from the default price to the fewest bytes (``CHECKPOINT_FRONTIER_SOLVES``
     solves) and, with ``budget_bytes``, its cheapest plan within them where it meets them."""
