@@ -11,6 +11,12 @@ a value some setting saves (``peak_milp_graph.py``); ``nodes`` and ``stages`` ar
 recomputes its forward segment by segment in backward (``passes/segments.py``) is not its saved set recomputed
 lazily, the only schedule ``peak_milp.plan_schedule`` makes of a plan: its row says "segmented" and is left out of
 the summary (session 28: the front-loaded budget plans of the small stack and block_sdpa are such plans).
+
+``--peak step`` (the default since session 29) keeps each gradient to the step's end, as a training step holds
+parameter gradients until the optimizer reads them: the step's peak, the one fxremat's planner judges its plans by
+(``liveness.simulate_step``) and issue #15 measures.  ``--peak activation`` hands each gradient over after its last
+reader (the MILP's model before session 29): chain_8's ``memory_budget=0.5`` plan is 16.7% above that optimum while
+it has the lowest simulated step peak of all 56 plans saving three of its eight activations (RESULTS.md, session 29).
 """
 
 from __future__ import annotations
@@ -94,7 +100,7 @@ def capture_plans(model, inputs) -> tuple[object, dict, dict[str, tuple[str, ...
     return captured["gm"], captured["kwargs"], saved, segmented
 
 
-def schedule_of(gm, kwargs, saved: dict[str, tuple[str, ...]]):
+def schedule_of(gm, kwargs, saved: dict[str, tuple[str, ...]], step_peak: bool = True):
     from fxremat_passes.costs import PROFILES, annotate_costs
     from fxremat_passes.cse import prepare_joint_graph
     from fxremat_passes.flow_problem import VALUE_ROLES, build_flow_problem
@@ -115,14 +121,14 @@ def schedule_of(gm, kwargs, saved: dict[str, tuple[str, ...]]):
     if missing:
         raise RuntimeError(f"saved values not in the joint graph: {sorted(missing)}")
     keep = {s for names_ in saved.values() for s in names_}
-    return build_schedule_graph(joint, roles, kwargs["num_fwd_outputs"], flow, keep_distinct=keep)
+    return build_schedule_graph(joint, roles, kwargs["num_fwd_outputs"], flow, keep_distinct=keep, step_peak=step_peak)
 
 
-def rows_for(name: str, time_limit: float, saved_cap: bool = False) -> list[dict]:
-    from fxremat_passes.peak_milp import evaluate_schedule, plan_schedule, saved_bytes, solve_min_peak
+def rows_for(name: str, time_limit: float, saved_cap: bool = False, step_peak: bool = True) -> list[dict]:
+    from fxremat_passes.peak_milp import evaluate_schedule, least_peak, plan_schedule, saved_bytes, solve_min_peak
 
     gm, kwargs, saved, segmented = capture_plans(*build_model(name))
-    schedule = schedule_of(gm, kwargs, saved)
+    schedule = schedule_of(gm, kwargs, saved, step_peak)
     graph = schedule.graph
     solved: dict[float, object] = {}  # settings that chose the same compute share one solve
     rows = []
@@ -138,12 +144,14 @@ def rows_for(name: str, time_limit: float, saved_cap: bool = False) -> list[dict
             dict(
                 graph=name,
                 setting=setting,
+                peak="step" if step_peak else "activation",
                 nodes=sum(not f for f in graph.free),
                 stages=graph.num_stages,
                 peak_ours=ours.peak_bytes,
                 compute_ours_us=ours.compute_seconds * 1e6,
                 peak_milp=best.peak_bytes if best.schedule is not None else None,
                 lower_bound=best.lower_bound_bytes,
+                floor=least_peak(graph),  # every schedule's peak is at least this: P* here ties every plan there
                 gap=gap,
                 optimal=best.optimal,
                 solve_s=best.solve_seconds,
@@ -177,9 +185,13 @@ def summary(rows: list[dict], gap: str = "gap", optimal: str = "optimal") -> str
     segmented = f"; {left_out} segmented, left out (the MILP schedules a saved set unsegmented)" if left_out else ""
     if not gaps:
         return "no row proven optimal" + segmented
+    milp = "peak_milp_capped" if gap == "gap_capped" else "peak_milp"
+    floored = sum(1 for r in rows if r[optimal] and r[gap] is not None and r.get(milp) == r.get("floor"))
     return (
         f"{len(gaps)} of {len(rows)} rows proven optimal ({len(graphs)} graphs: {', '.join(graphs)}); "
-        f"gap median {statistics.median(gaps):.2%}, worst {max(gaps):.2%}" + segmented
+        f"gap median {statistics.median(gaps):.2%}, worst {max(gaps):.2%}; "
+        f"{floored} of them with the optimum at the floor (a node every schedule runs, with the gradients before it)"
+        + segmented
     )
 
 
@@ -190,12 +202,12 @@ def _percent(gap: float | None, segmented: bool = False) -> str:
 def format_table(rows: list[dict], saved_cap: bool) -> str:
     from tabulate import tabulate
 
-    headers = ["graph", "setting", "nodes", "stages", "P_ours B", "C_ours us", "saved B", "P* B", "bound B", "gap"]
+    headers = ["graph", "setting", "nodes", "stages", "P_ours B", "C_ours us", "saved B", "P* B", "floor B", "gap"]
     headers += ["optimal?", "solve s"] + (["P*cap B", "gap cap", "optimal cap?"] if saved_cap else [])
     table = []
     for r in rows:
         cells = [r["graph"], r["setting"], r["nodes"], r["stages"], r["peak_ours"], f"{r['compute_ours_us']:.2f}"]
-        cells += [r["saved_ours"], r["peak_milp"], r["lower_bound"], _percent(r["gap"], r.get("segmented", False))]
+        cells += [r["saved_ours"], r["peak_milp"], r["floor"], _percent(r["gap"], r.get("segmented", False))]
         cells += ["yes" if r["optimal"] else "no", f"{r['solve_s']:.1f}"]
         if saved_cap and "gap_capped" in r:
             capped = _percent(r["gap_capped"], r.get("segmented", False))
@@ -212,6 +224,12 @@ def main(argv=None) -> int:
     parser.add_argument("--time-limit", type=float, default=120.0, help="seconds per MILP solve (HiGHS)")
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument(
+        "--peak",
+        choices=("step", "activation"),
+        default="step",
+        help="step: gradients kept to the step's end (the step's peak); activation: freed after their last reader",
+    )
+    parser.add_argument(
         "--saved-cap",
         action="store_true",
         help="memory_budget rows: also solve with the plan's saved bytes as a cap (columns P*cap, gap cap)",
@@ -221,7 +239,7 @@ def main(argv=None) -> int:
     rows = []
     for name in args.graphs:
         start = time.perf_counter()
-        rows += rows_for(name, args.time_limit, args.saved_cap)
+        rows += rows_for(name, args.time_limit, args.saved_cap, args.peak == "step")
         print(f"{name}: {time.perf_counter() - start:.1f}s", file=sys.stderr, flush=True)
     print(format_table(rows, args.saved_cap))
     print()

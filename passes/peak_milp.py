@@ -46,6 +46,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .milp_program import Program
+
 DEFAULT_TIME_LIMIT_S = 120.0
 # A compute budget taken from a plan's own float sum is met by that plan: the MILP gets this much slack on top so
 # that rounding in a different summation order never makes the plan itself infeasible.
@@ -68,13 +70,16 @@ class ScheduleGraph:
     # item is computed only where its op runs
     holdable: tuple[bool, ...] = ()
     stage: tuple[int, ...] = ()  # () = one stage per backward node; else 0 for forward, 1.. for backward
+    # () = none; True: a backward node kept to the step's end once made (a parameter gradient, as a training step
+    # holds it until the optimizer reads it): the peak is then the step's, not the activations' alone
+    kept: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.nbytes)
         for name in ("compute_seconds", "inputs", "backward", "free"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"ScheduleGraph.{name} needs one entry per node ({n})")
-        for name in ("recomputable", "transient_bytes", "holdable", "stage"):
+        for name in ("recomputable", "transient_bytes", "holdable", "stage", "kept"):
             if getattr(self, name) and len(getattr(self, name)) != n:
                 raise ValueError(f"ScheduleGraph.{name} needs one entry per node ({n}), or none")
         seen_backward = False
@@ -94,6 +99,8 @@ class ScheduleGraph:
             raise ValueError("backward stages must run 1, 2, ... in node order, with none empty")
         if any(self.free[r] for r in self.required):
             raise ValueError("a free node cannot be required")
+        if any(self.is_kept(i) and not self.backward[i] for i in range(n)):
+            raise ValueError("only backward nodes can be kept to the step's end")
 
     def __len__(self) -> int:
         return len(self.nbytes)
@@ -111,6 +118,21 @@ class ScheduleGraph:
 
     def transient(self, i: int) -> int:
         return self.transient_bytes[i] if self.transient_bytes else 0
+
+    def is_kept(self, i: int) -> bool:
+        return bool(self.kept) and self.kept[i] and not self.free[i]
+
+    @functools.cached_property
+    def kept_before(self) -> tuple[int, ...]:
+        """Per stage, the bytes of kept nodes made in earlier stages: live at every node of it (backward nodes run
+        once, in their own stage, so this is the same for every schedule)."""
+        out = [0] * (self.num_stages + 2)
+        for i in self.backward_nodes:
+            if self.is_kept(i):
+                out[self.stage_of(i) + 1] += self.nbytes[i]
+        for t in range(1, len(out)):
+            out[t] += out[t - 1]
+        return tuple(out[: self.num_stages + 1])
 
     @functools.cached_property
     def forward_nodes(self) -> tuple[int, ...]:
@@ -202,8 +224,8 @@ def evaluate_schedule(graph: ScheduleGraph, schedule: Schedule) -> ScheduleCost:
             )
         order = sorted(schedule.computed[t])
         last_read = {a: position for position, k in enumerate(order) for a in graph.reads[k]}
-        live = {i: graph.nbytes[i] for i in schedule.held[t]}
-        total = sum(live.values())
+        live = {i: 0 if graph.is_kept(i) else graph.nbytes[i] for i in schedule.held[t]}  # kept: in kept_before
+        total = sum(live.values()) + graph.kept_before[t]
         for position, k in enumerate(order):
             missing = [a for a in graph.reads[k] if a not in live]
             if missing:
@@ -214,7 +236,7 @@ def evaluate_schedule(graph: ScheduleGraph, schedule: Schedule) -> ScheduleCost:
             if total + graph.transient(k) > peak:
                 peak, where = total + graph.transient(k), (t, k)
             for i in (*graph.reads[k], k):
-                if i in live and i not in held_next and last_read.get(i, -1) <= position:
+                if i in live and i not in held_next and last_read.get(i, -1) <= position and not graph.is_kept(i):
                     total -= live.pop(i)
     return ScheduleCost(peak_bytes=peak, compute_seconds=compute, peak_stage=where[0], peak_node=where[1])
 
@@ -315,51 +337,6 @@ class PeakSolution:
     message: str
 
 
-class _Program:
-    """Columns by key, rows as sparse triplets: the MILP's bookkeeping."""
-
-    def __init__(self) -> None:
-        self.columns: dict[tuple, int] = {}
-        self.cost: list[float] = []
-        self.lower: list[float] = []
-        self.upper: list[float] = []
-        self.integer: list[int] = []
-        self.entries: list[tuple[int, int, float]] = []
-        self.row_lower: list[float] = []
-        self.row_upper: list[float] = []
-
-    def var(self, key: tuple, lower: float = 0.0, upper: float = 1.0, integer: bool = True) -> int:
-        self.columns[key] = len(self.cost)
-        self.cost.append(0.0)
-        self.lower.append(lower)
-        self.upper.append(upper)
-        self.integer.append(1 if integer else 0)
-        return self.columns[key]
-
-    def col(self, *key) -> int | None:
-        return self.columns.get(key)
-
-    def row(self, terms: Iterable[tuple[int | None, float]], lower: float, upper: float) -> None:
-        row = len(self.row_lower)
-        self.entries.extend((row, c, v) for c, v in terms if c is not None and v != 0.0)
-        self.row_lower.append(lower)
-        self.row_upper.append(upper)
-
-    def solve(self, time_limit: float):
-        from scipy.optimize import Bounds, LinearConstraint, milp  # imported on first use: see mincut.py
-        from scipy.sparse import coo_array
-
-        rows, cols, vals = zip(*self.entries) if self.entries else ((), (), ())
-        matrix = coo_array((vals, (rows, cols)), shape=(len(self.row_lower), len(self.cost))).tocsr()
-        return milp(
-            np.array(self.cost),
-            constraints=LinearConstraint(matrix, np.array(self.row_lower), np.array(self.row_upper)),
-            integrality=np.array(self.integer),
-            bounds=Bounds(np.array(self.lower), np.array(self.upper)),
-            options={"time_limit": time_limit},
-        )
-
-
 def _computable(graph: ScheduleGraph, t: int) -> list[int]:
     """Nodes stage t may compute; a forward node only while some backward stage from t on depends on it."""
     if t == 0:
@@ -379,7 +356,7 @@ def _holdable(graph: ScheduleGraph, t: int) -> list[int]:
     return [*forward, *backward]
 
 
-def _add_decisions(program: _Program, graph: ScheduleGraph) -> list[list[int]]:
+def _add_decisions(program: Program, graph: ScheduleGraph) -> list[list[int]]:
     """R and S columns, dependency and holding rows; returns each stage's computable nodes in order."""
     outputs = set(graph.forward_outputs)
     orders = []
@@ -412,21 +389,23 @@ def _add_decisions(program: _Program, graph: ScheduleGraph) -> list[list[int]]:
     return orders
 
 
-def _add_memory(program: _Program, graph: ScheduleGraph, orders: list[list[int]], unit: float) -> None:
-    """Checkmate's memory rows: U[t, k] (bytes live after k is computed, in ``unit``) <= P."""
+def _add_memory(program: Program, graph: ScheduleGraph, orders: list[list[int]], unit: float) -> None:
+    """Checkmate's memory rows: U[t, k] (bytes live after k is computed, in ``unit``) <= P; a kept node is never
+    freed, and counts from the next stage on in ``kept_before`` (the first U of a stage starts there)."""
     peak = program.col("P")
     for t, order in enumerate(orders):
         position = {k: p for p, k in enumerate(order)}
-        start = [(program.col("S", t, i), -graph.nbytes[i] / unit) for i in (_holdable(graph, t) if t else ())]
-        previous: list[tuple[int | None, float]] = start
+        holdable = [i for i in (_holdable(graph, t) if t else ()) if not graph.is_kept(i)]
+        previous: list[tuple[int | None, float]] = [(program.col("S", t, i), -graph.nbytes[i] / unit) for i in holdable]
+        constant = graph.kept_before[t] / unit
         for k in order:
             live = program.var(("U", t, k), upper=np.inf, integer=False)
             computed = program.col("R", t, k)
-            program.row([(live, 1.0), *previous, (computed, -graph.nbytes[k] / unit)], 0.0, 0.0)
+            program.row([(live, 1.0), *previous, (computed, -graph.nbytes[k] / unit)], constant, constant)
             program.row([(live, 1.0), (computed, graph.transient(k) / unit), (peak, -1.0)], -np.inf, 0.0)
-            previous = [(live, -1.0)]
+            previous, constant = [(live, -1.0)], 0.0
             for i in dict.fromkeys((*graph.reads[k], k)):
-                if program.col("R", t, i) is None and program.col("S", t, i) is None:
+                if graph.is_kept(i) or (program.col("R", t, i) is None and program.col("S", t, i) is None):
                     continue
                 freed = program.var(("F", t, i, k))
                 previous.append((freed, graph.nbytes[i] / unit))
@@ -437,7 +416,7 @@ def _add_memory(program: _Program, graph: ScheduleGraph, orders: list[list[int]]
                         program.row([(freed, 1.0), (program.col("R", t, j), 1.0)], -np.inf, 1.0)
 
 
-def _least_peak(graph: ScheduleGraph) -> int:
+def least_peak(graph: ScheduleGraph) -> int:
     """A bound every schedule meets: a node that must run holds its inputs, its output and its transient at once.
     (As P's lower bound it lets HiGHS prove optimality where the peak sits at one such node.)"""
     must, stack = set(), [*graph.required, *graph.backward_nodes]
@@ -446,9 +425,14 @@ def _least_peak(graph: ScheduleGraph) -> int:
         if i not in must and not graph.free[i]:
             must.add(i)
             stack.extend(graph.reads[i])
-    return max(
-        (graph.nbytes[k] + graph.transient(k) + sum(graph.nbytes[a] for a in graph.reads[k]) for k in must), default=0
-    )
+
+    def at(k: int) -> int:  # a backward node also meets the kept bytes of the stages before its own
+        stage = graph.stage_of(k) if graph.backward[k] else 0
+        earlier = [a for a in graph.reads[k] if graph.is_kept(a) and graph.stage_of(a) < stage]  # in kept_before
+        reads = sum(graph.nbytes[a] for a in graph.reads[k]) - sum(graph.nbytes[a] for a in earlier)
+        return graph.kept_before[stage] + graph.nbytes[k] + graph.transient(k) + reads
+
+    return max((at(k) for k in must), default=0)
 
 
 def solve_min_peak(
@@ -462,8 +446,8 @@ def solve_min_peak(
     ``saved_bytes`` of a plan's schedule)."""
     start = time.perf_counter()
     unit = float(max([1, *graph.nbytes, *(graph.transient(i) for i in range(len(graph)))]))
-    program = _Program()
-    program.var(("P",), lower=_least_peak(graph) / unit, upper=np.inf, integer=False)
+    program = Program()
+    program.var(("P",), lower=least_peak(graph) / unit, upper=np.inf, integer=False)
     program.cost[program.col("P")] = 1.0
     orders = _add_decisions(program, graph)
     _add_memory(program, graph, orders, unit)

@@ -32,7 +32,9 @@ merged away in step 2), no in-place reuse of a dying input, no buffer pool, no r
 or convolution workspace.  Tangents and graph inputs cost nothing (``simulate_step`` allocates tangents when
 backward starts); a forward output is freed after its last reader in forward unless held (``simulate_step`` keeps
 it to forward's end); a gradient counts until its last reader in backward and is then handed over (the activation
-peak; ``simulate_step`` keeps gradients to the end and subtracts them for its activation peak).  Backward nodes run
+peak; ``simulate_step`` keeps gradients to the end and subtracts them for its activation peak), or, with
+``step_peak``, is kept to the step's end (``ScheduleGraph.kept``: the step's peak, which ``simulate_step`` and the
+planner judge plans by, parameters left out as the same bytes in every schedule).  Backward nodes run
 in graph order, one stage each, and a stage's recomputation runs at its start: where stages group several backward
 nodes, that is earlier than ``reordering_to_mimic_autograd_engine`` would put it.  The frees are the same rule:
 after the last reader, a view's reads counting as its base's.
@@ -92,8 +94,10 @@ def build_schedule_graph(
     keep_distinct: set[str] = frozenset(),
     max_nodes: int = DEFAULT_MAX_NODES,
     max_stages: int = DEFAULT_MAX_STAGES,
+    step_peak: bool = False,
 ) -> JointSchedule:
-    """``joint`` prepared and classified as the partitioner does (``cse.prepare_joint_graph``, ``classify``)."""
+    """``joint`` prepared and classified as the partitioner does (``cse.prepare_joint_graph``, ``classify``).
+    ``step_peak``: the gradients are kept to the step's end (the step's peak, not the activations')."""
     nodes = list(joint.graph.nodes)
     memory = build_joint_memory(joint, roles, num_fwd_outputs)
     groups, owner_of = _exact_groups(memory, nodes, roles)
@@ -103,7 +107,8 @@ def build_schedule_graph(
     _drop_dead(groups, required)
     protected = required | {owner_of[i] for i, n in enumerate(nodes) if n.name in keep_distinct and owner_of.get(i)}
     _merge_chains(groups, protected, max_nodes)
-    return _freeze(groups, owner_of, nodes, required, max_stages)
+    gradients = {owner_of[i] for i in memory.gradients if owner_of.get(i) is not None} if step_peak else set()
+    return _freeze(groups, owner_of, nodes, required, max_stages, gradients)
 
 
 def _exact_groups(memory: JointMemory, nodes: list[fx.Node], roles: GraphRoles):
@@ -204,7 +209,7 @@ def _merge_chains(groups: dict[int, _Group], protected: set[int], max_nodes: int
                 g.reads = (g.reads - {u}) | {v}
 
 
-def _freeze(groups, owner_of, nodes, required, max_stages: int) -> JointSchedule:
+def _freeze(groups, owner_of, nodes, required, max_stages: int, kept: set = frozenset()) -> JointSchedule:
     """Step 3: order (free nodes, forward, backward; graph order within each), stages, plain tuples."""
     order = sorted(groups.values(), key=lambda g: (not g.free, g.backward and not g.free, g.owner))
     position = {g.owner: p for p, g in enumerate(order)}
@@ -222,6 +227,7 @@ def _freeze(groups, owner_of, nodes, required, max_stages: int) -> JointSchedule
         transient_bytes=tuple(g.transient for g in order),
         holdable=tuple(g.holdable for g in order),
         stage=tuple(stage_of.get(g.owner, 0) for g in order),
+        kept=tuple(g.owner in kept and g.backward and not g.free for g in order) if kept else (),
     )
     member_of = {i: position[g.owner] for g in order for i in g.members}
     group_of = tuple(member_of.get(owner_of.get(i)) if owner_of.get(i) is not None else None for i in range(len(nodes)))

@@ -56,3 +56,17 @@ def test_frontier_plans_survive_merging_and_the_milp_is_never_above_them(name, m
 def _owns_storage(node) -> bool:
     val = node.meta.get("val")
     return node.op != "placeholder" and hasattr(val, "untyped_storage") and val._base is None
+
+
+def test_with_step_peak_the_gradients_are_kept_to_the_steps_end():
+    """``step_peak``: exactly the parameter gradients (the backward graph's outputs) are kept; every plan's peak is
+    then at least the activation peak plus nothing less than the gradients made before it."""
+    joint, roles, num_fwd_outputs, flow, _ = _prepared("mlp")
+    activation = build_schedule_graph(joint, roles, num_fwd_outputs, flow).graph
+    step = build_schedule_graph(joint, roles, num_fwd_outputs, flow, step_peak=True).graph
+    gradients = [i for i in step.required if step.backward[i]]
+    assert not activation.kept and gradients
+    assert [i for i in range(len(step)) if step.is_kept(i)] == gradients
+    assert step.kept_before[-1] == sum(step.nbytes[i] for i in gradients if step.stage_of(i) < step.num_stages)
+    for saved in ((), tuple(step.forward_nodes)):
+        assert evaluate_plan(step, saved).peak_bytes > evaluate_plan(activation, saved).peak_bytes

@@ -65,6 +65,11 @@ def diamond() -> ScheduleGraph:
     )
 
 
+def kept_gradients(graph: ScheduleGraph) -> ScheduleGraph:
+    """``graph`` with every backward node kept to the step's end (as a training step keeps parameter gradients)."""
+    return dataclasses.replace(graph, kept=tuple(b and not f for b, f in zip(graph.backward, graph.free)))
+
+
 # (graph, saved, peak, compute): counted by hand, in the comments
 PLAN_CASES = [
     # keep all: forward ends with f1..f9 live (9); g9's stage starts with f1..f8 and adds g9 (9)
@@ -74,6 +79,9 @@ PLAN_CASES = [
     # sqrt checkpoints f3, f6: g9's stage starts with f3, f6, recomputes f7 (held for g8) and f8, adds g9: 5 bytes;
     # g6's stage: f3, g7, then f4 (held for g5), f5, g6: 5.  Forward: f3, f6, f8, f9 at f9: 4.  Compute 9 + 6.
     pytest.param(training_chain(9), (3, 6), 5, 15.0, id="chain9-sqrt"),
+    # the same with every g kept to the end: g3's stage holds g9..g4 (6) and recomputes f1 (held for g2), f2, then
+    # g3: 9; g1's stage: g9..g2 and g1: 9 (g6's: g9, g8, g7, f3, f4, f5, g6: 7)
+    pytest.param(kept_gradients(training_chain(9)), (3, 6), 9, 15.0, id="chain9-sqrt-kept"),
     # forward: a, b, c, d (5); gd's stage: a, b, c held + gd (5); gc's: a, gd, gb + gc (5)
     pytest.param(diamond(), (1, 2, 3), 5, 4.0, id="diamond-keep-all"),
     # forward peaks at c (a, b, c: 4); gd's stage recomputes a, b, c (a held for gb, gc) and adds gd: 5
@@ -104,6 +112,9 @@ OPTIMA = [
     # unbounded compute: recompute from x in every stage; g_{i+1}, f_{i-1}, g_i are live at once (3), no fewer
     pytest.param(training_chain(6), None, 3, id="chain6-unbounded"),
     pytest.param(training_chain(9), None, 3, id="chain9-unbounded"),
+    # every g kept: g_i's stage holds g6..g_{i+1} (6 - i) besides what it recomputes; at g1 all six gradients are
+    # live (g1 reads g2 and x): 6, however the forward is recomputed (at g_i, i >= 3: 6 - i + f_{j-1}, f_j = 8 - i)
+    pytest.param(kept_gradients(training_chain(6)), None, 6, id="chain6-kept-unbounded"),
     # a residual chain: g_i's stage needs f_{i-1} and f_{i-2} (to recompute f_{i-1}) besides g_{i+1}, g_i: 4
     pytest.param(training_chain(6, residual=True), None, 4, id="residual6-unbounded"),
     # the diamond: gd needs b, c and a (held for gb, gc, as recomputing it needs compute), or recompute a twice...
@@ -161,7 +172,7 @@ def test_a_node_that_may_not_be_recomputed_must_be_saved():
     assert solution.optimal and all(2 not in c for c in solution.schedule.computed[1:])
 
 
-def random_graph(rng: random.Random, forward: int, backward: int) -> ScheduleGraph:
+def random_graph(rng: random.Random, forward: int, backward: int, kept: bool = False) -> ScheduleGraph:
     """x (free), ``forward`` nodes reading earlier ones, a tangent (free), ``backward`` nodes each reading the
     previous one (or the tangent) and some forward nodes; the last forward and the last backward node required."""
     nbytes, seconds, inputs, is_backward, free = [0], [0.0], [()], [False], [True]
@@ -188,9 +199,14 @@ def random_graph(rng: random.Random, forward: int, backward: int) -> ScheduleGra
         )
         previous = len(inputs) - 1
     recomputable = tuple(rng.random() > 0.15 for _ in nbytes)
-    return ScheduleGraph(
+    graph = ScheduleGraph(
         tuple(nbytes), tuple(seconds), tuple(inputs), tuple(is_backward), (forward, previous), tuple(free), recomputable
     )
+    if kept:  # some backward nodes kept to the step's end (``kept``: ``False`` keeps none)
+        graph = dataclasses.replace(
+            graph, kept=tuple(b and not f and rng.random() < 0.6 for b, f in zip(is_backward, free))
+        )
+    return graph
 
 
 def brute_force_min_peak(graph: ScheduleGraph, compute: float | None) -> int | None:
@@ -215,10 +231,10 @@ def brute_force_min_peak(graph: ScheduleGraph, compute: float | None) -> int | N
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.integers(1, 3), st.integers(1, 3), st.booleans())
-def test_milp_matches_brute_force_and_beats_every_plan(seed, forward, backward, bounded):
+@given(st.integers(0, 2**32 - 1), st.integers(1, 3), st.integers(1, 3), st.booleans(), st.booleans())
+def test_milp_matches_brute_force_and_beats_every_plan(seed, forward, backward, bounded, kept):
     rng = random.Random(seed)
-    graph = random_graph(rng, forward, backward)
+    graph = random_graph(rng, forward, backward, kept)
     plans = {}
     for r in range(forward + 1):
         for saved in itertools.combinations(graph.forward_nodes, r):
