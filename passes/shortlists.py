@@ -195,16 +195,19 @@ class PeakOnly:
         return plan.seconds
 
 
-def _lowest(plans: list[Plan], peak_of, lowered) -> tuple[Plan, float]:
+def _lowest(plans: list[Plan], peak_of, lowered, most_saved: int = 0) -> tuple[Plan, float]:
     """(the plan of ``plans`` with the lowest peak, that peak), counting ``lowered.peak`` for the
-    ``LOWERED_CANDIDATES`` lowest by their own peak and those tied with the last of them; ties to the faster, as each
-    would run (``lowered.seconds``: two plans segmented to one peak can differ in the FLOPs their segments add)."""
+    ``LOWERED_CANDIDATES`` lowest by their own peak and those tied with the last of them, and for the ``most_saved``
+    plans saving the most bytes; ties to the faster, as each would run (``lowered.seconds``: two plans segmented to
+    one peak can differ in the FLOPs their segments add)."""
     ranked = sorted(plans, key=lambda p: (peak_of(p), p.seconds))
     peaks = {plan_key(p): peak_of(p) for p in ranked}
     seconds = {plan_key(p): p.seconds for p in ranked}
     last = peak_of(ranked[min(LOWERED_CANDIDATES, len(ranked)) - 1]) if ranked else None
-    tried = ranked[:LOWERED_CANDIDATES] + [p for p in ranked[LOWERED_CANDIDATES:] if peak_of(p) == last]
-    for p in tried[:LOWERED_TIED_MOST] if lowered is not None else ():
+    tied = ranked[:LOWERED_CANDIDATES] + [p for p in ranked[LOWERED_CANDIDATES:] if peak_of(p) == last]
+    tried = tied[:LOWERED_TIED_MOST]
+    tried += [p for p in sorted(ranked, key=lambda p: -p.saved_bytes)[:most_saved] if p not in tried]
+    for p in tried if lowered is not None else ():
         if lowered.peak(p) < peaks[plan_key(p)]:
             peaks[plan_key(p)], seconds[plan_key(p)] = lowered.peak(p), lowered.seconds(p)
     best = min(ranked, key=lambda p: (peaks[plan_key(p)], seconds[plan_key(p)]))
@@ -248,10 +251,13 @@ def monotone_choice(shortlist, default: Plan, target: int, peak_of, lowered=None
     return PeakChoice(choice.plan, choice.peak, bounds[last], not tie.within(choice.peak, bounds[last]))
 
 
-def _step(listed, cap: int, bound: float, peak_of, lowered, tie: PeakTie) -> tuple[Plan, float]:
+def _step(
+    listed, cap: int, bound: float, peak_of, lowered, tie: PeakTie, most_saved_lowered: int = 0
+) -> tuple[Plan, float]:
     """(plan, peak) of one step of ``monotone_choice``: the fastest plan within ``cap`` at most ``bound`` high, or
-    the lowest (``_lowest``: ``raised``); in its place the fastest plan within the tie's tolerance where it is worth
-    it.  Stops at the first plan at most ``bound`` high, as a strict walk does (``BudgetShortlist.reached``)."""
+    the lowest (``_lowest``: ``raised``; also run the other way: ``most_saved_lowered`` plans); in its place the
+    fastest plan within the tie's tolerance where it is worth it.  Stops at the first plan at most ``bound`` high, as
+    a strict walk does (``BudgetShortlist.reached``)."""
     tied = strict = None
     for p in listed.fitting(cap):
         if peak_of(p) <= bound:
@@ -260,14 +266,19 @@ def _step(listed, cap: int, bound: float, peak_of, lowered, tie: PeakTie) -> tup
         if tied is None and tie.within(peak_of(p), bound):
             tied = p
     plan, peak = (
-        (strict, peak_of(strict)) if strict is not None else _lowest(list(listed.fitting(cap)), peak_of, lowered)
+        (strict, peak_of(strict))
+        if strict is not None
+        else _lowest(list(listed.fitting(cap)), peak_of, lowered, most_saved_lowered)
     )
     if tied is not None and tie.worth(tied, peak_of(tied), plan, peak):
         return tied, peak_of(tied)
     return plan, peak
 
 
-def one_step(plans: list[Plan], cap: int, bound: float, peak_of, lowered=None, tie: PeakTie = STRICT):
+def one_step(
+    plans: list[Plan], cap: int, bound: float, peak_of, lowered=None, tie: PeakTie = STRICT, most_saved_lowered: int = 0
+):
     """(plan, peak) of ``monotone_choice``'s step at ``cap`` over ``plans`` alone, under ``bound`` (the looser
-    budgets' lowest peak): the fastest within ``cap`` at most ``bound`` high, else the lowest (``_lowest``)."""
-    return _step(_Listed(fastest_first(plans)), cap, bound, peak_of, lowered, tie)
+    budgets' lowest peak): the fastest within ``cap`` at most ``bound`` high, else the lowest (``_lowest``; the
+    ``most_saved_lowered`` plans saving the most bytes also run the ``lowered`` way, whatever their own peak)."""
+    return _step(_Listed(fastest_first(plans)), cap, bound, peak_of, lowered, tie, most_saved_lowered)
