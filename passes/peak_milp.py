@@ -417,8 +417,9 @@ def _add_memory(program: Program, graph: ScheduleGraph, orders: list[list[int]],
 
 
 def least_peak(graph: ScheduleGraph) -> int:
-    """A bound every schedule meets: a node that must run holds its inputs, its output and its transient at once.
-    (As P's lower bound it lets HiGHS prove optimality where the peak sits at one such node.)"""
+    """A bound every schedule meets (the floor): a node that must run holds its inputs, its output and its transient
+    at once, and a backward node the kept bytes of the stages before its own.  (As P's lower bound it lets HiGHS
+    prove optimality where the peak sits at one such node.)"""
     must, stack = set(), [*graph.required, *graph.backward_nodes]
     while stack:
         i = stack.pop()
