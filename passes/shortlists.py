@@ -206,7 +206,8 @@ def _lowest(plans: list[Plan], peak_of, lowered, most_saved: int = 0) -> tuple[P
     last = peak_of(ranked[min(LOWERED_CANDIDATES, len(ranked)) - 1]) if ranked else None
     tied = ranked[:LOWERED_CANDIDATES] + [p for p in ranked[LOWERED_CANDIDATES:] if peak_of(p) == last]
     tried = tied[:LOWERED_TIED_MOST]
-    tried += [p for p in sorted(ranked, key=lambda p: -p.saved_bytes)[:most_saved] if p not in tried]
+    keys = {plan_key(p) for p in tried}
+    tried += [p for p in sorted(ranked, key=lambda p: -p.saved_bytes)[:most_saved] if plan_key(p) not in keys]
     for p in tried if lowered is not None else ():
         if lowered.peak(p) < peaks[plan_key(p)]:
             peaks[plan_key(p)], seconds[plan_key(p)] = lowered.peak(p), lowered.seconds(p)
