@@ -121,15 +121,7 @@ def describe_split(
                 storage_nbytes=storage_bytes,
             )
         )
-    from .phase_copies import COPY_OF  # here: the report's module loads this one on a warm compile, never a split
-
-    forward_names = {n.name for n in fw.graph.nodes if n.op == "call_function"}
-    recomputed: list[RecomputedNode] = []
-    for node in bw.graph.nodes:
-        # a per-phase copy of a forward node (``phase_copies.py``) computes it again, as a recomputation does
-        if node.op == "call_function" and node.meta.get(COPY_OF, node.name) in forward_names:
-            cost = node_cost(node, profile)
-            recomputed.append(RecomputedNode(node.name, qualified_name(node), cost.flops, cost.recompute_seconds))
+    recomputed = _recomputed(fw, bw, profile)
     return SplitDescription(
         saved=tuple(saved_rows),
         saved_symbols=tuple(symbols),
@@ -138,3 +130,26 @@ def describe_split(
         recompute_flops=sum(r.flops for r in recomputed),
         recompute_seconds=sum(r.est_seconds for r in recomputed),
     )
+
+
+def _recomputed(fw: fx.GraphModule, bw: fx.GraphModule, profile: DeviceProfile) -> list[RecomputedNode]:
+    """The backward's nodes that compute a forward node again.  A per-phase copy (``phase_copies.py``) counts as a
+    recomputation of its original; a first-pass copy of a segmented backward (``split.FIRST_PASS_OF``) counts only
+    where the backward holds no other copy of that node (a checkpoint the main pass reads from the first pass, e.g.
+    Mixtral's expert ``bmm`` under ``memory_budget=0.2``): a node computed in both passes is counted once here, and
+    its second computation in ``segment_recompute_flops``."""
+    from .phase_copies import COPY_OF  # here: the report's module loads this one on a warm compile, never a split
+    from .split import FIRST_PASS_OF
+
+    forward_names = {n.name for n in fw.graph.nodes if n.op == "call_function"}
+    nodes = [n for n in bw.graph.nodes if n.op == "call_function"]
+    main_copies = {n.meta.get(COPY_OF, n.name) for n in nodes if FIRST_PASS_OF not in n.meta}
+    recomputed: list[RecomputedNode] = []
+    for node in nodes:
+        first_of = node.meta.get(FIRST_PASS_OF)
+        original = node.meta.get(COPY_OF, node.name if first_of is None else first_of)
+        if original not in forward_names or (first_of is not None and original in main_copies):
+            continue
+        cost = node_cost(node, profile)
+        recomputed.append(RecomputedNode(node.name, qualified_name(node), cost.flops, cost.recompute_seconds))
+    return recomputed

@@ -315,6 +315,9 @@ class FirstPass:
 
 # name suffix of first-pass copies: the other copy keeps the forward's name (describe.py matches recomputes by name)
 FIRST_PASS_SUFFIX = "_first"
+# meta key of a first-pass copy: the name of the joint node it copies (describe.py counts it as that node's
+# recomputation where the backward holds no other copy: a checkpoint the main pass reads from the first pass)
+FIRST_PASS_OF = "fxremat_first_pass_of"
 
 
 def _build(
@@ -346,6 +349,7 @@ def _build(
     for item in order:
         if type(item) is FirstPass:
             new = tp.copy_node(graph, item.node, first_lookup, item.node.name + FIRST_PASS_SUFFIX)
+            new.meta[FIRST_PASS_OF] = item.node.name  # copy_node's meta is the copy's own (a shallow copy)
             first[item.node] = new
         else:
             new = tp.copy_node(graph, item, lookup)
