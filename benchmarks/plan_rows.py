@@ -7,9 +7,9 @@ generation).
 ``bench_models.build_workload(MODEL, "small")`` through AOTAutograd set up as Inductor sets it up
 (``tp.aot_autograd_as_inductor``, no-op compilers), with Inductor's own ``compile_fx.partition_fn`` calling
 fxremat's partitioner (``tp.after_inductor_joint_passes``), so that Inductor's joint-graph passes run first as in a
-real compile (without them Mixtral's plans and peaks differ). The simulated peaks equal ``setting_peak.py``'s
-(RESULTS.md "Issue #15, session 22") where the plans do (a real compile decides the layout of a graph with
-convolutions, so ViT's budgets may differ: RESULTS.md, session 27).
+real compile (without them Mixtral's plans and peaks differ), and under the layout fxremat's backend compiles a CPU
+graph in (contiguous while the plan is chosen, then the layout the partitioner decides: ``layout`` in each row).
+The simulated peaks equal ``setting_peak.py``'s (RESULTS.md "Issue #15, session 22") where the plans do.
 Prints one JSON line per setting.
 """
 
@@ -32,15 +32,23 @@ def row(name: str, setting: str) -> dict:
     from fxremat.backend import FxrematPartitioner
     from fxremat.options import Options
     from fxremat_passes import _torch_private as tp
+    from fxremat_passes.layout_choice import LayoutChoice
 
     torch._dynamo.reset()
     torch.manual_seed(0)
     work = bench_models.build_workload(name, "small")
     reports: list = []
     options = Options.create(compare_default=False, **setting_peak.options_of(setting))
-    partition = tp.after_inductor_joint_passes(FxrematPartitioner(options, lambda r, _key: reports.append(r), True))
+    partitioner = FxrematPartitioner(options, lambda r, _key: reports.append(r), True)
+    # as fxremat's backend compiles a CPU graph (``FxrematBackend._layout_patches``): plans chosen under the contiguous
+    # layout, the layout decided after (passes/layout_choice.py); left to Inductor's default, ViT's patch convolution
+    # made its budgets' plans differ from a real compile's (benchmarks/RESULTS.md, session 29)
+    patches = {"layout_optimization": False} if tp.inductor_layout_switches_at_default() else {}
+    partitioner.current_layout = LayoutChoice() if patches else None
+    partition = tp.after_inductor_joint_passes(partitioner)
     backend = tp.aot_autograd_as_inductor(partition, lambda gm, _inputs: make_boxed_func(gm.forward))
-    work.loss(work.forward(torch.compile(work.model, backend=backend))).backward()
+    with tp.inductor_config_patched(patches):
+        work.loss(work.forward(torch.compile(work.model, backend=backend))).backward()
     return dict(
         model=name,
         setting=setting,
@@ -49,6 +57,7 @@ def row(name: str, setting: str) -> dict:
         raised=sum(r.peak_raised_by_budget or 0 for r in reports),
         segments=sum(len(r.backward_checkpoints or ()) for r in reports),
         partition_s=round(sum(r.partition_seconds for r in reports), 3),
+        layout=sorted({r.inductor_layout for r in reports if r.inductor_layout}),
     )
 
 
