@@ -121,14 +121,25 @@ def _draws(node: fx.Node) -> bool:
 def _writes(node: fx.Node) -> bool:
     """Whether ``node``'s place may matter to its neighbours though it reads none of them: a write into a tensor (a
     read moved past it would see the write, or no longer see it), or another side effect (an assert)."""
-    if node.op != "call_function" or tp.is_mutation_op(node):
+    if node.op != "call_function":
+        return True
+    if isinstance(node.target, torch._ops.OpOverload) and "out" not in node.kwargs:
+        # then both rules read the operator alone (its schema, its tags, its registered effects): asked once per
+        # operator, as ``node.is_impure`` is slow (160k calls reordering T5's backwards at memory_budget=0.0)
+        known = _WRITES_BY_OPERATOR.get(node.target)
+        if known is None:
+            known = _WRITES_BY_OPERATOR[node.target] = _node_writes(node)
+        return known
+    return _node_writes(node)
+
+
+_WRITES_BY_OPERATOR: dict = {}
+
+
+def _node_writes(node: fx.Node) -> bool:
+    if tp.is_mutation_op(node):
         return True
     return node.is_impure() and not _draws(node)  # a draw is impure to FX: it must not be dropped, it may be passed
-
-
-def _movable(node: fx.Node) -> bool:
-    """Neither a write nor a draw: the draws' order is the generator's state."""
-    return not _writes(node) and not _draws(node)
 
 
 class _LaterFusions:
@@ -161,15 +172,37 @@ class _LaterFusions:
         return False
 
 
+class _OrderIndex:
+    """An order's positions and its writing nodes (``_writes``: few, and the same in every order of one graph), so
+    that ``_moving`` asks whether a stretch of the order writes without asking each node it passes: that asking
+    (``node.is_impure`` is slow) was most of a raised budget's reordering (T5 at ``memory_budget=0.0``: 160k calls;
+    benchmarks/RESULTS.md, session 30).  Made again only where a move changes the order."""
+
+    def __init__(self, order: list[fx.Node], writers: list[fx.Node] | None = None) -> None:
+        self.writers = [n for n in order if _writes(n)] if writers is None else writers
+        self.position = {n: i for i, n in enumerate(order)}
+
+    def writes_between(self, first: int, last: int) -> bool:
+        """Whether a node at a position from ``first`` to ``last`` (both included) writes."""
+        return any(first <= self.position[n] <= last for n in self.writers)
+
+
 def _moving(
-    view, order: list[fx.Node], move: _Move, later_fusions: _LaterFusions | None, partial: bool
+    view,
+    order: list[fx.Node],
+    move: _Move,
+    later_fusions: _LaterFusions | None,
+    partial: bool,
+    index: _OrderIndex | None = None,
 ) -> set[fx.Node]:
     """The nodes ``move`` carries after its run in ``order``: each of its externs with its users up to the run's
     last node (getitems, views, later kernels), unless the run reads one of those: then, where ``partial``, the
     extern stays (and so does every extern it reads: their users include it), else nothing moves; nothing either
-    where a moved node is not ``_movable``, a node passed over ``_writes``, or a kernel passed over may fuse with a
-    later one (``_LaterFusions``)."""
-    position = {n: i for i, n in enumerate(order)}
+    where a moved node is a write or a draw (the draws' order is the generator's state), a node passed over
+    ``_writes``, or a kernel passed over may fuse with a later one (``_LaterFusions``).  ``index``: ``order``'s,
+    where the caller keeps it."""
+    index = index or _OrderIndex(order)
+    position = index.position
     last, moving = position[move.after], set()
     for extern in move.externs:
         if position[extern] > last:
@@ -180,8 +213,9 @@ def _moving(
                 return set()
             continue
         moving.update([extern, *users])
-    passed = order[min(map(position.__getitem__, moving), default=last) : last + 1]
-    if not all(map(_movable, moving)) or any(map(_writes, passed)):
+    first = min(map(position.__getitem__, moving), default=last)
+    passed = order[first : last + 1]
+    if any(_writes(n) or _draws(n) for n in moving) or index.writes_between(first, last):
         return set()
     if moving and later_fusions is not None:
         if later_fusions.across(passed, order[last + 1 :], position, position[passed[0]]):
@@ -193,12 +227,14 @@ def reordered(view, moves: list[_Move], later_fusions: _LaterFusions | None = No
     """``view``'s nodes with each move's nodes (``_moving``) right after its run's last node, in their order:
     (the new order, the moves made)."""
     order, made = list(view.nodes), 0
+    index = _OrderIndex(order)
     for move in moves:
-        moving = _moving(view, order, move, later_fusions, partial)
+        moving = _moving(view, order, move, later_fusions, partial, index)
         if moving:
-            last = order.index(move.after)
+            last = index.position[move.after]
             carried = [n for n in order[: last + 1] if n in moving]
             order = [n for n in order[: last + 1] if n not in moving] + carried + order[last + 1 :]
+            index = _OrderIndex(order, index.writers)
             made += 1
     return order, made
 
