@@ -133,10 +133,11 @@ def _writes(node: fx.Node) -> bool:
     return _node_writes(node)
 
 
-_WRITES_BY_OPERATOR: dict = {}
+_WRITES_BY_OPERATOR: dict = {}  # OpOverload -> whether its nodes write (``_writes``)
 
 
 def _node_writes(node: fx.Node) -> bool:
+    """``_writes`` of a call_function node, asked of the node itself (Inductor's mutation rule, FX's impurity)."""
     if tp.is_mutation_op(node):
         return True
     return node.is_impure() and not _draws(node)  # a draw is impure to FX: it must not be dropped, it may be passed
