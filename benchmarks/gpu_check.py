@@ -186,6 +186,8 @@ def markdown(record: dict) -> str:
         f"Gradients ({grad['config']}, {grad['shape']}): max relative error {grad['max_error']:.1e} "
         f"({grad['worst_parameter']}): {verdict}.",
         f"Total {record['seconds']:.0f} s.",
+        "Compile s: to the end of the first step, the configurations in turn in one process (the first pays the",
+        "process's cold start): not a compile-time comparison (benchmarks/compile_time.py runs each in its own).",
     ]
     return "\n".join(lines) + "\n"
 

@@ -11,6 +11,7 @@ shipped).  The backward's C++ units are counted in the generated code.  ``--no-i
 ``reorder_for_peak_memory`` off (its default is on), which is what makes the moved order pay on ViT.  The simulation is bypassed (every order is
 taken), so the printed ``simulated`` is the simulator's estimate of that order, beside the measured peak: session
 31 found the simulator far above the measured peak on such orders (benchmarks/RESULTS.md, "Session 31").
+``$HOISTED_CACHE_DIR``: the Inductor cache folder to use (and keep, to read the generated code); default a new one.
 """
 
 from __future__ import annotations

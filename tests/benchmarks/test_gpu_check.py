@@ -31,6 +31,7 @@ def test_the_table_shows_measured_and_simulated_peaks_and_the_gradient_verdict()
     text = gpu_check.markdown(_record())
     assert "| fxremat_default | 12.3 | 3.0 | 3.3 (+10.0%) | 20.0 (19.0-21.0) | 1,000 |" in text
     assert "equal to eager" in text
+    assert "not a compile-time comparison" in text  # the compiles share one process: the table says so
     failed = gpu_check.markdown(dict(_record(), rows=[dict(config="pytorch_default", error="OOM")]))
     assert "| pytorch_default | failed: OOM |" in failed
 
