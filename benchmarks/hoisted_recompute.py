@@ -10,7 +10,9 @@ draw) moved before the stretch of extern kernels ahead of it, k times over (k = 
 shipped).  The backward's C++ units are counted in the generated code.  ``--no-inductor-reorder``: with Inductor's
 ``reorder_for_peak_memory`` off (its default is on), which is what makes the moved order pay on ViT.  The simulation is bypassed (every order is
 taken), so the printed ``simulated`` is the simulator's estimate of that order, beside the measured peak: session
-31 found the simulator far above the measured peak on such orders (benchmarks/RESULTS.md, "Session 31").
+31 found the simulator far above the measured peak on such orders (benchmarks/RESULTS.md, "Session 31"); since
+session 32 it replays Inductor's reordering (``fxremat_passes/peak_order.py``) and is within bytes of ViT's at one
+and three stretches, but not at two (simulated 8,029,960 B, measured 8,523,536: RESULTS.md, "Session 32").
 ``$HOISTED_CACHE_DIR``: the Inductor cache folder to use (and keep, to read the generated code); default a new one.
 """
 

@@ -28,6 +28,7 @@ from .lowering import (
 from .node_facts import NodeFacts
 from .ops import CONVOLUTION, FUSIBLE, OpClass, op_class
 from .phase_graph import PhaseGraph, graph_view
+from .phase_reorder import peak_reordered
 from .walk import Walk
 
 # Readers a fusible producer folds into (Inductor's pointwise fusion, reduction prologues); views are looked through.
@@ -376,15 +377,20 @@ class _Phase:
         return ("column", *column) if column is not None else ("flat", self._numel(unit))
 
     def fusion_order(self) -> list[fx.Node]:
-        """Inductor's order after fusion: each kernel at its earliest member, then dependencies first."""
+        """Inductor's order after fusion (``fusion.fusion_order``), reordered for peak (``phase_reorder``)."""
         if self.view.facts is None:
-            return fusion_order(self.kernels, self.kernel_pred, self.kernel_lo)
+            return peak_reordered(self, fusion_order(self.kernels, self.kernel_pred, self.kernel_lo))
         key = ("order", id(self.kernels))  # the kernels are ``_fused``'s, kept in ``NodeFacts.computations``
         known = self.facts.computations
         found = known.get(key)
         if found is None:
             found = known[key] = fusion_order(self.kernels, self.kernel_pred, self.kernel_lo)
-        return found
+        # the reordering also reads what outlives the graph and which inputs it may free
+        key = (key, frozenset(self.keep), frozenset(self.returned), frozenset(self.estimated_inputs.items()))
+        reordered = known.get(key)
+        if reordered is None:
+            reordered = known[key] = peak_reordered(self, found)
+        return reordered
 
     def _inplace_candidate(
         self, unit: fx.Node, nbytes: int, live: dict[str, int], remaining: dict[str, int], kernel: list[fx.Node]

@@ -5,6 +5,8 @@ Inductor's layout switches (``FxrematBackend._layout_patches`` in ``fxremat/back
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch._functorch import config as functorch_config
 
@@ -70,3 +72,37 @@ def inner_compile_with_layout(choice):
             return compile_fx_inner(gm, example_inputs, **kwargs)
 
     return inner_compile
+
+
+def inductor_reorders_for_peak_memory() -> bool:
+    """Whether Inductor, under the config in force (a compile's patches included), reorders each graph's kernels
+    for its estimated peak (``config.reorder_for_peak_memory``; ``Scheduler._init`` ->
+    ``memory.reorder_for_peak_memory``): the simulator replays it (``passes/peak_order.py``)."""
+    from torch._inductor import config as inductor_config
+
+    return bool(getattr(inductor_config, "reorder_for_peak_memory", False))
+
+
+@functools.cache
+def inductor_estimate_counts_outputs() -> bool:
+    """Whether Inductor's peak estimate (``memory.estimate_peak_memory``, which picks the reordering) holds a graph
+    output from its kernel on.  Before torch 2.13 it subtracts an output's bytes at step 0 (``end_step + 1`` with
+    ``end_step == -1``), so outputs count for nothing after their kernel and less than nothing before it.  Asked
+    of Inductor itself, on a one-kernel graph that returns its one buffer; the release is the answer if that fails."""
+    try:
+        from torch._inductor import memory
+        from torch.utils._ordered_set import OrderedSet
+
+        class _Buffer:
+            mpi_buffer = memory.MemoryPlanningInfoForBuffer(size_alloc=1, size_free=1)
+
+            def get_name(self) -> str:
+                return "out"
+
+        class _Kernel:
+            def get_outputs(self) -> list:
+                return [_Buffer()]
+
+        return memory.estimate_peak_memory([_Kernel()], {}, OrderedSet(["out"]))[0] == 1
+    except Exception:  # noqa: BLE001 -- a probe: the release decides instead
+        return TORCH >= (2, 13)
