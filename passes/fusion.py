@@ -119,9 +119,13 @@ class Fusion:
         return False
 
     def creates_cycle(self, a, b) -> bool:
-        """A path a -> x -> ... -> b through another group (or b -> ... -> a); all paths run forward in graph
-        order."""
-        succ, lo, hi = self.succ, self.lo, self.hi
+        """A path a -> x -> ... -> b through another group (or b -> ... -> a): Inductor's
+        ``Scheduler.will_fusion_create_cycle``.  Every group on such a path is searched, those placed after ``b``
+        too: a fused group can span far (a segmented backward's recompute fused with its second pass's), so a
+        path may leave the range before ``b`` and come back through it.  Mixtral's ``memory_budget=0.0``: a bound
+        at ``b``'s last member had let ``bmm_3_first`` fuse with ``bmm_3`` across such a path, and the kernels'
+        dependencies made a cycle (benchmarks/RESULTS.md, session 32)."""
+        succ = self.succ
         for start, end in ((a, b), (b, a)):
             stack = [s for s in succ[start] if s is not end]
             seen = set(stack)
@@ -130,7 +134,7 @@ class Fusion:
                 if g is end:
                     return True
                 for s in succ[g]:
-                    if s not in seen and lo[s] <= hi[end]:
+                    if s not in seen:
                         seen.add(s)
                         stack.append(s)
         return False

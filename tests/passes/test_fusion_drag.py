@@ -114,3 +114,24 @@ def test_cpu_never_fuses_a_reduction_with_a_later_pointwise_kernel_beside_it():
     assert _kernels(reduction_first, (x,), reduces=None) == [{"sum_1", "mul"}]
     assert _kernels(reduction_first, (x,), reduces={"sum_1"}) == [{"mul"}, {"sum_1"}]
     assert _kernels(pointwise_first, (x,), reduces={"sum_1"}) == [{"mul", "sum_1"}]
+
+
+def test_a_path_through_a_group_that_spans_far_is_a_cycle():
+    """``a``, ``w1``, ``b`` (reads ``w1``), ``x`` (reads ``a``), ``y`` (reads ``x``), ``w2`` (reads ``y``), with
+    ``w1`` and ``w2`` already one kernel (as a segmented backward's recompute and its second pass's): fusing ``a``
+    with ``b`` would make a -> x -> y -> {w1, w2} -> b a cycle, though ``x`` and ``y`` come after ``b``."""
+    graph = torch.fx.Graph()
+    inp = graph.placeholder("inp")
+    a = graph.call_function(torch.ops.aten.relu.default, (inp,))
+    w1 = graph.call_function(torch.ops.aten.neg.default, (inp,))
+    b = graph.call_function(torch.ops.aten.exp.default, (w1,))
+    x = graph.call_function(torch.ops.aten.sin.default, (a,))
+    y = graph.call_function(torch.ops.aten.tan.default, (x,))
+    w2 = graph.call_function(torch.ops.aten.cos.default, (y,))
+    graph.output((b, w2))
+    units = [a, w1, b, x, y, w2]
+    reads = {u: set(u.all_input_nodes) for u in units}
+    fusion = Fusion(units, reads, {u: u for u in units}, {n: i for i, n in enumerate(graph.nodes)}, access={})
+    assert not fusion.creates_cycle(a, b)  # before w1 and w2 are one kernel, nothing joins the two paths
+    fusion.merge(w1, w2)
+    assert fusion.creates_cycle(a, b)
