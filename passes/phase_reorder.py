@@ -10,8 +10,8 @@ from .peak_order import Buffer, OrderProblem, reordered
 
 # A sort replaces the order Inductor was given only where it is lower by more than this, by the simulator's
 # estimate of Inductor's estimate.  The given order wins a tie, and neither the simulated kernels nor their given
-# order are exactly Inductor's: on the shipped plans of issue #15's table Inductor kept its given order every time
-# it was asked (session 32: eleven compiles of nine models, its log read in each), while the simulator put a
+# order are exactly Inductor's: on the plans of issue #15's table Inductor kept its given order every time it was
+# asked (session 32: eleven compiles of nine models, two of them of plans not shipped), while the simulator put a
 # sort lower by 0.4% (a conv net's ``peak_budget=0.0``: a tie to Inductor, 139,664 B both; taken, it judged the plan
 # measured at 135,640 B to peak at 168,376 and chose another, measured 172,432), 2.4% (BERT), 2.7% and 4.6%
 # (Mixtral), 4.7% (T5's default: its given order simulated at 22.30 MB against Inductor's 21.78, so a sort at 21.25
