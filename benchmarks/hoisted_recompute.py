@@ -6,13 +6,14 @@ A diagnostic, not a product path.  For each ``--stretches`` k, in a fresh proces
 model's step is compiled with fxremat under real Inductor (``setting_peak.row``: gradients against eager, the
 profiler's step peak, fxremat's simulated peak) with the backward's order replaced: every node that computes from
 the backward's inputs alone (a recompute: generated-kernel classes and views, never an extern kernel, a write or a
-draw) moved before the stretch of extern kernels ahead of it, k times over (k = 0: fxremat's own order, as
-shipped).  The backward's C++ units are counted in the generated code.  ``--no-inductor-reorder``: with Inductor's
-``reorder_for_peak_memory`` off (its default is on), which is what makes the moved order pay on ViT.  The simulation is bypassed (every order is
-taken), so the printed ``simulated`` is the simulator's estimate of that order, beside the measured peak: session
-31 found the simulator far above the measured peak on such orders (benchmarks/RESULTS.md, "Session 31"); since
-session 32 it replays Inductor's reordering (``fxremat_passes/peak_order.py``) and is within bytes of ViT's at one
-and three stretches, but not at two (simulated 8,029,960 B, measured 8,523,536: RESULTS.md, "Session 32").
+draw) moved before the stretch of extern kernels ahead of it, never past a write, k times over (k = 0: fxremat's
+own order, as shipped).  The backward's C++ units are counted in the generated code.  ``--no-inductor-reorder``:
+with Inductor's ``reorder_for_peak_memory`` off (its default is on), which is what makes the moved order pay on
+ViT.  The simulation is bypassed (every order is taken), so the printed ``simulated`` is the simulator's estimate
+of that order, beside the measured peak: session 31 found the simulator far above the measured peak on such
+orders (benchmarks/RESULTS.md, "Session 31"); since session 32 it replays Inductor's reordering
+(``fxremat_passes/peak_order.py``) and is within bytes of ViT's at one and three stretches, but not at two
+(simulated 8,029,960 B, measured 8,523,536: RESULTS.md, "Session 32").
 ``$HOISTED_CACHE_DIR``: the Inductor cache folder to use (and keep, to read the generated code); default a new one.
 """
 
@@ -62,6 +63,8 @@ def one_stretch_earlier(order: list, phase) -> list:
             q -= 1
         if q < 0 or q <= max((order.index(a) for a in node.all_input_nodes), default=-1):
             continue
+        if any(kernel_runs._writes(passed) for passed in order[q:at]):
+            continue  # a read moved past a write would see another value
         order.insert(q, order.pop(at))
     return order
 
@@ -106,7 +109,8 @@ def worker(model: str, setting: str, stretches: int, reorder: bool = True) -> di
         for f in glob.glob(cache + "/**/*.py", recursive=True)
     )
     keep = ("measured", "simulated", "saved", "grad")
-    found = dict(model=model, setting=setting, stretches=stretches, reorder_for_peak_memory=reorder, units_per_graph=units)
+    found = dict(model=model, setting=setting, stretches=stretches, reorder_for_peak_memory=reorder)
+    found["units_per_graph"] = units
     return dict(found, **{k: row[k] for k in keep})
 
 

@@ -382,11 +382,10 @@ class _Phase:
             return peak_reordered(self, fusion_order(self.kernels, self.kernel_pred, self.kernel_lo))
         key = ("order", id(self.kernels))  # the kernels are ``_fused``'s, kept in ``NodeFacts.computations``
         known = self.facts.computations
-        found = known.get(key)
-        if found is None:
-            found = known[key] = fusion_order(self.kernels, self.kernel_pred, self.kernel_lo)
-        # the reordering also reads what outlives the graph and which inputs it may free
+        found = known.get(key) or known.setdefault(key, fusion_order(self.kernels, self.kernel_pred, self.kernel_lo))
+        # the reordering also reads what outlives the graph, which inputs it may free, and the config in force
         key = (key, frozenset(self.keep), frozenset(self.returned), frozenset(self.estimated_inputs.items()))
+        key += (tp.inductor_reorders_for_peak_memory(),)
         reordered = known.get(key)
         if reordered is None:
             reordered = known[key] = peak_reordered(self, found)

@@ -42,3 +42,15 @@ def test_a_recompute_moves_before_the_externs_ahead_of_it_and_a_reader_of_them_s
     assert names.index("add") > names.index("mm")  # it reads the extern's output
     assert names[:2] == ["a", "b"] and names[-1] == "output"
     assert sorted(names) == sorted(n.name for n in graph.nodes)
+
+
+def test_a_recompute_never_moves_past_a_write():
+    graph = fx.Graph()
+    a, b = graph.placeholder("a"), graph.placeholder("b")
+    write = graph.create_node("call_function", aten.copy_.default, (a, b), name="copy_")
+    grad = graph.create_node("call_function", aten.mm.default, (b, b), name="mm")
+    recompute = graph.create_node("call_function", aten.relu.default, (a,), name="relu")
+    graph.output((write, grad, recompute))
+    classes = {write: OpClass.MUTATION, grad: OpClass.MATMUL, recompute: OpClass.POINTWISE}
+    names = [n.name for n in hoisted_recompute.one_stretch_earlier(list(graph.nodes), SimpleNamespace(classes=classes))]
+    assert names.index("relu") > names.index("copy_")  # it reads ``a``, which the copy writes
