@@ -82,7 +82,7 @@ ANOTHER_INDEX = "another index"
 VERTICAL_INDEX_RULE = True
 
 
-def _reduced_dims(node: fx.Node) -> tuple:
+def reduced_dims(node: fx.Node) -> tuple:
     """(argument, its reduced dimensions) of each tensor a reduction reads in its loop: ``bmm(a, b)`` lowered to a
     multiply and a sum (``lowering.inductor_class``: ``tuned_bmm``, ``L.sum_(L.mul(a[..., None], b[:, None]),
     axis=2)``) sums over a's dimension 2 and b's dimension 1; a ``sum``/``mean``/... over its listed dimensions."""
@@ -108,7 +108,7 @@ def another_index(node: fx.Node) -> dict:
     found: dict = {}
     if not VERTICAL_INDEX_RULE:
         return found
-    for arg, reduced in _reduced_dims(node):
+    for arg, reduced in reduced_dims(node):
         val = arg.meta.get("val") if isinstance(arg, fx.Node) else None
         try:
             sizes, strides = list(val.shape), list(val.stride())

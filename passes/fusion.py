@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch.fx as fx
 
 from .access import add_horizontal, at_another_index, priority
+from .cpu_loops import NO_LOOP
 from .lowering import KERNEL_CLASSES
 
 # Scheduler nodes apart beyond which Inductor does not fuse horizontally (torch/_inductor/scheduler.py).
@@ -63,6 +64,7 @@ class Fusion:
         # group -> the storages its units read at another index than they are written at (``reads_at_another_index``)
         self.far = {u: {r for r, ps in access.get(u, {}).items() if any(map(at_another_index, ps))} for u in units}
         self.reducing: set[fx.Node] = set()  # groups Inductor's C++ backend schedules as reductions (``fuse``)
+        self.shape: dict[fx.Node, tuple | None] = {}  # group -> its C++ loop's sizes (``cpu_loops.loop_sizes``)
 
     def find(self, u):
         group = self.group
@@ -110,8 +112,8 @@ class Fusion:
         only, never of a reduction), refusing a pair that shares nothing ("no shared data",
         ``InductorChoices.can_fuse``).  A stored gather of expert weights read by a one-row ``bmm`` as its second
         operand (a sum over the weights' rows): score 0, ``can_fuse_vertical`` False (tests/passes/
-        test_fusion_index.py; benchmarks/RESULTS.md, "Session 25").  Not modelled: the C++ backend's own refusal of a
-        pointwise loop whose ranges are not the reduction's (``CppScheduling._why_fuse_nodes``)."""
+        test_fusion_index.py; benchmarks/RESULTS.md, "Session 25").  The C++ backend's own refusal of a pointwise loop
+        whose sizes are not the reduction's (``CppScheduling._why_fuse_nodes``) is ``loops_differ``."""
         unit, find = self.unit, self.find
         for reader, writer in ((ga, gb), (gb, ga)):
             if any(unit.get(r) is not None and find(unit[r]) is writer for r in self.far[reader]):
@@ -195,10 +197,23 @@ class Fusion:
         vertical = gb in self.succ[ga] or ga in self.succ[gb]
         return not vertical and early in self.reducing and late not in self.reducing
 
+    def loops_differ(self, ga, gb) -> bool:
+        """A pointwise loop whose sizes are not a reduction's loop and reduction sizes side by side: Inductor's C++
+        backend fuses them neither way (``cpu_loops.py``); nor a ``ConcatKernel`` with a kernel that reads it
+        (``NO_LOOP``)."""
+        a, b = self.shape.get(ga), self.shape.get(gb)
+        if NO_LOOP in (a, b):
+            return (a is NO_LOOP and gb in self.succ[ga]) or (b is NO_LOOP and ga in self.succ[gb])
+        if a is None or b is None or bool(a[1]) == bool(b[1]):
+            return False
+        pointwise, reduction = (a, b) if not a[1] else (b, a)
+        return pointwise[0] != reduction[0] + reduction[1]
+
     def merge(self, ga, gb) -> None:
         succ, pred = self.succ, self.pred
         if gb in self.reducing:
             self.reducing.add(ga)
+        self.shape[ga] = _fused_sizes(self.shape.get(ga), self.shape.pop(gb, None))
         self.first[ga], self.last[ga] = min(self.first[ga], self.first[gb]), max(self.last[ga], self.last[gb])
         self.group[gb] = ga
         self.far[ga] |= self.far.pop(gb)
@@ -217,17 +232,19 @@ class Fusion:
         succ[ga].discard(ga)
         pred[ga].discard(ga)
 
-    def fuse(self, classes: dict, loop_of, nbytes, reduces=None) -> dict[fx.Node, list[fx.Node]]:
+    def fuse(self, classes: dict, loop_of, nbytes, reduces=None, shape_of=None) -> dict[fx.Node, list[fx.Node]]:
         """Merge in Inductor's order; the kernels: group head -> its units, in graph order.
 
         Most bytes shared at one index first (``access.priority``); of equal ones, the two closest in order
         (Inductor's ``score_fusion``: memory score, then proximity): the recomputed norm of a block's input fuses
         with the norm backward beside it, not with a recomputed norm of the same input twenty kernels earlier (which
         would pull the whole recomputed block to there).  ``reduces(unit)``: whether the unit is a C++ reduction
-        kernel (``cpu_reduction_first``), or None."""
+        kernel (``cpu_reduction_first``), or None; ``shape_of(unit)``: its C++ loop's sizes (``loops_differ``), or
+        None."""
         fusible = [u for u in self.units if classes[u] in KERNEL_CLASSES]
         loop = {u: loop_of(u) for u in fusible}
         self.reducing = {u for u in fusible if reduces(u)} if reduces is not None else set()
+        self.shape = {u: shape_of(u) for u in fusible} if shape_of is not None else {}
         order, index = self.order, self.index
 
         def ranked(kv):
@@ -238,13 +255,26 @@ class Fusion:
             ga, gb = self.find(a), self.find(b)
             if ga is gb or self.too_far(ga, gb) or self.creates_cycle(ga, gb) or self.reads_at_another_index(ga, gb):
                 continue
-            if self.refused(ga, gb, score[0], nbytes) or self.cpu_reduction_first(ga, gb):
+            if self.refused(ga, gb, score[0], nbytes) or self.cpu_reduction_first(ga, gb) or self.loops_differ(ga, gb):
                 continue
             self.merge(ga, gb)
         kernels: dict[fx.Node, list[fx.Node]] = {}
         for u in self.units:
             kernels.setdefault(self.find(u), []).append(u)
         return kernels
+
+
+def _fused_sizes(a: tuple | None, b: tuple | None) -> tuple | None:
+    """A fused node's sizes: its reduction's, else those of its node with more dims, to which a one-dim node is
+    re-indexed (``FusedSchedulerNode``, ``CppScheduling._can_fuse_nodes_with_compatible_ranges``); None where either
+    is not known."""
+    if NO_LOOP in (a, b):
+        return NO_LOOP  # its readers still wait for the whole of it
+    if a is None or b is None:
+        return None
+    if a[1] or b[1]:
+        return a if a[1] else b
+    return a if len(a[0]) >= len(b[0]) else b
 
 
 def fusion_order(kernels: dict, pred: dict, lo: dict) -> list[fx.Node]:

@@ -12,6 +12,7 @@ import torch.fx as fx
 from . import _torch_private as tp
 from .access import add_loads, add_paths, another_index
 from .costs import alias_root, hinted_numel
+from .cpu_loops import loop_sizes
 from .fusion import Fusion, fusion_order
 from .layout import depthwise_buffer_bytes, workspace_bytes
 from .lowering import (
@@ -199,7 +200,7 @@ class _Phase:
             if key in known:
                 return known[key]
         fusion = Fusion(self.units, self.unit_reads, self.unit, self.index, self.access, self.view.segmented)
-        kernels = fusion.fuse(self.classes, self._loop, self.facts.nbytes, self._cpu_reduction)
+        kernels = fusion.fuse(self.classes, self._loop, self.facts.nbytes, self._cpu_reduction, lambda u: loop_sizes(self, u))
         found = (kernels, fusion.succ, fusion.pred, fusion.lo)
         if known is not None:
             known[key] = found

@@ -75,7 +75,8 @@ def test_inductor_stores_the_gather_and_fuses_it_into_no_bmm_reading_it_out_of_o
     """Real Inductor on the same function: the gather's buffer is allocated (``TORCH_LOGS=+fusion``: "cannot fuse
     op0 with op1: no shared data", op1 the bmm reading it out of order).  It fuses into the other bmm neither: on
     CPU a pointwise loop over [32, 64, 16], merged to one range, is not the reduction's (2048, 16)
-    (``CppScheduling._why_fuse_nodes``), which the simulator does not model; its peak is the same either way."""
+    (``CppScheduling._why_fuse_nodes``), which the simulator models for one-input reductions only (``cpu_loops.py``:
+    a ``bmm`` is two); its peak is the same either way."""
     from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.reset()
