@@ -12,8 +12,9 @@ with Inductor's ``reorder_for_peak_memory`` off (its default is on), which is wh
 ViT.  The simulation is bypassed (every order is taken), so the printed ``simulated`` is the simulator's estimate
 of that order, beside the measured peak: session 31 found the simulator far above the measured peak on such
 orders (benchmarks/RESULTS.md, "Session 31"); since session 32 it replays Inductor's reordering
-(``fxremat_passes/peak_order.py``) and is within bytes of ViT's at one and three stretches, but not at two
-(simulated 8,029,960 B, measured 8,523,536: RESULTS.md, "Session 32").
+(``fxremat_passes/peak_order.py``) and was within bytes of ViT's at one and three stretches, but not at two
+(simulated 8,029,960 B, measured 8,523,536: RESULTS.md, "Session 32"); since session 33 the simulated fusion follows
+Inductor's C++ loop sizes and the moved orders simulate 3-4% off either way (RESULTS.md, "Session 33").
 ``$HOISTED_CACHE_DIR``: the Inductor cache folder to use (and keep, to read the generated code); default a new one.
 """
 
