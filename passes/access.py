@@ -109,13 +109,10 @@ def another_index(node: fx.Node) -> dict:
     if not VERTICAL_INDEX_RULE:
         return found
     for arg, reduced in reduced_dims(node):
-        val = arg.meta.get("val") if isinstance(arg, fx.Node) else None
-        try:
-            sizes, strides = list(val.shape), list(val.stride())
-        except (AttributeError, TypeError, RuntimeError):
-            continue
-        if not all(type(s) is int for s in (*sizes, *strides)):
-            continue  # symbolic: never a guard (``layout``); taken to be read in order
+        read = sizes_strides(arg) if isinstance(arg, fx.Node) else None
+        if read is None:
+            continue  # not a tensor, or symbolic: never a guard (``layout``); taken to be read in order
+        sizes, strides = read
         reduced = {d % len(sizes) for d in reduced if type(d) is int}
         kept = _merged([(sizes[d], strides[d]) for d in range(len(sizes)) if d not in reduced])
         summed = _merged([(sizes[d], strides[d]) for d in sorted(reduced)])
@@ -124,6 +121,19 @@ def another_index(node: fx.Node) -> dict:
         if kept_strides and summed_strides and min(kept_strides) < max(summed_strides):
             found[arg] = (ANOTHER_INDEX, kept, summed)
     return found
+
+
+def sizes_strides(node: fx.Node) -> tuple[list[int], list[int]] | None:
+    """A tensor value's sizes and strides as integers, or None (not a tensor; symbolic, where ``int()`` would add a
+    guard)."""
+    val = node.meta.get("val")
+    try:
+        sizes, strides = list(val.shape), list(val.stride())
+    except (AttributeError, TypeError, RuntimeError):
+        return None
+    if not all(type(s) is int for s in (*sizes, *strides)):
+        return None
+    return sizes, strides
 
 
 def _merged(dims: list) -> tuple:

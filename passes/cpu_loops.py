@@ -18,9 +18,11 @@ a slice or a transpose (an access path, ``access.py``) the sizes are not worked 
 
 from __future__ import annotations
 
+import math
+
 import torch.fx as fx
 
-from .access import reduced_dims
+from .access import reduced_dims, sizes_strides
 from .ops import OpClass
 
 
@@ -31,17 +33,6 @@ from .ops import OpClass
 NO_LOOP = ("no loop",)
 # A read's stride in a dim where it does not line up with the loop: it merges with no neighbour (``_merged``).
 BLOCKED = None
-
-
-def _sizes_strides(node: fx.Node) -> tuple[list, list] | None:
-    val = node.meta.get("val")
-    try:
-        sizes, strides = list(val.shape), list(val.stride())
-    except (AttributeError, TypeError, RuntimeError):
-        return None
-    if not all(type(s) is int for s in (*sizes, *strides)):
-        return None  # symbolic: never a guard (``access.layout``)
-    return sizes, strides
 
 
 def _contiguous(sizes: list) -> list:
@@ -57,25 +48,18 @@ def _read_strides(storage: fx.Node, loop: list, numel: int) -> list | None:
     ``BLOCKED`` in each dim where its dims do not line up with the loop's (a ``select_scatter`` of a row into a
     zero tensor: Inductor's index there also reads the selected dim's own index, and no dims merge); None where the
     storage's sizes are not known."""
-    found = _sizes_strides(storage)
+    found = sizes_strides(storage)
     if found is None:
         return None
     sizes, strides = found
     if numel <= 1:
         return [0] * len(loop)
-    if numel == _product(loop):
+    if numel == math.prod(loop):
         return _contiguous(loop)  # the value or a reshape of it, read as laid out
     pad = len(loop) - len(sizes)
     if pad < 0 or any(size not in (1, extent) for size, extent in zip(sizes, loop[pad:])):
         return [BLOCKED] * len(loop)
     return [0] * pad + [stride if size == extent else 0 for size, stride, extent in zip(sizes, strides, loop[pad:])]
-
-
-def _product(sizes) -> int:
-    out = 1
-    for s in sizes:
-        out *= s
-    return out
 
 
 def _merged(sizes: list, reads: list[list]) -> tuple:
@@ -110,7 +94,7 @@ def loop_sizes(phase, unit: fx.Node) -> tuple | None:
         if len(dims) != 1 or not isinstance(dims[0][0], fx.Node):
             return None
         loop_node, reduced = dims[0]
-    found = _sizes_strides(loop_node)
+    found = sizes_strides(loop_node)
     if found is None:
         return None
     loop = found[0]
