@@ -31,8 +31,9 @@ from .ops import OpClass
 # it never fuses with one that writes it (``fusion.Fusion.loops_differ``).  ViT's class token and patch embeddings:
 # fused with the first block's norm backward in the simulation, three kernels in Inductor's.
 NO_LOOP = ("no loop",)
-# A read's stride in a dim where it does not line up with the loop: it merges with no neighbour (``_merged``).
-BLOCKED = None
+# A read's stride in a dim where it does not line up with the loop: it merges with no neighbour (``_merged``).  Its own
+# object, so that it is never taken for ``_read_strides``' None (sizes not known) nor for a stride.
+BLOCKED = "blocked"
 
 
 def _contiguous(sizes: list) -> list:
