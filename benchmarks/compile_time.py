@@ -16,7 +16,10 @@ each round, two adjacent processes: the median and spread of those ratios), Indu
 Inductor replays the cached graphs' counts, all at the forward, where AOTAutograd's cache loads both graphs), and
 fxremat's partition seconds (``CutReport.partition_seconds``; 0 on a warm run, which does not partition).  The
 gradients of the first step are checked against eager once per model x configuration (the first cold run), outside
-the timed window.  ``--quick``: the MLP at ``tiny``, one repeat (the smoke test CI runs; its times mean nothing).
+the timed window.  Beside the wall time, each run's **CPU seconds** (``process_cpu_s``: user plus system time of the
+worker and of its children that ended, g++ among them, from its start to the end of the first step): the work
+itself, which a busy machine's scheduling does not stretch (a warm run's wall time spreads 30% on this 2-core
+machine; benchmarks/RESULTS.md, session 34), summarised as the wall time is.  ``--quick``: the MLP at ``tiny``, one repeat (the smoke test CI runs; its times mean nothing).
 Only on a quiet machine do the times mean anything; kernel counts are exact anywhere.
 """
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -136,12 +140,22 @@ def worker_main(args: argparse.Namespace) -> int:
         row.update(first_step(work, config))
         if args.spawned_at is not None:
             row["process_s"] = time.time() - args.spawned_at
+        row["process_cpu_s"] = cpu_seconds()
         if args.check_grads:
             row.update(grad_facts(work))
     except Exception as e:  # a row that says what failed; the other runs go on
         row["error"] = f"{type(e).__name__}: {e}"
     print(ROW_MARKER + json.dumps(row, default=str), flush=True)
     return 0
+
+
+def cpu_seconds() -> float:
+    """User plus system CPU seconds of this process since it started and of its children that have ended (the
+    compiler processes Inductor waited for)."""
+    return sum(
+        usage.ru_utime + usage.ru_stime
+        for usage in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+    )
 
 
 # ---- orchestration ---------------------------------------------------------------------------------------------
@@ -218,6 +232,7 @@ def summarise(rows: list[dict], configs: list[str]) -> list[dict]:
                 partition = [r["partition_s"] for r in ok if r.get("partition_s") is not None]
                 entry[config] = dict(
                     process_s=spread([r["process_s"] for r in ok if "process_s" in r]),
+                    process_cpu_s=spread([r["process_cpu_s"] for r in ok if "process_cpu_s" in r]),
                     compile_step_s=spread([r["compile_step_s"] for r in ok]),
                     kernels=statistics.median(kernels) if kernels else None,
                     kernels_forward=statistics.median([r["kernels_forward"] for r in ok]) if ok else None,
@@ -227,15 +242,17 @@ def summarise(rows: list[dict], configs: list[str]) -> list[dict]:
                     errors=sum(1 for r in rows if r["model"] == model and r["config"] == config and r.get("error")),
                 )
             entry["ratio"] = _ratio(entry, configs)
+            entry["cpu_ratio"] = _ratio(entry, configs, "process_cpu_s")
             entry["paired_ratio"] = _paired_ratio([r for r in rows if (r["model"], r["cache"]) == (model, cache)])
             out.append(entry)
     return out
 
 
-def _ratio(entry: dict, configs: list[str]) -> float | None:
+def _ratio(entry: dict, configs: list[str], measure: str = "process_s") -> float | None:
+    """fxremat's median of ``measure`` over Inductor's."""
     if set(CONFIGS) - set(configs):
         return None
-    ours, theirs = (entry[c]["process_s"]["median"] for c in ("fxremat_default", "inductor_default"))
+    ours, theirs = (entry[c][measure]["median"] for c in ("fxremat_default", "inductor_default"))
     return ours / theirs if ours and theirs else None
 
 
@@ -256,9 +273,13 @@ def _cell(s: dict) -> str:
     return f"{s['median']:.2f} s [{s['min']:.2f}-{s['max']:.2f}]"
 
 
+def _median(s: dict | None) -> str:
+    return "-" if not s or s["median"] is None else f"{s['median']:.2f}"
+
+
 def markdown_table(summary: list[dict]) -> str:
     head = ["model", "cache", "Inductor default", "fxremat default", "ratio", "paired ratio", "kernels (fw+bw)"]
-    head.append("partition s")
+    head += ["CPU s (Inductor / fxremat)", "CPU ratio", "partition s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for e in summary:
         ind, fx = e.get("inductor_default"), e.get("fxremat_default")
@@ -271,7 +292,9 @@ def markdown_table(summary: list[dict]) -> str:
         paired = "-" if pair["median"] is None else f"{pair['median']:.3f}x [{pair['min']:.3f}-{pair['max']:.3f}]"
         part = "-" if fx is None or fx["partition_s"] is None else f"{fx['partition_s']:.3f}"
         cells = [e["model"], e["cache"], _cell(ind["process_s"]) if ind else "-", _cell(fx["process_s"]) if fx else "-"]
-        lines.append("| " + " | ".join([*cells, ratio, paired, kernels, part]) + " |")
+        cpu = " / ".join(_median(c.get("process_cpu_s") if c else None) for c in (ind, fx))
+        cpu_ratio = "-" if e.get("cpu_ratio") is None else f"{e['cpu_ratio']:.3f}x"
+        lines.append("| " + " | ".join([*cells, ratio, paired, kernels, cpu, cpu_ratio, part]) + " |")
     return "\n".join(lines)
 
 

@@ -24,6 +24,7 @@ def _row(config, cache, seconds, kernels, partition=None):
         cache=cache,
         error=None,
         process_s=seconds,
+        process_cpu_s=seconds * 0.9,
         compile_step_s=seconds / 2,
         kernels=kernels,
         kernels_forward=1,
@@ -39,8 +40,11 @@ def test_summary_has_medians_spread_and_ratio():
     assert cold["inductor_default"]["process_s"] == dict(n=3, median=11.0, min=10.0, max=12.0)
     assert cold["fxremat_default"]["partition_s"] == 0.01
     assert cold["ratio"] == pytest.approx(12.0 / 11.0)
+    assert cold["fxremat_default"]["process_cpu_s"]["median"] == pytest.approx(12.0 * 0.9)
+    assert cold["cpu_ratio"] == pytest.approx(12.0 / 11.0)
     assert warm["ratio"] is None and warm["inductor_default"]["process_s"]["n"] == 0
     assert "| mlp | cold |" in ct.markdown_table([cold, warm])
+    assert "| 9.90 / 10.80 | 1.091x |" in ct.markdown_table([cold, warm])
 
 
 def test_warm_rounds_reuse_each_cold_cache_in_alternating_orders(monkeypatch):
@@ -93,6 +97,7 @@ def test_quick_records_every_field(tmp_path):
     for row in rows:
         assert row["error"] is None, row
         assert row["model"] == "mlp" and row["process_s"] > 0 and row["compile_step_s"] > 0
+        assert 0 < row["process_cpu_s"]
         assert row["kernels"] == row["kernels_forward"] + row["kernels_backward"]
         if row["cache"] == "cold":
             assert row["kernels_forward"] > 0 and row["kernels_backward"] > 0
