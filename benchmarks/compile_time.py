@@ -21,7 +21,8 @@ worker and of its children that ended, from its start to the end of the first st
 is: on a warm run, the work itself, which a busy machine's scheduling does not stretch (a warm run's wall time
 spreads 30% on this 2-core machine; benchmarks/RESULTS.md, session 34).  On a cold run it counts the g++ processes
 the compiling process waited for, but not those of Inductor's compile workers, still alive at the end of the step
-(a cold run whose CPU seconds exceed its wall time compiled in parallel): compare cold runs by their wall time.  ``--quick``: the MLP at ``tiny``, one repeat (the smoke test CI runs; its times mean nothing).
+(a cold run whose CPU seconds exceed its wall time compiled in parallel): compare cold runs by their wall time.
+``--quick``: the MLP at ``tiny``, one repeat (the smoke test CI runs; its times mean nothing).
 Only on a quiet machine do the times mean anything; kernel counts are exact anywhere.
 """
 
