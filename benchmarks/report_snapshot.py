@@ -8,6 +8,11 @@ seconds, not minutes) at the default setting, ``memory_budget`` 0.5 and 0.0 and 
 ``compare_default=True`` so that every report field is filled.  A report is kept as ``to_dict()`` without its
 ``*_seconds`` fields (wall-clock timings: they differ run to run).  ``--compare`` prints each (model, setting)
 whose reports differ from the file's, with the first differing keys, and exits 1 if any does.
+
+``--gpu-shaped``: the same graphs as a GPU would hand fxremat, partitioned on this CPU: each joint graph's tensor
+metadata is rewritten to fake ``cuda`` tensors of the same shape, stride and dtype before fxremat partitions it
+for the ``h100`` profile (the graphs still run on the CPU with no-op compilers).  The simulator's GPU rules are
+checked this way on a machine without a GPU.
 """
 
 from __future__ import annotations
@@ -52,7 +57,25 @@ def _workload(name: str):
     return bench_models.Workload(model=model, args=tuple(inputs))
 
 
-def reports_of(name: str, options: dict) -> list[dict]:
+def as_cuda_metadata(gm: torch.fx.GraphModule) -> None:
+    """Rewrites every node's ``meta["val"]`` tensor to a fake ``cuda`` tensor of the same shape, stride and dtype."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._pytree import tree_map
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+
+    def to_cuda(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        with mode:
+            return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="cuda")
+
+    for node in gm.graph.nodes:
+        if "val" in node.meta:
+            node.meta["val"] = tree_map(to_cuda, node.meta["val"])
+
+
+def reports_of(name: str, options: dict, gpu_shaped: bool = False) -> list[dict]:
     from functorch.compile import make_boxed_func
 
     import fxremat
@@ -65,17 +88,25 @@ def reports_of(name: str, options: dict) -> list[dict]:
     torch._dynamo.reset()
     work = _workload(name)
     reports: list = []
-    partition_fn = fxremat.make_partition_fn(Options.create(compare_default=True, **options), reports)
+    device = {"device": "h100"} if gpu_shaped else {}
+    partition_fn = fxremat.make_partition_fn(Options.create(compare_default=True, **device, **options), reports)
+    if gpu_shaped:
+        cpu_partition_fn = partition_fn
+
+        def partition_fn(gm, joint_inputs, **kwargs):
+            as_cuda_metadata(gm)
+            return cpu_partition_fn(gm, joint_inputs, **kwargs)
+
     backend = tp.aot_autograd(fw_compiler=noop, bw_compiler=noop, partition_fn=partition_fn)
     work.loss(work.forward(torch.compile(work.model, backend=backend))).backward()
     return [_without_timings(r.to_dict()) for r in reports]
 
 
-def snapshot(models: list[str]) -> dict[str, list[dict]]:
+def snapshot(models: list[str], gpu_shaped: bool = False) -> dict[str, list[dict]]:
     out = {}
     for name in models:
         for setting, options in SETTINGS.items():
-            out[f"{name} {setting}"] = reports_of(name, options)
+            out[f"{name} {setting}"] = reports_of(name, options, gpu_shaped)
             print(f"{name} {setting}: {len(out[f'{name} {setting}'])} report(s)", file=sys.stderr)
     return out
 
@@ -107,9 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=[*EXAMPLES, *HF])
     parser.add_argument("--out", required=True)
     parser.add_argument("--compare", help="a snapshot written before the change")
+    parser.add_argument("--gpu-shaped", action="store_true", help="graphs with cuda metadata, the h100 profile")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    result = json.loads(json.dumps(snapshot(args.models), sort_keys=True))  # tuples as lists, as the file has them
+    result = json.loads(json.dumps(snapshot(args.models, args.gpu_shaped), sort_keys=True))  # tuples as lists, as the file has them
     Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
     if args.compare:
         return compare(json.loads(Path(args.compare).read_text()), result)
