@@ -17,8 +17,8 @@ import sys
 
 
 def gaps_for(problem, price, max_price, fractions):
-    from fxremat_passes.budget import search_budget, solve_at
-    from fxremat_passes.milp import objective, solve_milp
+    from fxremat_passes.solver.budget import search_budget, solve_at
+    from fxremat_passes.solver.milp import objective, solve_milp
 
     default, fewest = solve_at(problem, price), solve_at(problem, max_price)
     out = []

@@ -1,4 +1,5 @@
-"""How far fxremat's plans are from the exact peak MILP (``fxremat_passes.peak_milp``), under the MILP's own model.
+"""How far fxremat's plans are from the exact peak MILP (``fxremat_passes.solver.peak_milp``), under the MILP's own
+model.
 
     python benchmarks/peak_milp_gap.py [--graphs chain_4 ... llama_stack] [--time-limit 120] [--json out.json]
 
@@ -125,7 +126,13 @@ def schedule_of(gm, kwargs, saved: dict[str, tuple[str, ...]], step_peak: bool =
 
 
 def rows_for(name: str, time_limit: float, saved_cap: bool = False, step_peak: bool = True) -> list[dict]:
-    from fxremat_passes.peak_milp import evaluate_schedule, least_peak, plan_schedule, saved_bytes, solve_min_peak
+    from fxremat_passes.solver.peak_milp import (
+        evaluate_schedule,
+        least_peak,
+        plan_schedule,
+        saved_bytes,
+        solve_min_peak,
+    )
 
     gm, kwargs, saved, segmented = capture_plans(*build_model(name))
     schedule = schedule_of(gm, kwargs, saved, step_peak)
@@ -169,7 +176,7 @@ def rows_for(name: str, time_limit: float, saved_cap: bool = False, step_peak: b
 
 def _capped(graph, ours, cap: int, time_limit: float) -> dict:
     """The MILP held to the plan's own saved bytes too (a memory_budget plan's constraint)."""
-    from fxremat_passes.peak_milp import solve_min_peak
+    from fxremat_passes.solver.peak_milp import solve_min_peak
 
     best = solve_min_peak(graph, ours.compute_seconds, time_limit, max_saved_bytes=cap)
     gap = ours.peak_bytes / best.peak_bytes - 1 if best.schedule is not None and best.peak_bytes else None

@@ -105,11 +105,11 @@ def measure(blocks: int, sweep: int, repeats: int = 1, only: list[str] | None = 
     from fxremat.options import Options
     from fxremat.report import DEFERRED_FIELDS
     from fxremat_passes import _torch_private as tp
-    from fxremat_passes.budget import SolveCache, search_budget, solve_at
     from fxremat_passes.costs import PROFILES, annotate_costs
     from fxremat_passes.flow_problem import build_flow_problem
-    from fxremat_passes.mincut import solve_min_cut
     from fxremat_passes.roles import classify
+    from fxremat_passes.solver.budget import SolveCache, search_budget, solve_at
+    from fxremat_passes.solver.mincut import solve_min_cut
 
     cap = capture(blocks)
     gm, inputs, kwargs = cap["gm"], cap["inputs"], cap["kwargs"]

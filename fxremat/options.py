@@ -89,7 +89,7 @@ def normalise_budget(value: Any, name: str = "memory_budget") -> float | int | N
 
 def _check_solver(name: Any) -> None:
     # the solvers (and their max-flow and HiGHS code) load here, not with fxremat: a warm compile never solves
-    from fxremat_passes.solvers import SOLVERS
+    from fxremat_passes.solver.solvers import SOLVERS
 
     if name not in SOLVERS:
         raise ValueError(f"solver={name!r} is not known; use one of {list(SOLVERS)}")
@@ -159,7 +159,7 @@ class Options:
     memory_price     byte-transfer times charged per byte kept for backward (>= 0; higher saves less).
     device           cost profile: "auto" (the graph's device: CUDA by name, else fixed CPU constants), a profile
                      name, "calibrated" (this machine, measured once and cached), or a DeviceProfile.
-    solver           a name in ``fxremat_passes.solvers.SOLVERS``: "mincut" (max-flow, with a budget: price search +
+    solver           a name in ``fxremat_passes.solver.solvers.SOLVERS``: "mincut" (max-flow, with a budget: price search +
                      MILP refinement on small graphs) or "milp" (the exact MILP for every graph: small graphs only).
     compare_default  a report-oriented run: also run PyTorch's default partitioner on a copy (the report's
                      ``baseline_*``), fxremat's memory/recompute frontier, and simulate the step's peaks for every

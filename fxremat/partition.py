@@ -24,7 +24,6 @@ import torch
 import torch.fx as fx
 
 from fxremat_passes import _torch_private as tp
-from fxremat_passes.budget import Plan
 from fxremat_passes.choice import ChoiceSettings, choose, kept_tagged, segmented_split
 from fxremat_passes.costs import DeviceProfile, annotate_costs
 from fxremat_passes.cpp_units import join_kernel_runs
@@ -43,6 +42,7 @@ from fxremat_passes.liveness import PeakEstimate, cpp_units_joined, saved_views_
 from fxremat_passes.phase_copies import copy_gathers_per_phase
 from fxremat_passes.region_budget import annotations_hidden
 from fxremat_passes.roles import Policy, Role, classify, recompute_tag
+from fxremat_passes.solver.budget import Plan
 from fxremat_passes.split import SplitRecipe, split_with_recipe
 
 from . import simulated

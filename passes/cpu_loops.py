@@ -25,7 +25,6 @@ import torch.fx as fx
 from .access import reduced_dims, sizes_strides
 from .ops import OpClass
 
-
 # The sizes of a ``ConcatKernel``: a NopKernel (``lowering.concat_kernel``), between the kernels that write its slices
 # and those that read it (``Scheduler.can_fuse``: "node1 is nop", "node2 is extern or nop"), so a kernel that reads
 # it never fuses with one that writes it (``fusion.Fusion.loops_differ``).  ViT's class token and patch embeddings:

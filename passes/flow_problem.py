@@ -20,8 +20,8 @@ import torch
 import torch.fx as fx
 
 from .costs import DeviceProfile, NodeCost
-from .parametric import ParametricProblem
 from .roles import GraphRoles, Policy, Role, recompute_tag
+from .solver.parametric import ParametricProblem
 
 log = logging.getLogger(__name__)
 

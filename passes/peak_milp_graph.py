@@ -47,10 +47,10 @@ from dataclasses import dataclass, field
 import torch.fx as fx
 
 from .flow_problem import FlowProblem
-from .peak_milp import ScheduleGraph
 from .phase import NEVER
 from .plan_memory import JointMemory, build_joint_memory
 from .roles import GraphRoles, Role
+from .solver.peak_milp import ScheduleGraph
 
 DEFAULT_MAX_NODES = 60
 DEFAULT_MAX_STAGES = 24

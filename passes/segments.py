@@ -2,8 +2,9 @@
 
 A plan that saves nothing has backward recompute the whole forward, and backward recomputes lazily
 (``split._reorder_like_autograd``): its first node needs the last layer, so the whole forward is recomputed at
-once and held, the peak of keeping everything.  ``passes/checkpoints.py`` fixes that in forward, by keeping waists;
-this module does it inside backward (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost", applied to
+once and held, the peak of keeping everything.  ``passes/solver/checkpoints.py`` fixes that in forward, by keeping
+waists; this module does it inside backward (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost", applied
+to
 the recomputation itself), so that it applies to any plan, the one that saves nothing included:
 
 * checkpoints S_1..S_k are open sets of the recomputed region (``checkpoints.forward_waists`` on the forward nodes
@@ -30,7 +31,6 @@ import torch
 import torch.fx as fx
 
 from . import _torch_private as tp
-from .checkpoints import SEGMENT_COUNTS, Waists, forward_waists, segment_checkpoints
 from .costs import DeviceProfile, alias_root, node_cost, node_nbytes
 from .cse import impurity_test
 from .graph_facts import attached
@@ -38,6 +38,7 @@ from .liveness import PeakEstimate, simulate_backwards
 from .lowering import _readers_through_views, inductor_class
 from .ops import NEVER_RECOMPUTE, OpClass, op_class
 from .phase import materialises
+from .solver.checkpoints import SEGMENT_COUNTS, Waists, forward_waists, segment_checkpoints
 from .split import FirstPass, SplitRecipe
 
 log = logging.getLogger(__name__)

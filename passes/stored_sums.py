@@ -23,8 +23,8 @@ import torch.fx as fx
 from .graph_facts import GraphFacts
 from .lowering import _readers_through_views
 from .ops import OpClass
-from .parametric import ParametricProblem
 from .roles import GraphRoles, Role
+from .solver.parametric import ParametricProblem
 
 EXTERN = frozenset({OpClass.MATMUL, OpClass.CONVOLUTION, OpClass.ATTENTION})
 

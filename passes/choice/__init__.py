@@ -2,7 +2,7 @@
 
 The one place plan choice lives (docs/ARCHITECTURE.md).  ``choose`` is the entry (``choose.CHOOSERS``: which kind of
 choice a graph gets); ``segmented_split`` runs a split's backward segment by segment; ``kept_tagged`` says which
-checkpointed values a plan keeps.  The plain-number parts are the solver tier's (``passes/shortlists.py``).
+checkpointed values a plan keeps.  The plain-number parts are the solver tier's (``passes/solver/shortlists.py``).
 """
 
 from .choose import CHOOSERS, choose

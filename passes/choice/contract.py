@@ -2,12 +2,12 @@
 
 A user who wrapped blocks in ``torch.utils.checkpoint`` asked for checkpoint's memory.  The *user's plan* is
 fxremat's own cut with every value still tagged ``PREFER_RECOMPUTE``/``MUST_RECOMPUTE`` after the boundary clean-up
-forced to be recomputed (``passes/user_plan.py``), untagged values priced as usual.  With ``checkpoints="honour"``
-(the default) a graph with such tags gets the fastest candidate plan whose saved bytes and simulated step peak are
-both no higher than the user's plan's: fxremat may save less, or re-plan inside a region where that raises neither.
-The user's plan is itself a candidate, so one always fits.  ``memory_budget`` and ``peak_budget`` apply on top
-(``memory_budget.py``, ``peak.py``).  ``checkpoints="replan"`` hands the regions to fxremat's costs (a tag is a
-bias then, ``flow_problem.PREFER_FACTOR``).
+forced to be recomputed (``passes/solver/user_plan.py``), untagged values priced as usual.  With
+``checkpoints="honour"`` (the default) a graph with such tags gets the fastest candidate plan whose saved bytes and
+simulated step peak are both no higher than the user's plan's: fxremat may save less, or re-plan inside a region where
+that raises neither. The user's plan is itself a candidate, so one always fits.  ``memory_budget`` and ``peak_budget``
+apply on top (``memory_budget.py``, ``peak.py``).  ``checkpoints="replan"`` hands the regions to fxremat's costs (a tag
+is a bias then, ``flow_problem.PREFER_FACTOR``).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from ..budget import Plan, SolveCache, solve_at
 from ..roles import Policy, Role, recompute_tag
-from ..shortlists import fastest_first, plan_key
-from ..solvers import cheapest_within
-from ..user_plan import ForcedProblem, force_recompute
+from ..solver.budget import Plan, SolveCache, solve_at
+from ..solver.shortlists import fastest_first, plan_key
+from ..solver.solvers import cheapest_within
+from ..solver.user_plan import ForcedProblem, force_recompute
 from .judged import judged_plans
 from .plan import candidate_plans, choose_plan
 from .records import Chooser, Choosing, PlanChoice

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import logging
 
-from ..budget import Plan, solve_at
-from ..solvers import SOLVERS
+from ..solver.budget import Plan, solve_at
+from ..solver.solvers import SOLVERS
 from ..stored_sums import block_sums, reads_only
 from .plan import choose_plan, priced_by
 from .records import Chooser, Choosing, PlanChoice

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..budget import Plan
-from ..front_saves import front_problems
 from ..roles import Role
-from ..shortlists import PeakChoice, PeakTie, one_step
+from ..solver.budget import Plan
+from ..solver.front_saves import front_problems
+from ..solver.shortlists import PeakChoice, PeakTie, one_step
 from .plan import constrained_plans
 from .records import Choosing
 from .settings import prices

@@ -10,11 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .. import _torch_private as tp
-from ..budget import Plan, SolveCache
 from ..liveness import PeakEstimate, simulate_step
 from ..plan_memory import build_joint_memory, estimate_peak
 from ..roles import Role
-from ..shortlists import plan_key
+from ..solver.budget import Plan, SolveCache
+from ..solver.shortlists import plan_key
 from ..stored_sums import block_sums, reads_only
 from .plan import peak_candidates
 from .records import Choosing

@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 import warnings
 
-from ..budget import Plan, SolveCache
-from ..shortlists import BUDGET_TIE, BudgetShortlist, monotone_choice, plan_key
-from ..solvers import SOLVERS
+from ..solver.budget import Plan, SolveCache
+from ..solver.shortlists import BUDGET_TIE, BudgetShortlist, monotone_choice, plan_key
+from ..solver.solvers import SOLVERS
 from .contract import CONTRACT_FIELDS, contract_plan
 from .default import block_sums_plan
 from .front import front_loaded_choice

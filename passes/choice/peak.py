@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import warnings
 
-from ..budget import SolveCache, budget_target
-from ..shortlists import (
+from ..solver.budget import SolveCache, budget_target
+from ..solver.shortlists import (
     BUDGET_TIE,
     LOWERED_CANDIDATES,
     STRICT,
@@ -18,7 +18,7 @@ from ..shortlists import (
     peak_shortlist,
     plan_key,
 )
-from ..solvers import cheapest_within
+from ..solver.solvers import cheapest_within
 from .contract import CONTRACT_FIELDS, contract_plan
 from .default import block_sums_plan
 from .judged import PEAK_SIMULATED_CANDIDATES, judged_plans, ranked_candidates

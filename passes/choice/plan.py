@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..budget import Plan, SolveCache, budget_target, frontier
-from ..checkpoints import checkpoint_grid
 from ..costs import DeviceProfile
-from ..milp import seconds_below
-from ..parametric import ParametricProblem
-from ..shortlists import fastest_first
-from ..solvers import SOLVERS, Budget, cheapest_within, cheapest_within_each
+from ..solver.budget import Plan, SolveCache, budget_target, frontier
+from ..solver.checkpoints import checkpoint_grid
+from ..solver.milp import seconds_below
+from ..solver.parametric import ParametricProblem
+from ..solver.shortlists import fastest_first
+from ..solver.solvers import SOLVERS, Budget, cheapest_within, cheapest_within_each
 from .settings import ChoiceSettings, prices, warn_unreachable
 
 

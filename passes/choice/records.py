@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..budget import Plan
+from ..solver.budget import Plan
 from .settings import ChoiceSettings
 
 if TYPE_CHECKING:

@@ -1,5 +1,6 @@
 """Per-region budgets (``torch.autograd.graph.region_activation_memory_budget`` around parts of a graph): the plan
-where each region keeps at most its own budget, in one solve with the rest of the graph (``passes/region_search.py``).
+where each region keeps at most its own budget, in one solve with the rest of the graph
+(``passes/solver/region_search.py``).
 
 A storage belongs to the region its owner (the node whose output it is, ``costs.alias_root``) was traced in, so a
 view taken in one region of a value made in another counts where the value was made.  Each region's budget is a
@@ -17,8 +18,8 @@ import warnings
 
 from ..costs import node_cost
 from ..region_budget import REGION_SOURCE, RegionAnnotations, node_region_budget
-from ..region_search import Region, region_bytes, solve_regions
-from ..solvers import MILP_REFINE_LIMIT, MILP_TIME_LIMIT, SOLVERS
+from ..solver.region_search import Region, region_bytes, solve_regions
+from ..solver.solvers import MILP_REFINE_LIMIT, MILP_TIME_LIMIT, SOLVERS
 from .records import Chooser, Choosing, PlanChoice
 from .settings import FxrematBudgetWarning, prices
 

@@ -8,9 +8,9 @@ import logging
 from dataclasses import dataclass, field
 
 from .. import _torch_private as tp
-from ..budget import Plan
 from ..segments import lowest_peak_segments, segment_recompute_flops, segment_recompute_seconds
-from ..shortlists import plan_key
+from ..solver.budget import Plan
+from ..solver.shortlists import plan_key
 from .judged import JudgedPlans
 
 log = logging.getLogger(__name__)

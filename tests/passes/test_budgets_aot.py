@@ -17,7 +17,7 @@ from fxremat.examples import example
 from fxremat.options import Options
 from fxremat.partition import PartitionRequest, partition
 from fxremat_passes import _torch_private as tp
-from fxremat_passes.shortlists import BUDGET_TIE
+from fxremat_passes.solver.shortlists import BUDGET_TIE
 
 MODELS = ("block_sdpa", "block_softmax", "stack", "mlp")
 
@@ -232,8 +232,8 @@ def test_the_refinements_below_the_budget_are_made_only_where_they_could_change_
     """``memory_budget`` makes the MILP refinements below its budget only where the walk reached a plan as slow as
     any they can give (``memory_budget._refinements_first``): the same report as with all four made first (but
     ``budget_candidates``, the candidates it had), and on these fewer HiGHS solves."""
-    from fxremat_passes import solvers
     from fxremat_passes.choice import memory_budget
+    from fxremat_passes.solver import solvers
 
     model, inputs = example(name)
     solved, refine = [], solvers._refine_bounded

@@ -304,7 +304,7 @@ def test_cache_key_hashes_every_pass_source():
 
 def test_importing_fxremat_does_not_import_scipy():
     # torch.compile(backend="fxremat") imports fxremat even when Inductor's cache answers and nothing is
-    # partitioned: scipy (0.2-0.4 s) waits for the first solve (passes/mincut.py; issue #16's warm-cache time)
+    # partitioned: scipy (0.2-0.4 s) waits for the first solve (passes/solver/mincut.py; issue #16's warm-cache time)
     code = "import sys, fxremat; assert not [m for m in sys.modules if m.split('.')[0] == 'scipy'], 'scipy imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -338,7 +338,7 @@ def test_importing_fxremat_leaves_the_partitioner_for_the_first_partition():
         "import sys, fxremat, fxremat.backend\n"
         "fxremat.backend(memory_budget=0.5, device='cpu')\n"
         "sys.modules['fxremat.backend'].LayoutChoice()  # a CPU graph's compile, warm or cold, makes one\n"
-        "later = ['fxremat_passes.choice', 'fxremat.partition', 'fxremat_passes.solvers', 'fxremat_passes.liveness',\n"
+        "later = ['fxremat_passes.choice', 'fxremat.partition', 'fxremat_passes.solver.solvers', 'fxremat_passes.liveness',\n"
         "         'fxremat.verify', 'fxremat.knobs', 'fxremat_passes.roles']\n"
         "assert not [m for m in later if m in sys.modules], [m for m in later if m in sys.modules]\n"
         "assert fxremat.FxrematBudgetWarning.__module__.startswith('fxremat_passes.choice')\n"

@@ -11,20 +11,20 @@ from helpers import assert_grads_close, capture_joint, eager_grads, run_fxremat_
 
 from fxremat.examples import Stack, example
 from fxremat_passes import _torch_private as tp
-from fxremat_passes.budget import frontier
 from fxremat_passes.costs import PROFILES, annotate_costs
 from fxremat_passes.cpp_units import join_kernel_runs
 from fxremat_passes.flow_problem import build_flow_problem
 from fxremat_passes.liveness import cpp_units_joined, simulate_step
 from fxremat_passes.plan_memory import build_joint_memory, estimate_peak
 from fxremat_passes.roles import classify
+from fxremat_passes.solver.budget import frontier
 
 
 def _candidates_and_memory(name):
     from fxremat.options import Options
-    from fxremat_passes.budget import SolveCache
     from fxremat_passes.choice.plan import peak_candidates
     from fxremat_passes.roles import Role
+    from fxremat_passes.solver.budget import SolveCache
 
     model, inputs = example(name)
     gm, kwargs = capture_joint(model, inputs)
@@ -212,8 +212,8 @@ def test_the_candidates_between_the_vertices_save_the_block_sums_and_peak_no_hig
     the plain problem's plan at the same fraction, and at least one saves a block sum (llama_stack, RESULTS.md
     "Session 21": the plain plans peaked above the default, and memory_budget=0.5 fell back to a slow one)."""
     from fxremat.options import Options
-    from fxremat_passes.budget import SolveCache
     from fxremat_passes.choice.plan import PEAK_CANDIDATE_FRACTIONS, budget_target_bytes, candidate_plans
+    from fxremat_passes.solver.budget import SolveCache
     from fxremat_passes.stored_sums import block_sums, reads_only
 
     joint, roles, flow, _, memory, _ = _candidates_and_memory("llama_stack")
@@ -248,10 +248,10 @@ def test_the_candidates_hold_the_cheapest_plan_at_the_budgets_users_set_most(bud
     the next refined plan below the cap, and at 0.2 on the benchmark stack that was a plan recomputed segment by
     segment, 1.13x PyTorch's step (benchmarks/RESULTS.md "Session 22")."""
     from fxremat.options import Options
-    from fxremat_passes.budget import SolveCache
     from fxremat_passes.choice.plan import budget_target_bytes, candidate_plans
     from fxremat_passes.choice.settings import prices
-    from fxremat_passes.solvers import cheapest_within
+    from fxremat_passes.solver.budget import SolveCache
+    from fxremat_passes.solver.solvers import cheapest_within
 
     _, _, flow, _, _, _ = _candidates_and_memory("stack")
     problem, profile, options = flow.parametric, PROFILES["cpu"], Options.create()

@@ -51,7 +51,7 @@ def test_default_plan_saves_the_block_sums_at_no_more_memory(monkeypatch):
 
 
 def test_reads_only_prices_one_read():
-    from fxremat_passes.parametric import ParametricProblem
+    from fxremat_passes.solver.parametric import ParametricProblem
 
     problem = ParametricProblem(
         num_values=2,

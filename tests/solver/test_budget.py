@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fxremat_passes.budget import Plan, SolveCache, frontier, search_budget, solve_at
-from fxremat_passes.milp import objective, solve_milp
-from fxremat_passes.mincut import CAPACITY_LIMIT, check_plan
-from fxremat_passes.parametric import ParametricProblem
+from fxremat_passes.solver.budget import Plan, SolveCache, frontier, search_budget, solve_at
+from fxremat_passes.solver.milp import objective, solve_milp
+from fxremat_passes.solver.mincut import CAPACITY_LIMIT, check_plan
+from fxremat_passes.solver.parametric import ParametricProblem
 
 DEFAULT_PRICE = 1e-10
 MAX_PRICE = 1e-3
@@ -39,7 +39,7 @@ def random_parametric(rng: random.Random, n: int, shared_storage: bool = False) 
 
 
 def feasible(problem: ParametricProblem) -> bool:
-    from fxremat_passes.mincut import InfeasibleCutError
+    from fxremat_passes.solver.mincut import InfeasibleCutError
 
     try:
         solve_at(problem, DEFAULT_PRICE)
@@ -391,7 +391,7 @@ def test_no_plan_within_a_smaller_budget_is_faster_than_the_milps_dual_bound_all
     above 1 as PREFER_RECOMPUTE values have)."""
     import dataclasses
 
-    from fxremat_passes.milp import seconds_below, solve_milp_bounded
+    from fxremat_passes.solver.milp import seconds_below, solve_milp_bounded
 
     rng = random.Random(seed)
     problem = random_parametric(rng, rng.randint(3, 7), shared_storage=True)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from fxremat_passes.budget import solve_at
-from fxremat_passes.checkpoints import checkpoint_grid, forward_waists, segment_checkpoints
-from fxremat_passes.parametric import ParametricProblem
+from fxremat_passes.solver.budget import solve_at
+from fxremat_passes.solver.checkpoints import checkpoint_grid, forward_waists, segment_checkpoints
+from fxremat_passes.solver.parametric import ParametricProblem
 
 
 def residual_chain(blocks: int) -> tuple[ParametricProblem, list[bool], list[int]]:

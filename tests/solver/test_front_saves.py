@@ -6,8 +6,8 @@ from dataclasses import replace
 
 from test_checkpoints import residual_chain
 
-from fxremat_passes.budget import solve_at
-from fxremat_passes.front_saves import FRONT_FRACTIONS, front_problems
+from fxremat_passes.solver.budget import solve_at
+from fxremat_passes.solver.front_saves import FRONT_FRACTIONS, front_problems
 
 
 def _forced(constrained, problem) -> set[int]:

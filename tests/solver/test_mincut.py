@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fxremat_passes.mincut import (
+from fxremat_passes.solver.mincut import (
     CAPACITY_LIMIT,
     CutProblem,
     InfeasibleCutError,
@@ -231,16 +231,16 @@ def test_invariants(problem):
 
 
 def test_solver_module_does_not_import_torch():
-    code = "import sys, fxremat_passes.mincut; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, fxremat_passes.solver.mincut; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_the_solvers_import_scipy_on_their_first_solve_not_before():
     # a compile that Inductor's cache answers never solves, so it must not pay for scipy's import (issue #16)
     code = (
-        "import sys, fxremat_passes.mincut, fxremat_passes.milp, fxremat_passes.peak_milp\n"
+        "import sys, fxremat_passes.solver.mincut, fxremat_passes.solver.milp, fxremat_passes.solver.peak_milp\n"
         "assert not [m for m in sys.modules if m.split('.')[0] == 'scipy'], 'scipy imported'\n"
-        "from fxremat_passes.mincut import CutProblem, solve_min_cut\n"
+        "from fxremat_passes.solver.mincut import CutProblem, solve_min_cut\n"
         "solution = solve_min_cut(CutProblem(num_values=1, edges=(), needed=(0,), save_cost=(1,), "
         "recompute_cost=(None,)))\n"
         "assert solution.saved == (0,) and 'scipy.sparse.csgraph' in sys.modules\n"
@@ -272,7 +272,7 @@ def walked_value_by_value(problem: CutProblem, in_forward: set[int]) -> tuple[tu
 
 @pytest.mark.parametrize("seed", range(40))
 def test_the_demand_walk_is_the_value_by_value_walk(seed):
-    from fxremat_passes.mincut import _demanded, v_in
+    from fxremat_passes.solver.mincut import _demanded, v_in
 
     rng = random.Random(seed)
     problem = random_problem(rng, rng.randint(1, 40), rng.choice((0.05, 0.2, 0.5)), 0.2, 9)
@@ -291,7 +291,7 @@ def solved(problem: CutProblem):
 
 @pytest.mark.parametrize("seed", range(20))
 def test_a_problem_of_arrays_is_the_problem_of_its_tuples(seed):
-    from fxremat_passes.mincut import INFINITE
+    from fxremat_passes.solver.mincut import INFINITE
 
     problem = random_problem(random.Random(seed), 30, 0.2, 0.2, 9)
     save, recompute = problem.cost_arrays

@@ -1,5 +1,5 @@
-"""The exact peak MILP (passes/peak_milp.py) on literal graphs with hand-counted peaks, and against brute force over
-every schedule of small random graphs.  No torch."""
+"""The exact peak MILP (passes/solver/peak_milp.py) on literal graphs with hand-counted peaks, and against brute force
+over every schedule of small random graphs.  No torch."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fxremat_passes.peak_milp import (
+from fxremat_passes.solver.peak_milp import (
     InvalidSchedule,
     Schedule,
     ScheduleGraph,
@@ -252,7 +252,7 @@ def test_milp_matches_brute_force_and_beats_every_plan(seed, forward, backward, 
 
 
 def test_solver_module_does_not_import_torch():
-    code = "import sys, fxremat_passes.peak_milp; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, fxremat_passes.solver.peak_milp; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

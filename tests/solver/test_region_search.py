@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_budget import DEFAULT_PRICE, MAX_PRICE, feasible, random_parametric
 
-from fxremat_passes.budget import Plan
-from fxremat_passes.milp import objective, solve_milp
-from fxremat_passes.mincut import check_plan
-from fxremat_passes.region_search import Region, region_bytes, solve_regions
+from fxremat_passes.solver.budget import Plan
+from fxremat_passes.solver.milp import objective, solve_milp
+from fxremat_passes.solver.mincut import check_plan
+from fxremat_passes.solver.region_search import Region, region_bytes, solve_regions
 
 
 def two_regions(problem, rng: random.Random, budgets) -> list[Region]:
@@ -109,5 +109,5 @@ def test_the_milp_with_a_row_per_region_matches_brute_force(seed):
 
 
 def test_region_search_does_not_import_torch():
-    code = "import sys, fxremat_passes.region_search; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, fxremat_passes.solver.region_search; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

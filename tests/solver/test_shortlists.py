@@ -1,13 +1,13 @@
-"""``passes/shortlists.py`` on plain numbers (no torch): plan identity and order, the shortlists a peak-judged choice
-simulates, and ``monotone_choice``, the peak-safe choice among a shortlist of plans."""
+"""``passes/solver/shortlists.py`` on plain numbers (no torch): plan identity and order, the shortlists a peak-judged
+choice simulates, and ``monotone_choice``, the peak-safe choice among a shortlist of plans."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from fxremat_passes.budget import Plan
-from fxremat_passes.shortlists import (
+from fxremat_passes.solver.budget import Plan
+from fxremat_passes.solver.shortlists import (
     STRICT,
     BudgetShortlist,
     PeakOnly,
@@ -167,7 +167,7 @@ def test_budget_shortlist_drops_beaten_plans_and_keeps_both_ends():
 
 
 def test_shortlists_module_does_not_import_torch():
-    code = "import sys, fxremat_passes.shortlists; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, fxremat_passes.solver.shortlists; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -246,7 +246,7 @@ def test_one_step_segments_the_plans_saving_most_whatever_their_own_peak():
     ``most_saved_lowered`` the plans saving the most bytes are run the other way too, also above the
     ``LOWERED_CANDIDATES`` lowest by their own peak (ViT at 0.2: 9,321,864 B its own, 8,065,992 segmented, left
     untried before; RESULTS session 29)."""
-    from fxremat_passes.shortlists import one_step
+    from fxremat_passes.solver.shortlists import one_step
 
     # four plans within 50 bytes at own peaks 80, 81, 82, 90: only the last, saving the most, segments low (40)
     plans = {1: (42, 2.0, 80), 2: (43, 3.0, 81), 3: (44, 4.0, 82), 4: (45, 5.0, 90)}

@@ -1,4 +1,4 @@
-"""The solver registry (passes/solvers.py) on plain-number problems (no torch): every registered solver keeps a
+"""The solver registry (passes/solver/solvers.py) on plain-number problems (no torch): every registered solver keeps a
 budget it says it met, and plans the graph can run."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import threading
 import pytest
 from test_budget import DEFAULT_PRICE, MAX_PRICE, feasible, random_parametric
 
-from fxremat_passes import solvers
-from fxremat_passes.budget import SolveCache, budget_target
-from fxremat_passes.mincut import check_plan
-from fxremat_passes.solvers import SOLVERS, Budget, cheapest_within, cheapest_within_each
+from fxremat_passes.solver import solvers
+from fxremat_passes.solver.budget import SolveCache, budget_target
+from fxremat_passes.solver.mincut import check_plan
+from fxremat_passes.solver.solvers import SOLVERS, Budget, cheapest_within, cheapest_within_each
 
 
 def test_the_registry_names_each_solver_by_its_own_name():
@@ -89,5 +89,5 @@ def test_a_refinement_stops_at_a_node_limit_so_its_plan_does_not_depend_on_the_l
 
 
 def test_the_registry_does_not_import_torch():
-    code = "import sys, fxremat_passes.solvers; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, fxremat_passes.solver.solvers; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

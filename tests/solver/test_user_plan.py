@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from fxremat_passes.budget import solve_at
-from fxremat_passes.parametric import ParametricProblem
-from fxremat_passes.user_plan import force_recompute
+from fxremat_passes.solver.budget import solve_at
+from fxremat_passes.solver.parametric import ParametricProblem
+from fxremat_passes.solver.user_plan import force_recompute
 
 
 def chain(recompute, traffic=None, needed=(1, 2, 3)) -> ParametricProblem:

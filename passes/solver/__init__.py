@@ -1,0 +1,1 @@
+"""solver: see docs/ARCHITECTURE.md."""
