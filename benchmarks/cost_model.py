@@ -70,8 +70,8 @@ def main(argv=None) -> int:
     from scipy.stats import spearmanr
     from tabulate import tabulate
 
-    from fxremat_passes.costs import PROFILES, annotate_costs
-    from fxremat_passes.ops import NEVER_RECOMPUTE, OpClass, qualified_name
+    from fxremat_passes.graph.costs import PROFILES, annotate_costs
+    from fxremat_passes.graph.ops import NEVER_RECOMPUTE, OpClass, qualified_name
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["mlp", "block_sdpa", "block_softmax", "convnet"])

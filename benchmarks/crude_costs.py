@@ -39,8 +39,8 @@ VARIANTS = ("crude", "no_weights", "real")
 
 def variant_costs(variant: str, graph, profile, nodes=None, facts=None) -> dict:
     """annotate_costs' output for ``variant`` (written to ``node.meta`` like annotate_costs does)."""
-    from fxremat_passes.costs import COST_KEY, _first_tensor_input, annotate_costs, hinted_numel
-    from fxremat_passes.ops import FUSIBLE, OpClass, qualified_name
+    from fxremat_passes.graph.costs import COST_KEY, _first_tensor_input, annotate_costs, hinted_numel
+    from fxremat_passes.graph.ops import FUSIBLE, OpClass, qualified_name
 
     costs = annotate_costs(graph, profile, nodes, facts)
     if variant == "real":
@@ -101,7 +101,7 @@ def build(name: str, dim: int, batch: int, seq: int):
 def costs_variant(variant: str, real_by_name: dict):
     """Patch fxremat's partition pass to use ``variant``'s costs; record the real costs by node name."""
     import fxremat.partition as partition
-    from fxremat_passes.costs import annotate_costs
+    from fxremat_passes.graph.costs import annotate_costs
 
     def annotate(graph, profile, nodes=None, facts=None):
         real = annotate_costs(graph, profile, nodes, facts)

@@ -42,7 +42,7 @@ def one_stretch_earlier(order: list, phase) -> list:
     """``order`` with each recompute moved before the stretch of externs (and free nodes between them) ahead of it,
     never above one of its inputs."""
     from fxremat_passes import kernel_runs
-    from fxremat_passes.costs import NO_KERNEL as free  # views, items, SymInt arithmetic (and in/outputs)
+    from fxremat_passes.graph.costs import NO_KERNEL as free  # views, items, SymInt arithmetic (and in/outputs)
     from fxremat_passes.lowering import KERNEL_CLASSES
 
     hoistable = KERNEL_CLASSES | free

@@ -69,9 +69,9 @@ def main(argv=None) -> int:
     if args.models:
         from fxremat.examples import example
         from fxremat_passes import _torch_private as tp
-        from fxremat_passes.costs import PROFILES, annotate_costs
-        from fxremat_passes.flow_problem import build_flow_problem
-        from fxremat_passes.roles import classify
+        from fxremat_passes.graph.costs import PROFILES, annotate_costs
+        from fxremat_passes.graph.flow_problem import build_flow_problem
+        from fxremat_passes.graph.roles import classify
 
         profile = PROFILES["cpu"]
         for name in args.models:

@@ -102,11 +102,11 @@ def capture_plans(model, inputs) -> tuple[object, dict, dict[str, tuple[str, ...
 
 
 def schedule_of(gm, kwargs, saved: dict[str, tuple[str, ...]], step_peak: bool = True):
-    from fxremat_passes.costs import PROFILES, annotate_costs
-    from fxremat_passes.cse import prepare_joint_graph
-    from fxremat_passes.flow_problem import VALUE_ROLES, build_flow_problem
+    from fxremat_passes.graph.costs import PROFILES, annotate_costs
+    from fxremat_passes.graph.cse import prepare_joint_graph
+    from fxremat_passes.graph.flow_problem import VALUE_ROLES, build_flow_problem
+    from fxremat_passes.graph.roles import classify
     from fxremat_passes.peak_milp_graph import build_schedule_graph
-    from fxremat_passes.roles import classify
 
     joint = prepare_joint_graph(gm)
     roles = classify(

@@ -38,9 +38,9 @@ def setup(gm, kwargs):
     from fxremat.options import Options
     from fxremat_passes import _torch_private as tp
     from fxremat_passes.choice.plan import peak_candidates
-    from fxremat_passes.costs import PROFILES, annotate_costs
-    from fxremat_passes.flow_problem import build_flow_problem
-    from fxremat_passes.roles import Role, classify
+    from fxremat_passes.graph.costs import PROFILES, annotate_costs
+    from fxremat_passes.graph.flow_problem import build_flow_problem
+    from fxremat_passes.graph.roles import Role, classify
     from fxremat_passes.solver.budget import SolveCache
 
     num_fwd_outputs = kwargs["num_fwd_outputs"]

@@ -1,4 +1,4 @@
-"""Per-element weights of elementwise ops (``fxremat_passes.ops.POINTWISE_FLOP_WEIGHTS``) in seconds, not minutes.
+"""Per-element weights of elementwise ops (``fxremat_passes.graph.ops.POINTWISE_FLOP_WEIGHTS``) in seconds, not minutes.
 
     python benchmarks/pointwise_eager.py [--numel 4194304] [--repeats 15]
 

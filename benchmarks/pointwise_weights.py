@@ -1,5 +1,5 @@
 """Measure what one pointwise op costs *inside a fused Inductor kernel* on this CPU, in add/mul equivalents: the
-per-element FLOP weights of ``fxremat_passes.ops.POINTWISE_FLOP_WEIGHTS``.
+per-element FLOP weights of ``fxremat_passes.graph.ops.POINTWISE_FLOP_WEIGHTS``.
 
     python benchmarks/pointwise_weights.py [--numel 4194304] [--repeats 11] [--ops tanh erf ...]
 

@@ -105,9 +105,9 @@ def measure(blocks: int, sweep: int, repeats: int = 1, only: list[str] | None = 
     from fxremat.options import Options
     from fxremat.report import DEFERRED_FIELDS
     from fxremat_passes import _torch_private as tp
-    from fxremat_passes.costs import PROFILES, annotate_costs
-    from fxremat_passes.flow_problem import build_flow_problem
-    from fxremat_passes.roles import classify
+    from fxremat_passes.graph.costs import PROFILES, annotate_costs
+    from fxremat_passes.graph.flow_problem import build_flow_problem
+    from fxremat_passes.graph.roles import classify
     from fxremat_passes.solver.budget import SolveCache, search_budget, solve_at
     from fxremat_passes.solver.mincut import solve_min_cut
 

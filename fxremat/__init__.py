@@ -5,7 +5,7 @@ over real per-node costs (bytes kept alive, FLOPs and memory traffic to recomput
     b = fxremat.backend(memory_price=20.0); model = torch.compile(model, backend=b); ...; b.reports
 """
 
-from fxremat_passes.costs import PROFILES, DeviceProfile
+from fxremat_passes.graph.costs import PROFILES, DeviceProfile
 
 from .backend import FxrematBackend, backend, make_partition_fn, string_backend_reports
 from .options import Options

@@ -23,8 +23,8 @@ import torch
 import torch.fx as fx
 
 from fxremat_passes import _torch_private as tp
+from fxremat_passes.graph.region_budget import annotation_key
 from fxremat_passes.layout_choice import LayoutChoice
-from fxremat_passes.region_budget import annotation_key
 
 from .options import Options
 from .report import CutReport

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from fxremat_passes.costs import DeviceProfile
+from fxremat_passes.graph.costs import DeviceProfile
 
 from .measure import device_seconds
 

@@ -180,7 +180,7 @@ def loss_of(out: Any):
     """``out.loss`` if it is a tensor, else the first tensor in ``out``; summed to a scalar for backward."""
     import torch
 
-    from fxremat_passes.costs import first_tensor
+    from fxremat_passes.graph.costs import first_tensor
 
     loss = getattr(out, "loss", None)
     if not isinstance(loss, torch.Tensor):

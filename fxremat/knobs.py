@@ -2,7 +2,7 @@
 one warning each, never dropped without a word (issue #23; README "PyTorch's knobs").
 
 ``effective_options`` runs at the start of every partition (compile time): it resolves the memory budget from, in
-order of precedence, the graph's own annotation (``passes/region_budget.py``), fxremat's ``memory_budget``, and
+order of precedence, the graph's own annotation (``passes/graph/region_budget.py``), fxremat's ``memory_budget``, and
 ``torch._functorch.config.activation_memory_budget`` below 1.0, and says which one it used.  Region annotations
 that are not one budget over the whole forward are per-region budgets, handed on beside the options.  What it
 reads from torch's config is in ``Options.cache_key()`` too, so a changed knob never reuses a stale cached
@@ -17,7 +17,7 @@ import warnings
 import torch.fx as fx
 
 from fxremat_passes import _torch_private as tp
-from fxremat_passes.region_budget import (
+from fxremat_passes.graph.region_budget import (
     LEGACY_SOURCE,
     REGION_SOURCE,
     RegionAnnotations,

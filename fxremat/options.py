@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fxremat_passes import _torch_private as tp
-from fxremat_passes.costs import PROFILES, DeviceProfile
+from fxremat_passes.graph.costs import PROFILES, DeviceProfile
 
 ENV_REPORT_DIR = "FXREMAT_REPORT_DIR"
 ENV_VERIFY = "FXREMAT_VERIFY"

@@ -25,12 +25,15 @@ import torch.fx as fx
 
 from fxremat_passes import _torch_private as tp
 from fxremat_passes.choice import ChoiceSettings, choose, kept_tagged, segmented_split
-from fxremat_passes.costs import DeviceProfile, annotate_costs
 from fxremat_passes.cpp_units import join_kernel_runs
-from fxremat_passes.cse import MetaSnapshot, prepare_joint_graph
 from fxremat_passes.describe import describe_split
-from fxremat_passes.flow_problem import VALUE_ROLES, build_flow_problem
-from fxremat_passes.graph_facts import attach as attach_graph_facts
+from fxremat_passes.graph.costs import DeviceProfile, annotate_costs
+from fxremat_passes.graph.cse import MetaSnapshot, prepare_joint_graph
+from fxremat_passes.graph.flow_problem import VALUE_ROLES, build_flow_problem
+from fxremat_passes.graph.graph_facts import attach as attach_graph_facts
+from fxremat_passes.graph.phase_copies import copy_gathers_per_phase
+from fxremat_passes.graph.region_budget import annotations_hidden
+from fxremat_passes.graph.roles import Policy, Role, classify, recompute_tag
 from fxremat_passes.layout import (
     convolutions_kept_for_depthwise,
     has_convolution,
@@ -39,9 +42,6 @@ from fxremat_passes.layout import (
 )
 from fxremat_passes.layout_choice import LayoutChoice, decide_layout
 from fxremat_passes.liveness import PeakEstimate, cpp_units_joined, saved_views_of_inputs
-from fxremat_passes.phase_copies import copy_gathers_per_phase
-from fxremat_passes.region_budget import annotations_hidden
-from fxremat_passes.roles import Policy, Role, classify, recompute_tag
 from fxremat_passes.solver.budget import Plan
 from fxremat_passes.split import SplitRecipe, split_with_recipe
 

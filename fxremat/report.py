@@ -65,7 +65,7 @@ class Described:
 
 @dataclass(**_RECORD)
 class Classified:
-    """What classification (``passes/roles.py``) kept from recomputation."""
+    """What classification (``passes/graph/roles.py``) kept from recomputation."""
 
     never_recomputed: tuple[tuple[str, int], ...] = ()  # (reason, how many nodes)
     tag_conflicts: tuple[tuple[str, str], ...] = ()  # (node name, what the tag asked and why safety won)

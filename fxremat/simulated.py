@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 import torch.fx as fx
 
 from fxremat_passes import _torch_private as tp
+from fxremat_passes.graph.ops import CONVOLUTION
 from fxremat_passes.liveness import PeakEstimate, simulate_step
-from fxremat_passes.ops import CONVOLUTION
 from fxremat_passes.split import SplitRecipe
 
 from .report import BASELINE_PEAK_FIELDS, PEAK_FIELDS, Deferred, SimulatedPeak

@@ -29,8 +29,8 @@ import torch
 import torch.fx as fx
 
 from . import _torch_private as tp
+from .graph.ops import has_tag
 from .lowering import KERNEL_CLASSES
-from .ops import has_tag
 
 # What a joined step may cost, in graph nodes simulated (forward once, backward twice; about 0.06 ms a node here).
 # A larger graph keeps its order: a deep model's repeated blocks compile to the same few sources whatever their

@@ -28,8 +28,8 @@ import torch
 import torch.fx as fx
 
 from . import _torch_private as tp
-from .costs import value_nbytes
-from .ops import CLONE, CONVOLUTION, CONVOLUTION_BACKWARD, STRIDE_SENSITIVE, VIEW
+from .graph.costs import value_nbytes
+from .graph.ops import CLONE, CONVOLUTION, CONVOLUTION_BACKWARD, STRIDE_SENSITIVE, VIEW
 from .phase_graph import PhaseGraph
 
 

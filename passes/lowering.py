@@ -13,8 +13,8 @@ import torch
 import torch.fx as fx
 
 from . import _torch_private as tp
-from .costs import hinted_numel, hinted_shape
-from .ops import (
+from .graph.costs import hinted_numel, hinted_shape
+from .graph.ops import (
     ADD,
     BMM,
     CAT,

@@ -46,10 +46,10 @@ from dataclasses import dataclass, field
 
 import torch.fx as fx
 
-from .flow_problem import FlowProblem
+from .graph.flow_problem import FlowProblem
+from .graph.roles import GraphRoles, Role
 from .phase import NEVER
 from .plan_memory import JointMemory, build_joint_memory
-from .roles import GraphRoles, Role
 from .solver.peak_milp import ScheduleGraph
 
 DEFAULT_MAX_NODES = 60

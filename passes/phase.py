@@ -11,9 +11,10 @@ import torch.fx as fx
 
 from . import _torch_private as tp
 from .access import add_loads, add_paths, another_index
-from .costs import alias_root, hinted_numel
 from .cpu_loops import loop_sizes
 from .fusion import Fusion, fusion_order
+from .graph.costs import alias_root, hinted_numel
+from .graph.ops import CONVOLUTION, FUSIBLE, OpClass, op_class
 from .layout import depthwise_buffer_bytes, workspace_bytes
 from .lowering import (
     KERNEL_CLASSES,
@@ -27,7 +28,6 @@ from .lowering import (
     unrolled_elements,
 )
 from .node_facts import NodeFacts
-from .ops import CONVOLUTION, FUSIBLE, OpClass, op_class
 from .phase_graph import PhaseGraph, graph_view
 from .phase_reorder import peak_reordered
 from .walk import Walk

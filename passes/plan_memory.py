@@ -23,14 +23,14 @@ from dataclasses import dataclass, field
 import torch.fx as fx
 
 from . import _torch_private as tp
-from .graph_facts import graph_facts
+from .graph.graph_facts import graph_facts
+from .graph.ops import CONVOLUTION, OpClass
+from .graph.roles import GraphRoles
 from .layout import channels_last_copies, layout_optimised
 from .liveness import PeakEstimate, simulate_phases, simulate_step
 from .node_facts import NodeFacts
-from .ops import CONVOLUTION, OpClass
 from .phase import storage_kind
 from .phase_graph import virtual_phase
-from .roles import GraphRoles
 from .split import UnsupportedSplit, joint_facts, split_recipe
 
 

@@ -31,12 +31,12 @@ import torch
 import torch.fx as fx
 
 from . import _torch_private as tp
-from .costs import DeviceProfile, alias_root, node_cost, node_nbytes
-from .cse import impurity_test
-from .graph_facts import attached
+from .graph.costs import DeviceProfile, alias_root, node_cost, node_nbytes
+from .graph.cse import impurity_test
+from .graph.graph_facts import attached
+from .graph.ops import NEVER_RECOMPUTE, OpClass, op_class
 from .liveness import PeakEstimate, simulate_backwards
 from .lowering import _readers_through_views, inductor_class
-from .ops import NEVER_RECOMPUTE, OpClass, op_class
 from .phase import materialises
 from .solver.checkpoints import SEGMENT_COUNTS, Waists, forward_waists, segment_checkpoints
 from .split import FirstPass, SplitRecipe
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 class _JointReads:
     """What this pass reads of a recipe's joint graph: the ``GraphFacts`` the partition attached to it
-    (``passes/graph_facts.py``: inputs, alias roots, op classes, bytes and order, read once), or, for a recipe made
+    (``passes/graph/graph_facts.py``: inputs, alias roots, op classes, bytes and order, read once), or, for a recipe made
     elsewhere (a test's, a benchmark's), each node read by itself."""
 
     def __init__(self, recipe: SplitRecipe) -> None:

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 import torch.fx as fx
 
 from . import _torch_private as tp
-from .cse import impurity_test, subgraph_node
-from .graph_facts import GraphFacts, graph_facts
-from .ops import COPY_INTO
+from .graph.cse import impurity_test, subgraph_node
+from .graph.graph_facts import GraphFacts, graph_facts
+from .graph.ops import COPY_INTO
 from .phase_graph import SEGMENTED_BACKWARD_KEY
 
 log = logging.getLogger(__name__)

@@ -13,8 +13,8 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from fxremat.examples import example
-from fxremat_passes.costs import count_flops
-from fxremat_passes.ops import op_class
+from fxremat_passes.graph.costs import count_flops
+from fxremat_passes.graph.ops import op_class
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests"))
 from helpers import run_fxremat_aot  # noqa: E402  (tests/helpers.py: the partition through AOTAutograd)

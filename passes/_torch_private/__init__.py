@@ -83,7 +83,7 @@ from torch.fx.experimental.symbolic_shapes import (  # noqa: E402
 )
 from torch.utils.checkpoint import CheckpointPolicy  # noqa: E402
 
-from ..checkpoint_tags import save_checkpoint_boundaries  # noqa: E402  (public API only: outside this module)
+from ..graph.checkpoint_tags import save_checkpoint_boundaries  # noqa: E402  (public API only: outside this module)
 
 # --- what differs between the releases we support (each difference: tests/passes/test_torch_versions.py) ---------
 TORCH = torch_version_tuple()
@@ -365,7 +365,7 @@ def mark_must_save(joint: torch.fx.GraphModule) -> torch.fx.GraphModule:
 def prepare_joint_graph(joint: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """The clean-up PyTorch's min-cut partitioner does before it decides anything, with PyTorch's own passes and
     in place, so that both partitioners see the same graph: dead code out, CSE, checkpoint-tag clean-up, and
-    MUST_SAVE marks (``mark_must_save``).  ``fxremat_passes.cse.prepare_joint_graph`` gives the same graph
+    MUST_SAVE marks (``mark_must_save``).  ``fxremat_passes.graph.cse.prepare_joint_graph`` gives the same graph
     faster, without copying a joint graph that dead code elimination and CSE leave as it is."""
     return mark_must_save(pytorch_dead_code_and_cse(joint))
 

@@ -1,5 +1,5 @@
 """PyTorch's settings as fxremat reads them: the activation-memory knobs and region annotations
-(``fxremat/knobs.py``, ``passes/region_budget.py``: ``torch._functorch.config`` and the annotation of
+(``fxremat/knobs.py``, ``passes/graph/region_budget.py``: ``torch._functorch.config`` and the annotation of
 ``torch.autograd.graph.region_activation_memory_budget``, which differ across the supported releases), and
 Inductor's layout switches (``FxrematBackend._layout_patches`` in ``fxremat/backend.py``)."""
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from ..roles import Policy, Role, recompute_tag
+from ..graph.roles import Policy, Role, recompute_tag
 from ..solver.budget import Plan, SolveCache, solve_at
 from ..solver.shortlists import fastest_first, plan_key
 from ..solver.solvers import cheapest_within

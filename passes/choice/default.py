@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import logging
 
+from ..graph.stored_sums import block_sums, reads_only
 from ..solver.budget import Plan, solve_at
 from ..solver.solvers import SOLVERS
-from ..stored_sums import block_sums, reads_only
 from .plan import choose_plan, priced_by
 from .records import Chooser, Choosing, PlanChoice
 from .settings import prices

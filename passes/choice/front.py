@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..roles import Role
+from ..graph.roles import Role
 from ..solver.budget import Plan
 from ..solver.front_saves import front_problems
 from ..solver.shortlists import PeakChoice, PeakTie, one_step

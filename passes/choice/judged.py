@@ -10,12 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .. import _torch_private as tp
+from ..graph.roles import Role
+from ..graph.stored_sums import block_sums, reads_only
 from ..liveness import PeakEstimate, simulate_step
 from ..plan_memory import build_joint_memory, estimate_peak
-from ..roles import Role
 from ..solver.budget import Plan, SolveCache
 from ..solver.shortlists import plan_key
-from ..stored_sums import block_sums, reads_only
 from .plan import peak_candidates
 from .records import Choosing
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..costs import DeviceProfile
+from ..graph.costs import DeviceProfile
 from ..solver.budget import Plan, SolveCache, budget_target, frontier
 from ..solver.checkpoints import checkpoint_grid
 from ..solver.milp import seconds_below

@@ -12,9 +12,9 @@ from ..solver.budget import Plan
 from .settings import ChoiceSettings
 
 if TYPE_CHECKING:
-    from ..costs import DeviceProfile
+    from ..graph.costs import DeviceProfile
+    from ..graph.region_budget import RegionAnnotations
     from ..liveness import PeakEstimate
-    from ..region_budget import RegionAnnotations
     from .contract import Contract
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import warnings
 
-from ..costs import node_cost
-from ..region_budget import REGION_SOURCE, RegionAnnotations, node_region_budget
+from ..graph.costs import node_cost
+from ..graph.region_budget import REGION_SOURCE, RegionAnnotations, node_region_budget
 from ..solver.region_search import Region, region_bytes, solve_regions
 from ..solver.solvers import MILP_REFINE_LIMIT, MILP_TIME_LIMIT, SOLVERS
 from .records import Chooser, Choosing, PlanChoice

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 
-from ..costs import DeviceProfile
+from ..graph.costs import DeviceProfile
 
 # The price that stands for "infinity": a byte kept costs a million transfer times, which outweighs any recompute
 # in these graphs, so the cut minimises bytes (then time, as a tie-break).

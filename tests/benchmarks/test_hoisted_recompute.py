@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import hoisted_recompute  # noqa: E402
 
-from fxremat_passes.ops import OpClass  # noqa: E402
+from fxremat_passes.graph.ops import OpClass  # noqa: E402
 
 aten = torch.ops.aten
 

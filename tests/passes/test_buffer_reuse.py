@@ -114,7 +114,7 @@ def test_saved_weights_and_their_views_are_marked_as_never_freed_for_inductor():
     """A weight (or a transposed weight) saved for backward keeps its storage after its last use there: Inductor's
     estimate would count it freed; fxremat marks it on the backward graph module (``mark_inputs_never_freed``), and
     nothing else."""
-    from fxremat_passes.costs import alias_root
+    from fxremat_passes.graph.costs import alias_root
 
     (fw, bw, n), _ = _split()
     marked = bw.meta[buffer_reuse.NEVER_FREED_KEY]

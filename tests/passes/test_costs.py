@@ -10,8 +10,8 @@ from helpers import aot_eager, capture_joint
 from torch.utils.flop_counter import FlopCounterMode
 
 from fxremat.examples import EXAMPLES, example
-from fxremat_passes.costs import PROFILES, annotate_costs, count_flops
-from fxremat_passes.ops import OpClass, op_class
+from fxremat_passes.graph.costs import PROFILES, annotate_costs, count_flops
+from fxremat_passes.graph.ops import OpClass, op_class
 
 CPU = PROFILES["cpu"]
 # real tensors of each node's hinted shapes (benchmarks/ is on sys.path: tests/conftest.py)

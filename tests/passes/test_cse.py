@@ -12,7 +12,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from fxremat_passes import _torch_private as tp
-from fxremat_passes.cse import live_nodes, plan_clean_up
+from fxremat_passes.graph.cse import live_nodes, plan_clean_up
 
 aten = torch.ops.aten
 

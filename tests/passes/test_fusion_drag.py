@@ -89,7 +89,7 @@ def test_the_inductor_side_of_the_veto_never_fails_a_compile():
 def _kernels(fn, inputs, reduces) -> list[set[str]]:
     """The kernels ``Fusion.fuse`` makes of the graph's computations, every one a kernel of one loop size, each
     reading its arguments at the same index; ``reduces``: the names of the C++ reductions (None: no such rule)."""
-    from fxremat_passes.ops import OpClass
+    from fxremat_passes.graph.ops import OpClass
 
     fusion, node = _fusion_of(fn, *inputs)
     fusion.access = {u: {a: frozenset({()}) for a in u.all_input_nodes} for u in node.values()}

@@ -1,4 +1,4 @@
-"""GraphFacts (passes/graph_facts.py): each fact equals what the pass that used to compute it computes from the
+"""GraphFacts (passes/graph/graph_facts.py): each fact equals what the pass that used to compute it computes from the
 graph, and facts are reused only while the graph keeps the nodes they were built from.  No Inductor."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from helpers import capture_joint
 
 from fxremat.examples import Stack
 from fxremat_passes import _torch_private as tp
-from fxremat_passes import graph_facts
-from fxremat_passes.costs import alias_root, value_nbytes
-from fxremat_passes.cse import prepare_joint_graph
+from fxremat_passes.graph import graph_facts
+from fxremat_passes.graph.costs import alias_root, value_nbytes
+from fxremat_passes.graph.cse import prepare_joint_graph
+from fxremat_passes.graph.ops import op_class
+from fxremat_passes.graph.roles import classify
 from fxremat_passes.lowering import inductor_class
-from fxremat_passes.ops import op_class
 from fxremat_passes.phase_graph import _tensor_storage_bytes
-from fxremat_passes.roles import classify
 from fxremat_passes.split import joint_facts
 
 

@@ -11,8 +11,8 @@ import torch.nn as nn
 from helpers import split_as_compiled
 
 from fxremat.options import Options
+from fxremat_passes.graph.ops import CONVOLUTION, CONVOLUTION_BACKWARD
 from fxremat_passes.layout import depthwise_buffer_bytes
-from fxremat_passes.ops import CONVOLUTION, CONVOLUTION_BACKWARD
 from fxremat_passes.phase import _Phase as Phase
 
 

@@ -1,4 +1,4 @@
-"""Issue #18: an op is named in one place.  Every op set and single op that a pass matches lives in ``passes/ops.py``
+"""Issue #18: an op is named in one place.  Every op set and single op that a pass matches lives in ``passes/graph/ops.py``
 (with its FLOP price); ``passes/_torch_private/`` may name the ops whose existence depends on the torch version."""
 
 from __future__ import annotations
@@ -24,4 +24,4 @@ def test_no_module_outside_ops_names_an_op():
     paths = [*(ROOT / "passes").glob("*.py"), *(ROOT / "fxremat").glob("*.py")]
     assert len(paths) > 20  # the packages were found
     named = [where for p in sorted(paths) if p not in ALLOWED for where in _op_names(p)]
-    assert not named, f"ops named outside passes/ops.py (add them to ops.py and import them): {named}"
+    assert not named, f"ops named outside passes/graph/ops.py (add them to ops.py and import them): {named}"

@@ -12,7 +12,7 @@ import fxremat
 from fxremat.backend import FxrematPartitioner, backend_from_compile_args
 from fxremat.options import Options, parse_bytes
 from fxremat_passes import _torch_private as tp
-from fxremat_passes.costs import DeviceProfile
+from fxremat_passes.graph.costs import DeviceProfile
 
 # (keyword arguments, exception type, text the message must contain)
 BAD_OPTIONS = [
@@ -339,7 +339,7 @@ def test_importing_fxremat_leaves_the_partitioner_for_the_first_partition():
         "fxremat.backend(memory_budget=0.5, device='cpu')\n"
         "sys.modules['fxremat.backend'].LayoutChoice()  # a CPU graph's compile, warm or cold, makes one\n"
         "later = ['fxremat_passes.choice', 'fxremat.partition', 'fxremat_passes.solver.solvers', 'fxremat_passes.liveness',\n"
-        "         'fxremat.verify', 'fxremat.knobs', 'fxremat_passes.roles']\n"
+        "         'fxremat.verify', 'fxremat.knobs', 'fxremat_passes.graph.roles']\n"
         "assert not [m for m in later if m in sys.modules], [m for m in later if m in sys.modules]\n"
         "assert fxremat.FxrematBudgetWarning.__module__.startswith('fxremat_passes.choice')\n"
         "assert issubclass(fxremat.FxrematFallbackWarning, Warning) and callable(fxremat.format_text)\n"

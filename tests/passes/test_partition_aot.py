@@ -17,8 +17,8 @@ from fxremat.examples import EXAMPLES, example
 from fxremat.options import Options
 from fxremat.report import PEAK_FIELDS, Recomputation
 from fxremat_passes import _torch_private as tp
-from fxremat_passes.ops import OpClass, op_class
-from fxremat_passes.roles import Role, classify
+from fxremat_passes.graph.ops import OpClass, op_class
+from fxremat_passes.graph.roles import Role, classify
 
 DETERMINISTIC = [n for n in EXAMPLES if n != "dropout"]
 

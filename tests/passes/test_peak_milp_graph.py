@@ -9,11 +9,11 @@ import pytest
 from helpers import capture_joint
 
 from fxremat.examples import example
-from fxremat_passes.costs import PROFILES, alias_root, annotate_costs
-from fxremat_passes.cse import prepare_joint_graph
-from fxremat_passes.flow_problem import VALUE_ROLES, build_flow_problem
+from fxremat_passes.graph.costs import PROFILES, alias_root, annotate_costs
+from fxremat_passes.graph.cse import prepare_joint_graph
+from fxremat_passes.graph.flow_problem import VALUE_ROLES, build_flow_problem
+from fxremat_passes.graph.roles import classify
 from fxremat_passes.peak_milp_graph import build_schedule_graph
-from fxremat_passes.roles import classify
 from fxremat_passes.solver.budget import frontier
 from fxremat_passes.solver.peak_milp import evaluate_plan, solve_min_peak
 

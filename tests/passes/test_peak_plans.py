@@ -11,19 +11,19 @@ from helpers import assert_grads_close, capture_joint, eager_grads, run_fxremat_
 
 from fxremat.examples import Stack, example
 from fxremat_passes import _torch_private as tp
-from fxremat_passes.costs import PROFILES, annotate_costs
 from fxremat_passes.cpp_units import join_kernel_runs
-from fxremat_passes.flow_problem import build_flow_problem
+from fxremat_passes.graph.costs import PROFILES, annotate_costs
+from fxremat_passes.graph.flow_problem import build_flow_problem
+from fxremat_passes.graph.roles import classify
 from fxremat_passes.liveness import cpp_units_joined, simulate_step
 from fxremat_passes.plan_memory import build_joint_memory, estimate_peak
-from fxremat_passes.roles import classify
 from fxremat_passes.solver.budget import frontier
 
 
 def _candidates_and_memory(name):
     from fxremat.options import Options
     from fxremat_passes.choice.plan import peak_candidates
-    from fxremat_passes.roles import Role
+    from fxremat_passes.graph.roles import Role
     from fxremat_passes.solver.budget import SolveCache
 
     model, inputs = example(name)
@@ -213,8 +213,8 @@ def test_the_candidates_between_the_vertices_save_the_block_sums_and_peak_no_hig
     "Session 21": the plain plans peaked above the default, and memory_budget=0.5 fell back to a slow one)."""
     from fxremat.options import Options
     from fxremat_passes.choice.plan import PEAK_CANDIDATE_FRACTIONS, budget_target_bytes, candidate_plans
+    from fxremat_passes.graph.stored_sums import block_sums, reads_only
     from fxremat_passes.solver.budget import SolveCache
-    from fxremat_passes.stored_sums import block_sums, reads_only
 
     joint, roles, flow, _, memory, _ = _candidates_and_memory("llama_stack")
     problem, profile, options = flow.parametric, PROFILES["cpu"], Options.create()

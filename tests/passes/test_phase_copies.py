@@ -1,4 +1,4 @@
-"""Per-phase copies of expanding gathers (``passes/phase_copies.py``): Mixtral's batched_mm experts pattern."""
+"""Per-phase copies of expanding gathers (``passes/graph/phase_copies.py``): Mixtral's batched_mm experts pattern."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers import assert_grads_close, capture_joint, eager_grads, run_fxremat_aot
 
-from fxremat_passes.phase_copies import COPY_OF, copy_gathers_per_phase
+from fxremat_passes.graph.phase_copies import COPY_OF, copy_gathers_per_phase
 
 aten = torch.ops.aten
 

@@ -17,7 +17,7 @@ from fxremat import knobs
 from fxremat.options import Options
 from fxremat_passes import _torch_private as tp
 from fxremat_passes.choice.regions import OUTSIDE, region_name
-from fxremat_passes.region_budget import REGION_SOURCE, RegionBudgetError, read_regions
+from fxremat_passes.graph.region_budget import REGION_SOURCE, RegionBudgetError, read_regions
 
 WIDTH = 64
 

@@ -14,9 +14,9 @@ from helpers import assert_grads_close, capture_joint, eager_grads, run_fxremat_
 from fxremat.examples import MLP, Block, Stack, example
 from fxremat.options import Options
 from fxremat.partition import PartitionRequest, partition
-from fxremat_passes.costs import PROFILES, node_cost
+from fxremat_passes.graph.costs import PROFILES, node_cost
+from fxremat_passes.graph.ops import NEVER_RECOMPUTE, OpClass, op_class
 from fxremat_passes.liveness import simulate_step
-from fxremat_passes.ops import NEVER_RECOMPUTE, OpClass, op_class
 from fxremat_passes.phase_graph import graph_view
 from fxremat_passes.segments import segment_backward
 from fxremat_passes.split import FIRST_PASS_SUFFIX
@@ -164,7 +164,7 @@ def test_inductor_segmented_step_peak_is_lower(tmp_path, monkeypatch):
 
 
 def test_lowest_peak_segments_is_no_higher_than_any_grid_entry():
-    from fxremat_passes.costs import PROFILES
+    from fxremat_passes.graph.costs import PROFILES
     from fxremat_passes.segments import checkpoint_grid, lowest_peak_segments, segment_recompute_seconds
 
     recipe = _recipe(*MODELS["stack6"](), memory_budget=0.0)

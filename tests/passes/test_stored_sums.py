@@ -8,7 +8,7 @@ from helpers import assert_grads_close, eager_grads, run_fxremat_aot
 
 from fxremat.examples import Stack
 from fxremat_passes.choice import default
-from fxremat_passes.stored_sums import block_sums, reads_only
+from fxremat_passes.graph.stored_sums import block_sums, reads_only
 
 
 def _stack():

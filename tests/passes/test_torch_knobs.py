@@ -18,7 +18,7 @@ import fxremat
 from fxremat import knobs
 from fxremat.options import Options
 from fxremat_passes import _torch_private as tp
-from fxremat_passes.region_budget import REGION_SOURCE
+from fxremat_passes.graph.region_budget import REGION_SOURCE
 
 
 def linear_relu_stack(width: int = 64, depth: int = 4):
@@ -192,7 +192,7 @@ def test_must_recompute_holds_for_views_and_backward_formulas():
 
 def test_region_budget_reads_annotations_and_the_legacy_marker():
 
-    from fxremat_passes.region_budget import legacy_budget, read_regions
+    from fxremat_passes.graph.region_budget import legacy_budget, read_regions
 
     gm = torch.fx.symbolic_trace(lambda x: (torch.cos(torch.sin(x)),))
     ops = [n for n in gm.graph.nodes if n.op == "call_function"]

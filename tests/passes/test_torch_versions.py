@@ -18,7 +18,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from fxremat_passes import _torch_private as tp
 from fxremat_passes import lowering
-from fxremat_passes.ops import OpClass, op_class
+from fxremat_passes.graph.ops import OpClass, op_class
 
 
 def test_version_keys_match_the_installed_torch():

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import fxremat
 from fxremat.options import Options
 from fxremat_passes import _torch_private as tp
-from fxremat_passes.costs import alias_root
+from fxremat_passes.graph.costs import alias_root
 
 Policy = tp.CheckpointPolicy
 N = 8  # every tensor is N x N: any op applies to any state entry

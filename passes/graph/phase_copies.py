@@ -25,7 +25,7 @@ import copy
 import torch
 import torch.fx as fx
 
-from . import _torch_private as tp
+from .. import _torch_private as tp
 from .costs import value_nbytes
 from .ops import ROW_LOOKUPS
 from .roles import forward_nodes

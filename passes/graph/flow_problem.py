@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from ..solver.parametric import ParametricProblem
 from .costs import DeviceProfile, NodeCost
 from .roles import GraphRoles, Policy, Role, recompute_tag
-from .solver.parametric import ParametricProblem
 
 log = logging.getLogger(__name__)
 

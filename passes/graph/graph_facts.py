@@ -21,11 +21,11 @@ import functools
 import torch
 import torch.fx as fx
 
-from . import _torch_private as tp
+from .. import _torch_private as tp
+from ..lowering import inductor_class
+from ..phase_graph import allocated_bytes
 from .costs import node_nbytes
-from .lowering import inductor_class
 from .ops import OpClass, op_class
-from .phase_graph import allocated_bytes
 
 # the attribute of an ``fx.Graph`` holding its facts (a GraphModule's ``meta`` is deep-copied with it; a Graph's own
 # attributes are not: a copy of the graph never carries stale facts)

@@ -20,11 +20,11 @@ import dataclasses
 
 import torch.fx as fx
 
+from ..lowering import _readers_through_views
+from ..solver.parametric import ParametricProblem
 from .graph_facts import GraphFacts
-from .lowering import _readers_through_views
 from .ops import OpClass
 from .roles import GraphRoles, Role
-from .solver.parametric import ParametricProblem
 
 EXTERN = frozenset({OpClass.MATMUL, OpClass.CONVOLUTION, OpClass.ATTENTION})
 

@@ -31,7 +31,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from . import _torch_private as tp
+from .. import _torch_private as tp
 from .ops import EMPTY
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ import torch
 import torch.fx as fx
 import torch.utils.flop_counter as flop_counter
 
-from . import _torch_private as tp
+from .. import _torch_private as tp
 from .ops import (
     FLOP_FORMULAS,
     FUSIBLE,

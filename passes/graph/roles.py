@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from . import _torch_private as tp
+from .. import _torch_private as tp
 from .graph_facts import GraphFacts, graph_facts
 from .ops import NEVER_RECOMPUTE_REASONS, OpClass
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from . import _torch_private as tp
+from .. import _torch_private as tp
 
 REGION_SOURCE = "torch.autograd.graph.region_activation_memory_budget"
 LEGACY_SOURCE = 'node.meta["memory_budget"]'
