@@ -130,7 +130,7 @@ def _every_fusion():
     import contextlib
 
     from fxremat_passes import _torch_private as tp
-    from fxremat_passes import fusion
+    from fxremat_passes.simulator import fusion
 
     stack = contextlib.ExitStack()
     stack.enter_context(tp.fresh_inductor_cache())

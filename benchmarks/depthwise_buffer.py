@@ -5,7 +5,7 @@
 One eager op per row (one thread, fp32, CPU profiler memory events, ``fxremat.measure.cpu_peak_bytes``): the weight
 and input gradients of a depthwise convolution, with the input, the output gradient and the weight each contiguous
 or channels-last (and the input in the N, H, C, W order Inductor gave PyTorch's split on MobileNetV3-Small).  The
-buffer ``passes/layout.py`` models (``depthwise_buffer_bytes``: out channels x kh x kw x 1 KiB) shows as
+buffer ``passes/simulator/layout.py`` models (``depthwise_buffer_bytes``: out channels x kh x kw x 1 KiB) shows as
 "above outputs" on the rows with a channels-last input and a kernel above 3x3.
 """
 

@@ -12,7 +12,7 @@ with Inductor's ``reorder_for_peak_memory`` off (its default is on), which is wh
 ViT.  The simulation is bypassed (every order is taken), so the printed ``simulated`` is the simulator's estimate
 of that order, beside the measured peak: session 31 found the simulator far above the measured peak on such
 orders (benchmarks/RESULTS.md, "Session 31"); since session 32 it replays Inductor's reordering
-(``fxremat_passes/peak_order.py``) and was within bytes of ViT's at one and three stretches, but not at two
+(``fxremat_passes/simulator/peak_order.py``) and was within bytes of ViT's at one and three stretches, but not at two
 (simulated 8,029,960 B, measured 8,523,536: RESULTS.md, "Session 32"); since session 33 the simulated fusion follows
 Inductor's C++ loop sizes and the moved orders simulate 3-4% off either way (RESULTS.md, "Session 33").
 ``$HOISTED_CACHE_DIR``: the Inductor cache folder to use (and keep, to read the generated code); default a new one.
@@ -41,9 +41,9 @@ def _is_extern(node, phase, hoistable) -> bool:
 def one_stretch_earlier(order: list, phase) -> list:
     """``order`` with each recompute moved before the stretch of externs (and free nodes between them) ahead of it,
     never above one of its inputs."""
-    from fxremat_passes import kernel_runs
     from fxremat_passes.graph.costs import NO_KERNEL as free  # views, items, SymInt arithmetic (and in/outputs)
-    from fxremat_passes.lowering import KERNEL_CLASSES
+    from fxremat_passes.simulator import kernel_runs
+    from fxremat_passes.simulator.lowering import KERNEL_CLASSES
 
     hoistable = KERNEL_CLASSES | free
     ready, order = {n for n in order if n.op == "placeholder"}, list(order)
@@ -80,7 +80,8 @@ def worker(model: str, setting: str, stretches: int, reorder: bool = True) -> di
 
     torch.set_num_threads(1)
     torch._inductor.config.reorder_for_peak_memory = reorder  # Inductor's default: True
-    from fxremat_passes import cpp_units, liveness
+    from fxremat_passes import cpp_units
+    from fxremat_passes.simulator import liveness
 
     if stretches:
 

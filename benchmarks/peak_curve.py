@@ -8,7 +8,7 @@ decompositions, no code generation: seconds, not minutes) and, on copies of it:
     peak it finds), and at memory_budget 0.5 and 0.0 (bytes-only budgets, for contrast);
   - PyTorch's min-cut partitioner at activation_memory_budget 1.0, 0.5, 0.25, 0.1, 0.0, and beside each, fxremat's
     lowest-peak plan within the bytes PyTorch saved there (memory_budget=those bytes, peak_budget=0.0);
-and simulate each split's step with ``passes/liveness.py``: saved bytes and activation peak (gradients excluded).
+and simulate each split's step with ``passes/simulator/liveness.py``: saved bytes and activation peak (gradients excluded).
 Monotone means: every row's activation peak is <= the row above it in its own curve.
 """
 
@@ -61,7 +61,7 @@ def curves(entry: dict) -> list[tuple[str, float, int, int]]:
     from fxremat_passes import _torch_private as tp
     from fxremat_passes.describe import describe_split
     from fxremat_passes.graph.costs import PROFILES
-    from fxremat_passes.liveness import simulate_step
+    from fxremat_passes.simulator.liveness import simulate_step
 
     kwargs = entry["kwargs"]
     rows = []

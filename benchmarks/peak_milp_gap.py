@@ -106,7 +106,7 @@ def schedule_of(gm, kwargs, saved: dict[str, tuple[str, ...]], step_peak: bool =
     from fxremat_passes.graph.cse import prepare_joint_graph
     from fxremat_passes.graph.flow_problem import VALUE_ROLES, build_flow_problem
     from fxremat_passes.graph.roles import classify
-    from fxremat_passes.peak_milp_graph import build_schedule_graph
+    from fxremat_passes.simulator.peak_milp_graph import build_schedule_graph
 
     joint = prepare_joint_graph(gm)
     roles = classify(

@@ -4,7 +4,7 @@
 
 For each N: trace ``fxremat.examples.Stack(N, dim)``'s joint graph (aot_module, no Inductor), then partition it with
 fxremat's default plan, ``memory_budget=0.0`` (fewest saved bytes) and ``peak_budget=0.0`` (the lowest peak the
-peak search finds), and print each plan's saved bytes, simulated activation peak (passes/liveness.py) and partition
+peak search finds), and print each plan's saved bytes, simulated activation peak (passes/simulator/liveness.py) and partition
 seconds.  sqrt(N) growth: 4x the blocks, about 2x the lowest peak.
 """
 

@@ -5,7 +5,7 @@
 Compiles the model with ``fxremat.backend(<setting>)`` (real Inductor, its FX graph cache off so the scheduler runs)
 and hooks ``EfficientPeakEstimate`` (torch/_inductor/codegen/wrapper.py: ``estimate_peak_memory`` over the scheduler's
 nodes, what ``AllocateLine.should_reuse_buffer`` compares a reuse against) and ``should_reuse_buffer`` itself.  Then
-it replays the same split with ``passes/liveness.py`` and prints, per simulated kernel, our ``estimated`` (what
+it replays the same split with ``passes/simulator/liveness.py`` and prints, per simulated kernel, our ``estimated`` (what
 ``_pool_held`` gets) beside Inductor's estimate at the scheduler node(s) holding that kernel's units (matched by the
 FX nodes each scheduler node came from), with the scheduler nodes in between that no kernel of ours maps to.  Where
 the two schedules agree the two columns are equal; where they differ the fusion or order differs (session 7).
@@ -56,7 +56,7 @@ def _hook_inductor(graphs: list) -> None:
 
 def _replay(fw, bw, num_fwd_outputs) -> list:
     """(phase, kernel's unit names, our estimate) per kernel, from one ``simulate_step`` run."""
-    from fxremat_passes import liveness
+    from fxremat_passes.simulator import liveness
 
     rows, held, run = [], liveness._pool_held, liveness._Phase.run
     current: list = []

@@ -124,7 +124,7 @@ def _explain(captured, step, code_files, layout: str | None = None) -> None:
     """``layout``: the report's ``inductor_layout`` (the simulation runs under the layout the compile used; outside
     the compile Inductor's config is its own, channels-last on the CPU)."""
     from fxremat_passes import _torch_private as tp
-    from fxremat_passes import liveness
+    from fxremat_passes.simulator import liveness
 
     fw, bw, n = captured[-1]
     phases = []

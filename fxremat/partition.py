@@ -34,14 +34,14 @@ from fxremat_passes.graph.graph_facts import attach as attach_graph_facts
 from fxremat_passes.graph.phase_copies import copy_gathers_per_phase
 from fxremat_passes.graph.region_budget import annotations_hidden
 from fxremat_passes.graph.roles import Policy, Role, classify, recompute_tag
-from fxremat_passes.layout import (
+from fxremat_passes.layout_choice import LayoutChoice, decide_layout
+from fxremat_passes.simulator.layout import (
     convolutions_kept_for_depthwise,
     has_convolution,
     pin_as_strided_inputs,
     saved_inputs_as_views,
 )
-from fxremat_passes.layout_choice import LayoutChoice, decide_layout
-from fxremat_passes.liveness import PeakEstimate, cpp_units_joined, saved_views_of_inputs
+from fxremat_passes.simulator.liveness import PeakEstimate, cpp_units_joined, saved_views_of_inputs
 from fxremat_passes.solver.budget import Plan
 from fxremat_passes.split import SplitRecipe, split_with_recipe
 

@@ -134,7 +134,7 @@ class Baseline:
 
 @dataclass(**_RECORD)
 class SimulatedPeak:
-    """The liveness simulation of our split's step (``passes/liveness.py``), computed when first read."""
+    """The liveness simulation of our split's step (``passes/simulator/liveness.py``), computed when first read."""
 
     simulated_peak_bytes: int | None = _DeferrableField(None)
     simulated_activation_peak_bytes: int | None = _DeferrableField(None)  # the same, less the gradients

@@ -1,4 +1,4 @@
-"""The report's simulated-peak fields: a liveness simulation of a split (``passes/liveness.py``), run now or
+"""The report's simulated-peak fields: a liveness simulation of a split (``passes/simulator/liveness.py``), run now or
 deferred to the first read of its fields (``report.Deferred``), so that a compile whose report nobody reads never
 runs it; and ``gc_paused``, which every partition and every deferred simulation runs under."""
 
@@ -13,7 +13,7 @@ import torch.fx as fx
 
 from fxremat_passes import _torch_private as tp
 from fxremat_passes.graph.ops import CONVOLUTION
-from fxremat_passes.liveness import PeakEstimate, simulate_step
+from fxremat_passes.simulator.liveness import PeakEstimate, simulate_step
 from fxremat_passes.split import SplitRecipe
 
 from .report import BASELINE_PEAK_FIELDS, PEAK_FIELDS, Deferred, SimulatedPeak

@@ -39,7 +39,7 @@ from . import _torch_private as tp
 from .graph.cse import impurity_test, subgraph_node
 from .graph.graph_facts import GraphFacts, graph_facts
 from .graph.ops import COPY_INTO
-from .phase_graph import SEGMENTED_BACKWARD_KEY
+from .simulator.phase_graph import SEGMENTED_BACKWARD_KEY
 
 log = logging.getLogger(__name__)
 

@@ -145,7 +145,7 @@ def _html_report(report: CutReport, diff: bool) -> str:
     parts.append("</div>")
     if report.memory_timeline:
         note = (
-            '<p class="note">Simulated bytes live over one training step (passes/liveness.py: Inductor\'s kernel '
+            '<p class="note">Simulated bytes live over one training step (passes/simulator/liveness.py: Inductor\'s kernel '
             "order and fusion, buffers freed at last use), parameters and inputs not counted; gradients are.</p>"
         )
         parts.append(

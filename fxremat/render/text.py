@@ -107,7 +107,7 @@ def _summary_rows(report: CutReport) -> list[list[str]]:
 
 
 def _peak_rows(report: CutReport) -> list[list[str]]:
-    """The simulated step peak (passes/liveness.py) and the node where it is reached, when simulated."""
+    """The simulated step peak (passes/simulator/liveness.py) and the node where it is reached, when simulated."""
     if report.simulated_peak_bytes is None:
         return []
     return [

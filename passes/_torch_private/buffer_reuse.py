@@ -155,7 +155,7 @@ def _estimate_allocated(estimate) -> None:
 def _flushed_after(nodes: list) -> list[int]:
     """For each step, the step after which a buffer last read there is really freed.  On CPU the scheduler adds
     each generated kernel to the backend's kernel group and frees what the group read only when it is flushed:
-    before an extern kernel or a template, or at the graph's end (``Scheduler.codegen``); passes/walk.py's
+    before an extern kernel or a template, or at the graph's end (``Scheduler.codegen``); passes/simulator/walk.py's
     ``Walk.grouped`` models the same.  A kernel on another device frees after itself."""
     after = [0] * len(nodes)
     flush = len(nodes) - 1

@@ -77,7 +77,7 @@ def inner_compile_with_layout(choice):
 def inductor_reorders_for_peak_memory() -> bool:
     """Whether Inductor, under the config in force (a compile's patches included), reorders each graph's kernels
     for its estimated peak (``config.reorder_for_peak_memory``; ``Scheduler._init`` ->
-    ``memory.reorder_for_peak_memory``): the simulator replays it (``passes/peak_order.py``)."""
+    ``memory.reorder_for_peak_memory``): the simulator replays it (``passes/simulator/peak_order.py``)."""
     from torch._inductor import config as inductor_config
 
     return bool(getattr(inductor_config, "reorder_for_peak_memory", False))

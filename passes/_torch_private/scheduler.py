@@ -100,8 +100,8 @@ def _names_placed(scheduler, places: range) -> list[str]:
 
 def _drags_too_much(scheduler, node1, node2) -> bool:
     # the simulator's rule (a module-level import would be circular)
-    from ..fusion import drags_too_much
-    from ..phase_graph import is_segmented_backward
+    from ..simulator.fusion import drags_too_much
+    from ..simulator.phase_graph import is_segmented_backward
 
     try:
         vertical = bool(node1.get_operation_names() & node2.ancestors or node2.get_operation_names() & node1.ancestors)

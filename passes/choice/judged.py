@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from .. import _torch_private as tp
 from ..graph.roles import Role
 from ..graph.stored_sums import block_sums, reads_only
-from ..liveness import PeakEstimate, simulate_step
-from ..plan_memory import build_joint_memory, estimate_peak
+from ..simulator.liveness import PeakEstimate, simulate_step
+from ..simulator.plan_memory import build_joint_memory, estimate_peak
 from ..solver.budget import Plan, SolveCache
 from ..solver.shortlists import plan_key
 from .plan import peak_candidates

@@ -14,7 +14,7 @@ from .settings import ChoiceSettings
 if TYPE_CHECKING:
     from ..graph.costs import DeviceProfile
     from ..graph.region_budget import RegionAnnotations
-    from ..liveness import PeakEstimate
+    from ..simulator.liveness import PeakEstimate
     from .contract import Contract
 
 

@@ -22,8 +22,8 @@ import torch
 import torch.fx as fx
 
 from .. import _torch_private as tp
-from ..lowering import inductor_class
-from ..phase_graph import allocated_bytes
+from ..simulator.lowering import inductor_class
+from ..simulator.phase_graph import allocated_bytes
 from .costs import node_nbytes
 from .ops import OpClass, op_class
 

@@ -20,7 +20,7 @@ import dataclasses
 
 import torch.fx as fx
 
-from ..lowering import _readers_through_views
+from ..simulator.lowering import _readers_through_views
 from ..solver.parametric import ParametricProblem
 from .graph_facts import GraphFacts
 from .ops import OpClass

@@ -22,8 +22,8 @@ import torch
 import fxremat
 from fxremat.measure import step_peak_bytes
 from fxremat_passes import _torch_private as tp
-from fxremat_passes import fusion
 from fxremat_passes._torch_private import buffer_reuse
+from fxremat_passes.simulator import fusion
 
 pytestmark = pytest.mark.inductor
 

@@ -91,7 +91,7 @@ def test_report_against_default_and_measurement(compiled, name):
     # What autograd really keeps from each compiled forward, measured apart from our report.
     assert c.saved.nbytes <= c.default_saved.nbytes
     # exact on conv nets too: fxremat saves a conv's input as itself, not as Inductor's channels-last copy (issue
-    # #19, passes/layout.py ``saved_inputs_as_views``); PyTorch's cut still keeps the copies, which its graph
+    # #19, passes/simulator/layout.py ``saved_inputs_as_views``); PyTorch's cut still keeps the copies, which its graph
     # does not show
     assert report.saved_bytes == c.saved.nbytes
     if name == "convnet":

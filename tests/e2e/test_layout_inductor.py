@@ -1,7 +1,7 @@
 """Issue #20 under real Inductor with layout optimisation on (Inductor's default; fxremat's CPU compiles turn it
 off unless asked, ``FxrematBackend._layout_patches``, and these tests ask, to keep that path checked): the
 GroupNorm conv net whose ``memory_budget=0.5`` plan gave 18 wrong parameter gradients before backward's
-``as_strided`` reads were pinned (``passes/layout.py``: ``pin_as_strided_inputs``).  One cold compile, ~1 minute
+``as_strided`` reads were pinned (``passes/simulator/layout.py``: ``pin_as_strided_inputs``).  One cold compile, ~1 minute
 here.
 
 The rule (the issue's, ``benchmarks/grad_rule.py``): against an fp64 eager copy, error = max|g - g64| / max|g64|; a

@@ -1,6 +1,6 @@
 """fxremat's compiles bound Inductor's buffer reuse by the bytes really allocated (passes/_torch_private/
 buffer_reuse.py); the simulator replays the pool as the compile runs it: stock Inductor's bound, fxremat's, or none
-(passes/walk.py)."""
+(passes/simulator/walk.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from fxremat.backend import backend_from_compile_args
 from fxremat.options import Options
 from fxremat_passes import _torch_private as tp
 from fxremat_passes._torch_private import buffer_reuse
-from fxremat_passes.liveness import simulate_step
+from fxremat_passes.simulator.liveness import simulate_step
 
 
 class SwiGLUStack(nn.Module):

@@ -13,9 +13,9 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from fxremat_passes import _torch_private as tp
-from fxremat_passes.liveness import simulate_step
-from fxremat_passes.phase import _Phase
-from fxremat_passes.walk import Walk
+from fxremat_passes.simulator.liveness import simulate_step
+from fxremat_passes.simulator.phase import _Phase
+from fxremat_passes.simulator.walk import Walk
 
 
 def _backward_peak(forward, backward, fw_args, bw_args) -> int:

@@ -1,5 +1,5 @@
 """Issue #16: the backward reordered for fewer C++ units on Inductor's CPU backend where its simulated peak does not
-rise (``passes/cpp_units.py``, ``passes/kernel_runs.py``); issue #15: the planner judges plans in that order
+rise (``passes/cpp_units.py``, ``passes/simulator/kernel_runs.py``); issue #15: the planner judges plans in that order
 (``liveness.cpp_units_joined``).  The split is what fxremat hands Inductor (``as_inductor=True``), run here by no-op
 compilers; one test compiles with real Inductor and counts its C++ sources."""
 
@@ -14,10 +14,11 @@ from helpers import assert_grads_close, eager_grads, split_as_compiled
 import fxremat
 from fxremat.examples import MLP, LlamaStack
 from fxremat.options import Options
-from fxremat_passes import cpp_units, kernel_runs, liveness
+from fxremat_passes import cpp_units
 from fxremat_passes.cpp_units import join_kernel_runs
-from fxremat_passes.liveness import simulate_step, simulated_backward
-from fxremat_passes.phase_graph import graph_view
+from fxremat_passes.simulator import kernel_runs, liveness
+from fxremat_passes.simulator.liveness import simulate_step, simulated_backward
+from fxremat_passes.simulator.phase_graph import graph_view
 
 
 def _models():
@@ -168,7 +169,7 @@ def test_a_kernel_that_may_fuse_with_a_later_one_is_never_passed():
     would run there, and the matmul after it (block_sdpa, +5.6% measured before the rule)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from fxremat_passes.phase import _Phase
+    from fxremat_passes.simulator.phase import _Phase
 
     def step(t, w, x, w2, reads_t_again: bool):
         m1, s1, m2 = torch.mm(t, w), t.sum(0), torch.mm(x, w2)

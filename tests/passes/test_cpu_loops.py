@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from fxremat_passes import cpu_loops
-from fxremat_passes.liveness import _Phase
+from fxremat_passes.simulator import cpu_loops
+from fxremat_passes.simulator.liveness import _Phase
 
 B, S, D = 2, 12, 32
 

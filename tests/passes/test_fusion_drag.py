@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from fxremat_passes.fusion import DRAG_FACTOR, HORIZONTAL_DRAG_FACTOR, Fusion, drags_too_much
+from fxremat_passes.simulator.fusion import DRAG_FACTOR, HORIZONTAL_DRAG_FACTOR, Fusion, drags_too_much
 
 
 def _fusion_of(fn, *inputs, segmented: bool = False) -> tuple[Fusion, dict]:

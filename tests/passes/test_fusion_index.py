@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from fxremat_passes import access
-from fxremat_passes.liveness import _Phase
+from fxremat_passes.simulator import access
+from fxremat_passes.simulator.liveness import _Phase
 
 
 def _nbytes(node) -> int:

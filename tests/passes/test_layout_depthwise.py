@@ -1,6 +1,6 @@
 """Issue #19, depthwise nets: mkldnn's depthwise weight gradient with a kernel above 3x3 allocates out channels x kh
 x kw x 1 KiB from a channels-last input, and Inductor hands it one whenever backward is layout-optimised, i.e. has a
-convolution (``passes/layout.py``: ``depthwise_buffer_bytes``, ``convolutions_kept_for_depthwise``).  So under
+convolution (``passes/simulator/layout.py``: ``depthwise_buffer_bytes``, ``convolutions_kept_for_depthwise``).  So under
 Inductor no plan recomputes a convolution in such a graph, and the simulator counts the buffer where backward does.
 No Inductor here: the split is what the partitioner hands Inductor (no-op compilers)."""
 
@@ -12,8 +12,8 @@ from helpers import split_as_compiled
 
 from fxremat.options import Options
 from fxremat_passes.graph.ops import CONVOLUTION, CONVOLUTION_BACKWARD
-from fxremat_passes.layout import depthwise_buffer_bytes
-from fxremat_passes.phase import _Phase as Phase
+from fxremat_passes.simulator.layout import depthwise_buffer_bytes
+from fxremat_passes.simulator.phase import _Phase as Phase
 
 
 def _net(kernel: int) -> nn.Module:

@@ -22,9 +22,9 @@ from fxremat.examples import groupnorm_convnet
 from fxremat.measure import max_relative_error
 from fxremat.options import Options
 from fxremat_passes import _torch_private as tp
-from fxremat_passes import layout
 from fxremat_passes.graph import costs
 from fxremat_passes.graph.ops import CLONE, STRIDE_SENSITIVE
+from fxremat_passes.simulator import layout
 
 
 def groupnorm_net() -> torch.nn.Module:

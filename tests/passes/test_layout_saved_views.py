@@ -1,5 +1,5 @@
 """Issue #19: a forward input read by a convolution and saved for backward must reach backward as itself, not as
-the channels-last copy Inductor makes of it (``passes/layout.py``: ``saved_inputs_as_views``).
+the channels-last copy Inductor makes of it (``passes/simulator/layout.py``: ``saved_inputs_as_views``).
 
 Under layout optimisation Inductor gives a forward output channels-last strides when the output's node is one a
 convolution reads (``GraphLowering.run_node``: ``is_output`` and ``nodes_prefer_channels_last``); a placeholder has
@@ -21,7 +21,7 @@ from fxremat.measure import max_relative_error, measure_saved
 from fxremat.options import Options
 from fxremat_passes import _torch_private as tp
 from fxremat_passes.graph.ops import CONVOLUTION
-from fxremat_passes.layout import saved_inputs_as_views
+from fxremat_passes.simulator.layout import saved_inputs_as_views
 
 
 def _conv_read_placeholders(gm) -> set:
@@ -122,7 +122,7 @@ def test_the_simulator_reads_a_split_as_fxremats_compile_will_rewrite_it():
     rewrite leaves: no copy kept from forward, one made in backward before its first reader; so it equals the
     simulation of the rewritten split.  PyTorch's split as stock Inductor compiles it (``recopy=False``) keeps the
     copies (the report's baseline)."""
-    from fxremat_passes.liveness import simulate_step
+    from fxremat_passes.simulator.liveness import simulate_step
 
     fw, bw = _pytorch_split()
     stock = simulate_step(fw, bw, 1, recopy=False)

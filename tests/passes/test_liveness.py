@@ -140,7 +140,7 @@ def test_convnet_simulated_peak_counts_inductors_channels_last_copies(layout, to
 
 
 def test_channels_last_copies_are_the_placeholders_a_2d_convolution_reads():
-    from fxremat_passes.layout import channels_last_copies, workspace_bytes
+    from fxremat_passes.simulator.layout import channels_last_copies, workspace_bytes
 
     captured = {}
 
@@ -230,7 +230,7 @@ def _inductor_split(model, inputs):
 
 
 def _simulated_units(graph_module) -> set[str]:
-    from fxremat_passes.liveness import _Phase
+    from fxremat_passes.simulator.liveness import _Phase
 
     return {u.name for u in _Phase(graph_module.graph, keep=set(), carried={}).units}
 
@@ -244,7 +244,7 @@ def test_inductors_random_draw_is_stored_where_a_reduction_reads_it():
     import torch._inductor.inductor_prims  # noqa: F401  (registers prims.inductor_random)
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from fxremat_passes.liveness import simulate_step
+    from fxremat_passes.simulator.liveness import simulate_step
 
     prims, rows, cols = torch.ops.prims, 128, 64
 
@@ -271,7 +271,7 @@ def test_zeros_a_returned_scatter_starts_from_are_never_allocated():
     """A weight gradient built by index_put into zeros is returned; Inductor fills the gradient's own buffer with
     the zeros inside the scatter's kernel, so the zeros never exist alone (Mixtral: one zeros tensor of each expert
     weight's size was held through both layers' backward, 23.15 MiB simulated then, 20.40 without them)."""
-    from fxremat_passes.liveness import simulate_step
+    from fxremat_passes.simulator.liveness import simulate_step
 
     torch.manual_seed(0)
     fw, bw, num_fwd_outputs = _inductor_split(TokenExperts(), (torch.randn(64, 64),))
@@ -300,7 +300,7 @@ class AddToProduct(nn.Module):
 
 
 def test_an_add_of_a_matmul_is_one_addmm_whose_product_never_exists_alone():
-    from fxremat_passes.lowering import addmm_matmul
+    from fxremat_passes.simulator.lowering import addmm_matmul
 
     for share in (False, True):
         torch.manual_seed(0)
@@ -323,7 +323,7 @@ def test_of_two_products_summed_inductor_folds_the_second_into_the_addmm():
     traversal's backward (issue #22's model B, simulated 40.6 MiB where Inductor measured 23.6)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from fxremat_passes.lowering import addmm_matmul
+    from fxremat_passes.simulator.lowering import addmm_matmul
 
     def two_products(a, b, c, d):
         return torch.mm(a, b) + torch.mm(c, d)
@@ -350,7 +350,7 @@ def test_an_embedding_gradient_scatters_inside_the_kernel_that_computes_the_rows
     """Inductor loops a scatter over the values it scatters, not over its output (the table), and a load of some
     rows of a table over those rows: so the embedding gradient's scatter runs inside the norm backward's kernel
     (T5's kernel ``..._embedding_dense_backward_..._pow_rsqrt_sum_23``), not after it as a kernel of its own."""
-    from fxremat_passes.liveness import _Phase
+    from fxremat_passes.simulator.liveness import _Phase
 
     torch.manual_seed(0)
     _, bw, _ = _inductor_split(EmbedNorm(), (torch.randint(0, 1024, (4, 16)),))
@@ -371,7 +371,7 @@ def test_a_costly_value_read_twice_is_stored_once():
     (``should_realize_on_reuse``) instead of recomputing it in each reader; a cheap one (an add) is recomputed."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from fxremat_passes.liveness import _Phase
+    from fxremat_passes.simulator.liveness import _Phase
 
     gm = make_fx(TwoReaders(), tracing_mode="fake")(torch.randn(8, 16))
     phase = _Phase(gm.graph, keep=set(), carried={})
@@ -390,7 +390,7 @@ def _simulated_backward(backward, saved: int = 2):
     backward placeholders are named like AOTAutograd's (the tangent last)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from fxremat_passes.liveness import simulate_step
+    from fxremat_passes.simulator.liveness import simulate_step
 
     def forward(x):
         return (x.sum(), *(x.sin() + k for k in range(saved)))
@@ -453,7 +453,7 @@ def test_no_inplace_over_a_tangent():
     here; backward holds the tangent and the gradient (2 x 512 B), as a saved input would have been written over."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from fxremat_passes.liveness import simulate_step
+    from fxremat_passes.simulator.liveness import simulate_step
 
     x = torch.randn(16, 8)
     fw = make_fx(lambda x: (x.sin(),), tracing_mode="fake")(x)
@@ -542,7 +542,7 @@ def test_a_cpu_cat_is_a_fresh_buffer_never_written_over_its_kernels_input():
     recomputed SwiGLU's backward writes gate's and up's gradients so (Llama stack, memory_budget=0.0: -11.7%)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from fxremat_passes.liveness import simulate_step
+    from fxremat_passes.simulator.liveness import simulate_step
 
     x = torch.randn(16, 16)
     fw = make_fx(lambda x: (x.sum(), x.sin() + 1), tracing_mode="fake")(x)
@@ -566,7 +566,7 @@ def test_of_fusions_sharing_as_many_bytes_the_closest_pair_goes_first():
     recomputation there (peak_budget=0.0: simulated +19.7%, after -0.6%)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from fxremat_passes.liveness import _Phase
+    from fxremat_passes.simulator.liveness import _Phase
 
     def f(p, w):
         a = p * 2
@@ -587,7 +587,7 @@ def test_column_reductions_fuse_with_each_other_not_with_row_loops():
     the column sums share one kernel, the row sum and the gradient another."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from fxremat_passes.liveness import _Phase
+    from fxremat_passes.simulator.liveness import _Phase
 
     def f(g, x):
         r = (g * x).sum(-1, keepdim=True)
@@ -611,7 +611,7 @@ def test_fusion_prefers_reads_at_the_same_index():
     out of layer 1's backward, 1.05 MB below the real peak."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from fxremat_passes.liveness import _Phase
+    from fxremat_passes.simulator.liveness import _Phase
 
     def f(x0, g, w, cos, sin):
         fwd0 = x0 * cos + x0 * sin
@@ -631,7 +631,7 @@ def test_buffer_reuse_pool_holds_a_freed_buffer_within_inductors_estimate():
     """Inductor's wrapper pools a freed buffer and hands it to the next allocation of the same size and dtype when
     the estimated memory in between plus the buffer stays within the graph's estimated peak (should_reuse_buffer),
     holding it meanwhile; the most recently freed goes first, and each reuse raises the estimate it holds over."""
-    from fxremat_passes.liveness import _pool_held
+    from fxremat_passes.simulator.liveness import _pool_held
 
     estimate = [10, 4, 4, 10]  # per kernel; the peak is 10
     key = (3, torch.float32)
@@ -710,7 +710,7 @@ def test_gather_read_by_a_bmm_and_another_reader_is_stored():
     Mixtral simulated 21 MiB and measured 792 MiB."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from fxremat_passes.liveness import _Phase
+    from fxremat_passes.simulator.liveness import _Phase
 
     def one_reader(w, idx, x):
         return torch.bmm(x.unsqueeze(1), w[idx])
@@ -735,7 +735,7 @@ def test_cuda_values_are_counted_as_the_caching_allocator_rounds_them():
     import torch.fx as fx
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fxremat_passes.phase_graph import _tensor_storage_bytes, allocated_bytes
+    from fxremat_passes.simulator.phase_graph import _tensor_storage_bytes, allocated_bytes
 
     assert [allocated_bytes(n, "cuda") for n in (0, 40, 512, 1000)] == [0, 512, 512, 1024]
     assert allocated_bytes(40, "cpu") == 40
@@ -755,7 +755,7 @@ def test_cuda_buffers_of_one_allocator_block_are_still_two_reuse_keys():
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from fxremat_passes.phase import _Phase
+    from fxremat_passes.simulator.phase import _Phase
 
     with FakeTensorMode():
         a, b = torch.empty(250, device="cuda"), torch.empty(256, device="cuda")

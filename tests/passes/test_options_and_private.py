@@ -288,7 +288,7 @@ def test_functorch_knobs_and_region_annotation_are_readable():
 
 def test_cache_key_hashes_every_pass_source():
     """The partitioner's uuid (AOTAutograd's and Inductor's cache keys) hashes passes/ too: a changed pass must not
-    reuse partitions cached before it (issue #19: passes/layout.py's edits did)."""
+    reuse partitions cached before it (issue #19: passes/simulator/layout.py's edits did)."""
     import importlib
     from pathlib import Path
 
@@ -338,7 +338,7 @@ def test_importing_fxremat_leaves_the_partitioner_for_the_first_partition():
         "import sys, fxremat, fxremat.backend\n"
         "fxremat.backend(memory_budget=0.5, device='cpu')\n"
         "sys.modules['fxremat.backend'].LayoutChoice()  # a CPU graph's compile, warm or cold, makes one\n"
-        "later = ['fxremat_passes.choice', 'fxremat.partition', 'fxremat_passes.solver.solvers', 'fxremat_passes.liveness',\n"
+        "later = ['fxremat_passes.choice', 'fxremat.partition', 'fxremat_passes.solver.solvers', 'fxremat_passes.simulator.liveness',\n"
         "         'fxremat.verify', 'fxremat.knobs', 'fxremat_passes.graph.roles']\n"
         "assert not [m for m in later if m in sys.modules], [m for m in later if m in sys.modules]\n"
         "assert fxremat.FxrematBudgetWarning.__module__.startswith('fxremat_passes.choice')\n"

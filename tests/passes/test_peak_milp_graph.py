@@ -1,4 +1,4 @@
-"""The joint graph as the peak MILP's schedule graph (passes/peak_milp_graph.py): exact reductions, merging to a
+"""The joint graph as the peak MILP's schedule graph (passes/simulator/peak_milp_graph.py): exact reductions, merging to a
 node limit that never swallows a saved value, and fxremat's frontier plans evaluated on it."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from fxremat_passes.graph.costs import PROFILES, alias_root, annotate_costs
 from fxremat_passes.graph.cse import prepare_joint_graph
 from fxremat_passes.graph.flow_problem import VALUE_ROLES, build_flow_problem
 from fxremat_passes.graph.roles import classify
-from fxremat_passes.peak_milp_graph import build_schedule_graph
+from fxremat_passes.simulator.peak_milp_graph import build_schedule_graph
 from fxremat_passes.solver.budget import frontier
 from fxremat_passes.solver.peak_milp import evaluate_plan, solve_min_peak
 

@@ -1,4 +1,4 @@
-"""fxremat_passes/peak_order.py against Inductor's own reordering for peak memory (torch/_inductor/memory.py), run on
+"""fxremat_passes/simulator/peak_order.py against Inductor's own reordering for peak memory (torch/_inductor/memory.py), run on
 the same random kernel graphs: the same estimate, the same three sorts, the same order kept.  A torch release that
 changes Inductor's heuristics fails here."""
 
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fxremat_passes import _torch_private as tp
-from fxremat_passes.peak_order import Buffer, OrderProblem, bfs, dfs, estimate_peak, lpmf, reordered
+from fxremat_passes.simulator.peak_order import Buffer, OrderProblem, bfs, dfs, estimate_peak, lpmf, reordered
 
 memory = pytest.importorskip("torch._inductor.memory")
 from torch.utils._ordered_set import OrderedSet  # noqa: E402

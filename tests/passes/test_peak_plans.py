@@ -15,8 +15,8 @@ from fxremat_passes.cpp_units import join_kernel_runs
 from fxremat_passes.graph.costs import PROFILES, annotate_costs
 from fxremat_passes.graph.flow_problem import build_flow_problem
 from fxremat_passes.graph.roles import classify
-from fxremat_passes.liveness import cpp_units_joined, simulate_step
-from fxremat_passes.plan_memory import build_joint_memory, estimate_peak
+from fxremat_passes.simulator.liveness import cpp_units_joined, simulate_step
+from fxremat_passes.simulator.plan_memory import build_joint_memory, estimate_peak
 from fxremat_passes.solver.budget import frontier
 
 

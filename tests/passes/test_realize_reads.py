@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from fxremat_passes.phase import _Phase
+from fxremat_passes.simulator.phase import _Phase
 
 
 def _stored(backward, args, carried) -> set[str]:

@@ -18,8 +18,8 @@ from fxremat import simulated
 from fxremat.examples import example
 from fxremat.options import Options
 from fxremat.report import DEFERRED_FIELDS
-from fxremat_passes import liveness
 from fxremat_passes.choice import judged
+from fxremat_passes.simulator import liveness
 
 
 def _partition(name: str, monkeypatch, **options):

@@ -16,9 +16,9 @@ from fxremat.options import Options
 from fxremat.partition import PartitionRequest, partition
 from fxremat_passes.graph.costs import PROFILES, node_cost
 from fxremat_passes.graph.ops import NEVER_RECOMPUTE, OpClass, op_class
-from fxremat_passes.liveness import simulate_step
-from fxremat_passes.phase_graph import graph_view
 from fxremat_passes.segments import segment_backward
+from fxremat_passes.simulator.liveness import simulate_step
+from fxremat_passes.simulator.phase_graph import graph_view
 from fxremat_passes.split import FIRST_PASS_SUFFIX
 
 
@@ -194,8 +194,8 @@ def test_budget_zero_recomputes_in_segments_by_default():
 def test_segmentations_simulated_after_one_forward_are_their_own_simulations():
     # ``lowest_peak_segments`` simulates the segmentations' backwards after one shared forward
     # (``liveness.simulate_backwards``): each result must be ``simulate_step`` of that segmentation's own split
-    from fxremat_passes.liveness import simulate_backwards
     from fxremat_passes.segments import checkpoint_grid
+    from fxremat_passes.simulator.liveness import simulate_backwards
 
     recipe = _recipe(*MODELS["stack6"](), memory_budget=0.0)
     candidates = [recipe, *(segment_backward(recipe, sets) for _, sets in checkpoint_grid(recipe))]

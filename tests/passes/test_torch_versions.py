@@ -17,8 +17,8 @@ from torch._functorch import partitioners
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from fxremat_passes import _torch_private as tp
-from fxremat_passes import lowering
 from fxremat_passes.graph.ops import OpClass, op_class
+from fxremat_passes.simulator import lowering
 
 
 def test_version_keys_match_the_installed_torch():

@@ -1,4 +1,4 @@
-"""Inductor's peak-memory reordering on plain integers (fxremat_passes/peak_order.py)."""
+"""Inductor's peak-memory reordering on plain integers (fxremat_passes/simulator/peak_order.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fxremat_passes.peak_order import Buffer, OrderProblem, bfs, dfs, estimate_peak, lpmf, reordered
+from fxremat_passes.simulator.peak_order import Buffer, OrderProblem, bfs, dfs, estimate_peak, lpmf, reordered
 
 
 def _chains_then_join(size: int = 100) -> OrderProblem:

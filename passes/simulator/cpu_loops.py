@@ -22,8 +22,8 @@ import math
 
 import torch.fx as fx
 
+from ..graph.ops import OpClass
 from .access import reduced_dims, sizes_strides
-from .graph.ops import OpClass
 
 # The sizes of a ``ConcatKernel``: a NopKernel (``lowering.concat_kernel``), between the kernels that write its slices
 # and those that read it (``Scheduler.can_fuse``: "node1 is nop", "node2 is extern or nop"), so a kernel that reads

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from . import _torch_private as tp
+from .. import _torch_private as tp
 from .buffer_pool import _pool_held
 from .lowering import KERNEL_CLASSES
 

@@ -27,9 +27,9 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from . import _torch_private as tp
-from .graph.costs import value_nbytes
-from .graph.ops import CLONE, CONVOLUTION, CONVOLUTION_BACKWARD, STRIDE_SENSITIVE, VIEW
+from .. import _torch_private as tp
+from ..graph.costs import value_nbytes
+from ..graph.ops import CLONE, CONVOLUTION, CONVOLUTION_BACKWARD, STRIDE_SENSITIVE, VIEW
 from .phase_graph import PhaseGraph
 
 

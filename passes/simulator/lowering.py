@@ -12,9 +12,9 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-from . import _torch_private as tp
-from .graph.costs import hinted_numel, hinted_shape
-from .graph.ops import (
+from .. import _torch_private as tp
+from ..graph.costs import hinted_numel, hinted_shape
+from ..graph.ops import (
     ADD,
     BMM,
     CAT,

@@ -9,12 +9,12 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from . import _torch_private as tp
+from .. import _torch_private as tp
+from ..graph.costs import alias_root, hinted_numel
+from ..graph.ops import CONVOLUTION, FUSIBLE, OpClass, op_class
 from .access import add_loads, add_paths, another_index
 from .cpu_loops import loop_sizes
 from .fusion import Fusion, fusion_order
-from .graph.costs import alias_root, hinted_numel
-from .graph.ops import CONVOLUTION, FUSIBLE, OpClass, op_class
 from .layout import depthwise_buffer_bytes, workspace_bytes
 from .lowering import (
     KERNEL_CLASSES,

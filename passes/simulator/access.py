@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from .graph.ops import BMM, REDUCTIONS_WITH_DIMS, OpClass
+from ..graph.ops import BMM, REDUCTIONS_WITH_DIMS, OpClass
 from .lowering import MAX_READS_CPU
 
 MAX_PATHS = 4  # per read storage; a computation reading one storage in more ways is rare (and scored as any other)

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from .graph.costs import value_nbytes
-from .graph.ops import OpClass
+from ..graph.costs import value_nbytes
+from ..graph.ops import OpClass
 
 # The CUDA caching allocator hands out blocks in multiples of 512 bytes (PyTorch's c10/cuda/CUDACachingAllocator.cpp:
 # ``kMinBlockSize``, ``round_size``), and ``torch.cuda.max_memory_allocated`` counts the rounded blocks.  The CPU

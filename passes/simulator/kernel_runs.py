@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from . import _torch_private as tp
-from .graph.ops import has_tag
+from .. import _torch_private as tp
+from ..graph.ops import has_tag
 from .lowering import KERNEL_CLASSES
 
 # What a joined step may cost, in graph nodes simulated (forward once, backward twice; about 0.06 ms a node here).

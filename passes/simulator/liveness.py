@@ -52,9 +52,9 @@ from dataclasses import dataclass, replace
 import torch
 import torch.fx as fx
 
+from ..graph.costs import alias_root
 from .buffer_pool import _pool_held  # noqa: F401  (re-exported: tests)
 from .fusion import FUSION_DISTANCE  # noqa: F401  (re-exported)
-from .graph.costs import alias_root
 from .kernel_runs import joined_orders, runs_of, too_large
 from .layout import channels_last_copies, layout_optimised, recopied_saved_inputs
 from .node_facts import NodeFacts

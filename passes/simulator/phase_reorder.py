@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from . import _torch_private as tp
+from .. import _torch_private as tp
 from .peak_order import Buffer, OrderProblem, reordered
 
 # A sort replaces the order Inductor was given only where it is lower by more than this, by the simulator's

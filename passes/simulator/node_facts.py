@@ -17,12 +17,12 @@ import operator
 import torch
 import torch.fx as fx
 
+from ..graph.costs import hinted_numel, value_nbytes
+from ..graph.graph_facts import GraphFacts, Memo
+from ..graph.ops import ADD as _ADD
+from ..graph.ops import FUSED_LOADS, HEAVY_OPS, OpClass, op_class
+from ..graph.ops import MM as _MM
 from .access import op_path, step
-from .graph.costs import hinted_numel, value_nbytes
-from .graph.graph_facts import GraphFacts, Memo
-from .graph.ops import ADD as _ADD
-from .graph.ops import FUSED_LOADS, HEAVY_OPS, OpClass, op_class
-from .graph.ops import MM as _MM
 from .lowering import column_reduction, concat_kernel, inductor_class, scatter_values
 from .phase_graph import PhaseGraph, _tensor_storage_bytes
 

@@ -46,11 +46,11 @@ from dataclasses import dataclass, field
 
 import torch.fx as fx
 
-from .graph.flow_problem import FlowProblem
-from .graph.roles import GraphRoles, Role
+from ..graph.flow_problem import FlowProblem
+from ..graph.roles import GraphRoles, Role
+from ..solver.peak_milp import ScheduleGraph
 from .phase import NEVER
 from .plan_memory import JointMemory, build_joint_memory
-from .solver.peak_milp import ScheduleGraph
 
 DEFAULT_MAX_NODES = 60
 DEFAULT_MAX_STAGES = 24
