@@ -19,7 +19,7 @@ skipped while it compiles: ``layout.saved_inputs_as_views`` (so its saved weight
 copies) and ``layout.convolutions_kept_for_depthwise`` (so backward may recompute convolutions).
 ``fxremat_layout``: fxremat with the layout optimisation asked for (the rules on; sessions 14-15's fxremat);
 ``fxremat_contiguous``: with it turned off (session 16's fxremat); ``fxremat`` chooses per graph, contiguous unless
-channels-last simulates a lower peak (``passes/layout_choice.py``).  Only on a quiet machine do
+channels-last simulates a lower peak (``passes/rewrite/layout_choice.py``).  Only on a quiet machine do
 the times mean anything; bytes are exact.
 """
 

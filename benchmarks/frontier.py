@@ -54,8 +54,8 @@ def main(argv=None) -> int:
     from fxremat.options import Options
     from fxremat.partition import PartitionRequest, partition
     from fxremat.render import format_bytes
-    from fxremat_passes.describe import describe_split
     from fxremat_passes.graph.costs import PROFILES
+    from fxremat_passes.rewrite.describe import describe_split
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="block_sdpa")

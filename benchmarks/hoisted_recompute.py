@@ -80,7 +80,7 @@ def worker(model: str, setting: str, stretches: int, reorder: bool = True) -> di
 
     torch.set_num_threads(1)
     torch._inductor.config.reorder_for_peak_memory = reorder  # Inductor's default: True
-    from fxremat_passes import cpp_units
+    from fxremat_passes.rewrite import cpp_units
     from fxremat_passes.simulator import liveness
 
     if stretches:

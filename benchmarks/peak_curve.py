@@ -59,8 +59,8 @@ def curves(entry: dict) -> list[tuple[str, float, int, int]]:
     from fxremat.options import Options
     from fxremat.partition import PartitionRequest, partition
     from fxremat_passes import _torch_private as tp
-    from fxremat_passes.describe import describe_split
     from fxremat_passes.graph.costs import PROFILES
+    from fxremat_passes.rewrite.describe import describe_split
     from fxremat_passes.simulator.liveness import simulate_step
 
     kwargs = entry["kwargs"]

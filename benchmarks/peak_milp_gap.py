@@ -9,7 +9,7 @@ fxremat's partitioner and no-op compilers: no Inductor), evaluated under the MIL
 compute C_ours), then the MILP's least peak P* at compute <= C_ours.  gap = P_ours / P* - 1, summarised (median,
 worst) over the rows HiGHS proved optimal.  The joint graph is reduced and merged to at most 60 nodes, never merging
 a value some setting saves (``peak_milp_graph.py``); ``nodes`` and ``stages`` are the MILP's.  A plan that
-recomputes its forward segment by segment in backward (``passes/segments.py``) is not its saved set recomputed
+recomputes its forward segment by segment in backward (``passes/rewrite/segments.py``) is not its saved set recomputed
 lazily, the only schedule ``peak_milp.plan_schedule`` makes of a plan: its row says "segmented" and is left out of
 the summary (session 28: the front-loaded budget plans of the small stack and block_sdpa are such plans).
 

@@ -57,9 +57,9 @@ def setup(gm, kwargs):
 def measure(name: str, batch: int, seq: int, dim: int) -> dict:
     from fxremat.examples import example
     from fxremat_passes import _torch_private as tp
+    from fxremat_passes.rewrite.split import split_with_recipe
     from fxremat_passes.simulator.liveness import simulate_step
     from fxremat_passes.simulator.plan_memory import build_joint_memory, estimate_peak
-    from fxremat_passes.split import split_with_recipe
 
     torch.manual_seed(0)
     model, inputs = example(name, batch=batch, seq=seq, dim=dim)

@@ -32,7 +32,7 @@ def row(name: str, setting: str) -> dict:
     from fxremat.backend import FxrematPartitioner
     from fxremat.options import Options
     from fxremat_passes import _torch_private as tp
-    from fxremat_passes.layout_choice import LayoutChoice
+    from fxremat_passes.rewrite.layout_choice import LayoutChoice
 
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -41,7 +41,7 @@ def row(name: str, setting: str) -> dict:
     options = Options.create(compare_default=False, **setting_peak.options_of(setting))
     partitioner = FxrematPartitioner(options, lambda r, _key: reports.append(r), True)
     # as fxremat's backend compiles a CPU graph (``FxrematBackend._layout_patches``): plans chosen under the contiguous
-    # layout, the layout decided after (passes/layout_choice.py); left to Inductor's default, ViT's patch convolution
+    # layout, the layout decided after (passes/rewrite/layout_choice.py); left to Inductor's default, ViT's patch convolution
     # made its budgets' plans differ from a real compile's (benchmarks/RESULTS.md, session 29)
     patches = {"layout_optimization": False} if tp.inductor_layout_switches_at_default() else {}
     partitioner.current_layout = LayoutChoice() if patches else None

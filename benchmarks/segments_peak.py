@@ -1,4 +1,4 @@
-"""Measured step peak of backward checkpoints (passes/segments.py, issue #15 "Budget 0.0") under real Inductor.
+"""Measured step peak of backward checkpoints (passes/rewrite/segments.py, issue #15 "Budget 0.0") under real Inductor.
 
     python benchmarks/segments_peak.py [--models llama_stack stack6 mlp_stack4] [--out results/segments.json]
 

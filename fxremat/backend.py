@@ -24,7 +24,7 @@ import torch.fx as fx
 
 from fxremat_passes import _torch_private as tp
 from fxremat_passes.graph.region_budget import annotation_key
-from fxremat_passes.layout_choice import LayoutChoice
+from fxremat_passes.rewrite.layout_choice import LayoutChoice
 
 from .options import Options
 from .report import CutReport
@@ -66,7 +66,7 @@ class FxrematPartitioner(tp.CustomPartitionerFn):
         # the region budgets of the Dynamo graph being compiled (``region_budget.annotation_key``): AOTAutograd's
         # cache key reads the first node's budget only (one budget per graph in PyTorch), and meta is not hashed
         self.current_regions = ""
-        self.current_layout: LayoutChoice | None = None  # the compile's layout decision (passes/layout_choice.py)
+        self.current_layout: LayoutChoice | None = None  # the compile's layout decision (passes/rewrite/layout_choice.py)
 
     def __deepcopy__(self, memo):
         # Inductor deep-copies its config (which holds us) to hash it; the cache key comes from uuid(), and the
@@ -80,7 +80,7 @@ class FxrematPartitioner(tp.CustomPartitionerFn):
 
     def uuid(self) -> str:
         # a compile whose layout the partitioner chooses must not share cache entries with one whose layout the
-        # user fixed (both patch ``layout_optimization=False`` into Inductor's config: passes/layout_choice.py)
+        # user fixed (both patch ``layout_optimization=False`` into Inductor's config: passes/rewrite/layout_choice.py)
         choice = "|layout-chosen" if self.current_layout is not None else ""
         text = f"{source_hash()}|{self.options.cache_key()}|{torch.__version__}|{self.current_regions}{choice}"
         return hashlib.sha256(text.encode()).hexdigest()
@@ -210,7 +210,7 @@ class FxrematBackend:
             return compile_fx(gm, example_inputs, config_patches=self.inductor_config or None)
         self._partitioner.current_regions = annotation_key(gm)
         layout_patches = self._layout_patches(example_inputs)
-        # where fxremat lays the graph out, its partitioner decides how, per graph (passes/layout_choice.py)
+        # where fxremat lays the graph out, its partitioner decides how, per graph (passes/rewrite/layout_choice.py)
         layout = self._partitioner.current_layout = LayoutChoice() if layout_patches else None
         key = _dynamo_graph_key(gm, example_inputs, self._partitioner.uuid())
         before = len(self.reports)
@@ -249,7 +249,7 @@ class FxrematBackend:
         contiguous, mkldnn reads the parameters as they are: on ResNet-18 (2x3x64x64) the step's peak is 0.79x and
         its time 0.65x those of the same plan laid out channels-last, and mkldnn's large depthwise buffer never
         arises.  Contiguous is where a compile starts: the partitioner lays a graph out channels-last instead where
-        that simulates a lower step peak (``passes/layout_choice.py``: nets whose activations dwarf their weights).
+        that simulates a lower step peak (``passes/rewrite/layout_choice.py``: nets whose activations dwarf their weights).
         On a GPU Inductor's choice stands (cuDNN's channels-last kernels; not measured here)."""
         if any(name in self.inductor_config for name in tp.LAYOUT_SWITCHES):
             return {}

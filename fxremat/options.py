@@ -174,7 +174,7 @@ class Options:
     verify           on each compiled graph's first call, also run it eagerly and raise FxrematVerifyError where
                      its outputs or gradients differ (fxremat/verify.py; default: $FXREMAT_VERIFY, else off).
     backward_segments  None (default): backward recomputes the forward segment by segment, from checkpoints it
-                     recomputes first (passes/segments.py), where a memory_budget leaves no plan as low as a
+                     recomputes first (passes/rewrite/segments.py), where a memory_budget leaves no plan as low as a
                      looser budget's (budget 0.0: the whole forward recomputed); True: for every plan; False: never.
     checkpoints      "honour" (default): with checkpoint tags in the graph, no plan saves more bytes or has a
                      higher simulated step peak than the user's plan (passes/choice/contract.py); "replan": fxremat's

@@ -25,8 +25,6 @@ import torch.fx as fx
 
 from fxremat_passes import _torch_private as tp
 from fxremat_passes.choice import ChoiceSettings, choose, kept_tagged, segmented_split
-from fxremat_passes.cpp_units import join_kernel_runs
-from fxremat_passes.describe import describe_split
 from fxremat_passes.graph.costs import DeviceProfile, annotate_costs
 from fxremat_passes.graph.cse import MetaSnapshot, prepare_joint_graph
 from fxremat_passes.graph.flow_problem import VALUE_ROLES, build_flow_problem
@@ -34,7 +32,10 @@ from fxremat_passes.graph.graph_facts import attach as attach_graph_facts
 from fxremat_passes.graph.phase_copies import copy_gathers_per_phase
 from fxremat_passes.graph.region_budget import annotations_hidden
 from fxremat_passes.graph.roles import Policy, Role, classify, recompute_tag
-from fxremat_passes.layout_choice import LayoutChoice, decide_layout
+from fxremat_passes.rewrite.cpp_units import join_kernel_runs
+from fxremat_passes.rewrite.describe import describe_split
+from fxremat_passes.rewrite.layout_choice import LayoutChoice, decide_layout
+from fxremat_passes.rewrite.split import SplitRecipe, split_with_recipe
 from fxremat_passes.simulator.layout import (
     convolutions_kept_for_depthwise,
     has_convolution,
@@ -43,7 +44,6 @@ from fxremat_passes.simulator.layout import (
 )
 from fxremat_passes.simulator.liveness import PeakEstimate, cpp_units_joined, saved_views_of_inputs
 from fxremat_passes.solver.budget import Plan
-from fxremat_passes.split import SplitRecipe, split_with_recipe
 
 from . import simulated
 from .knobs import TORCH_CONFIG_SOURCE, effective_options

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from fxremat_passes.describe import RecomputedNode, SavedValue, SplitDescription
+from fxremat_passes.rewrite.describe import RecomputedNode, SavedValue, SplitDescription
 
 from .deferred import Deferred, _DeferrableField
 from .report_fields import decoders, derived  # noqa: F401 (derived: for a derived field, docs/examples)
@@ -45,7 +45,7 @@ class CompileFacts:
 
 @dataclass(**_RECORD)
 class Described:
-    """The split handed on (ours or the fallback's), as ``passes/describe.py`` describes it.
+    """The split handed on (ours or the fallback's), as ``passes/rewrite/describe.py`` describes it.
 
     ``saved_bytes``: activation bytes kept for backward (distinct storages, graph inputs excluded)."""
 
@@ -101,7 +101,7 @@ class Choice:
     budget_candidates: int | None = None
     budget_simulated: int | None = None
     peak_raised_by_budget: int | None = None
-    # backward recomputing the forward segment by segment (passes/segments.py): the checkpoints its first pass
+    # backward recomputing the forward segment by segment (passes/rewrite/segments.py): the checkpoints its first pass
     # recomputes, and the FLOPs that costs beyond the plan's own recomputation
     backward_checkpoints: tuple[str, ...] = ()
     segment_recompute_flops: int = 0
@@ -144,7 +144,7 @@ class SimulatedPeak:
 
 @dataclass(**_RECORD)
 class Layout:
-    """The layout fxremat handed Inductor for a CPU graph with convolutions (``passes/layout_choice.py``)."""
+    """The layout fxremat handed Inductor for a CPU graph with convolutions (``passes/rewrite/layout_choice.py``)."""
 
     inductor_layout: str | None = None  # "contiguous" or "channels_last"; None: Inductor's own decision
     layout_simulated_peaks: tuple[int, int] | None = None  # the simulated step peaks (contiguous, channels-last)

@@ -13,8 +13,8 @@ import torch.fx as fx
 
 from fxremat_passes import _torch_private as tp
 from fxremat_passes.graph.ops import CONVOLUTION
+from fxremat_passes.rewrite.split import SplitRecipe
 from fxremat_passes.simulator.liveness import PeakEstimate, simulate_step
-from fxremat_passes.split import SplitRecipe
 
 from .report import BASELINE_PEAK_FIELDS, PEAK_FIELDS, Deferred, SimulatedPeak
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from fxremat_passes.describe import SavedValue
+from fxremat_passes.rewrite.describe import SavedValue
 
 from ..report import CutReport, diff_default
 from .svg import _e, _natural_key, format_seconds, svg_memory_timelines, svg_module_bars, svg_pareto

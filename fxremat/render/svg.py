@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from fxremat_passes.describe import SavedValue
+from fxremat_passes.rewrite.describe import SavedValue
 
 from ..report import CutReport
 from .text import format_bytes

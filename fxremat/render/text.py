@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from fxremat_passes.describe import SavedValue
+from fxremat_passes.rewrite.describe import SavedValue
 
 from ..report import CutReport, diff_default, saved_by_bytes
 

@@ -8,14 +8,14 @@ import logging
 from dataclasses import dataclass, field
 
 from .. import _torch_private as tp
-from ..segments import lowest_peak_segments, segment_recompute_flops, segment_recompute_seconds
+from ..rewrite.segments import lowest_peak_segments, segment_recompute_flops, segment_recompute_seconds
 from ..solver.budget import Plan
 from ..solver.shortlists import plan_key
 from .judged import JudgedPlans
 
 log = logging.getLogger(__name__)
 
-# Backward checkpoint sets (passes/segments.py) simulated for a plan that recomputes in segments, lowest estimated
+# Backward checkpoint sets (passes/rewrite/segments.py) simulated for a plan that recomputes in segments, lowest estimated
 # peak first: each costs a simulation (about 2 s at 48 blocks, docs/DESIGN.md §5.4).
 SEGMENTATIONS_SIMULATED = 4
 

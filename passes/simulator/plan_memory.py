@@ -26,7 +26,7 @@ from .. import _torch_private as tp
 from ..graph.graph_facts import graph_facts
 from ..graph.ops import CONVOLUTION, OpClass
 from ..graph.roles import GraphRoles
-from ..split import UnsupportedSplit, joint_facts, split_recipe
+from ..rewrite.split import UnsupportedSplit, joint_facts, split_recipe
 from .layout import channels_last_copies, layout_optimised
 from .liveness import PeakEstimate, simulate_phases, simulate_step
 from .node_facts import NodeFacts

@@ -164,7 +164,7 @@ def _saved_layouts(model, x, options) -> tuple[list[tuple[bool, bool, bool]], fx
 
 def test_cpu_compiles_choose_their_layout_per_graph_unless_asked():
     """Issue #19: fxremat lays its CPU compiles out contiguous (``_layout_patches``), and channels-last where that
-    simulates a lower step peak (``passes/layout_choice.py``).  Weight-heavy: contiguous, the weights saved as
+    simulates a lower step peak (``passes/rewrite/layout_choice.py``).  Weight-heavy: contiguous, the weights saved as
     themselves (no flat view: ``saved_inputs_as_views`` is for layout-optimised graphs).  Activation-heavy
     (``example("convnet")``): channels-last, in the forward and in the lazily compiled backward (the saved
     activations are channels-last, the weights flat views).  Asked for (``inductor_options``), Inductor's own

@@ -15,9 +15,9 @@ from fxremat_passes.graph.costs import alias_root, value_nbytes
 from fxremat_passes.graph.cse import prepare_joint_graph
 from fxremat_passes.graph.ops import op_class
 from fxremat_passes.graph.roles import classify
+from fxremat_passes.rewrite.split import joint_facts
 from fxremat_passes.simulator.lowering import inductor_class
 from fxremat_passes.simulator.phase_graph import _tensor_storage_bytes
-from fxremat_passes.split import joint_facts
 
 
 def _joint():

@@ -35,7 +35,7 @@ def test_graphs_on_other_devices_keep_inductors_choice():
     assert fxremat.backend()._layout_patches([3]) == {}
 
 
-# --- the partitioner's per-graph choice (passes/layout_choice.py), on the split it hands Inductor (no compile) ---
+# --- the partitioner's per-graph choice (passes/rewrite/layout_choice.py), on the split it hands Inductor (no compile) ---
 
 
 def activation_heavy() -> tuple[torch.nn.Module, torch.Tensor]:
@@ -67,7 +67,7 @@ def _layout_chosen(model, x):
     from fxremat.backend import FxrematPartitioner
     from fxremat.options import Options
     from fxremat_passes import _torch_private as tp
-    from fxremat_passes.layout_choice import LayoutChoice
+    from fxremat_passes.rewrite.layout_choice import LayoutChoice
 
     torch._dynamo.reset()
     reports: list = []
@@ -116,7 +116,7 @@ def test_a_chosen_layout_has_a_cache_key_of_its_own():
     ``layout_optimization=False`` into Inductor's config: the partitioner's uuid (in AOTAutograd's cache key) must
     tell them apart, or one would be handed the other's compiled graphs (measured: resnet_gn20's channels-last plan
     replaced by the contiguous one in one process)."""
-    from fxremat_passes.layout_choice import LayoutChoice
+    from fxremat_passes.rewrite.layout_choice import LayoutChoice
 
     partitioner = fxremat.backend()._partitioner
     fixed = partitioner.uuid()

@@ -11,10 +11,10 @@ from helpers import assert_grads_close, capture_joint, eager_grads, run_fxremat_
 
 from fxremat.examples import Stack, example
 from fxremat_passes import _torch_private as tp
-from fxremat_passes.cpp_units import join_kernel_runs
 from fxremat_passes.graph.costs import PROFILES, annotate_costs
 from fxremat_passes.graph.flow_problem import build_flow_problem
 from fxremat_passes.graph.roles import classify
+from fxremat_passes.rewrite.cpp_units import join_kernel_runs
 from fxremat_passes.simulator.liveness import cpp_units_joined, simulate_step
 from fxremat_passes.simulator.plan_memory import build_joint_memory, estimate_peak
 from fxremat_passes.solver.budget import frontier
@@ -134,7 +134,7 @@ def _lowest_peak(blocks: int) -> tuple:
 def test_tightest_peak_budget_grows_like_sqrt_n():
     """The classic result: checkpoints every ~sqrt(N) blocks.  Four times the blocks must cost at most about twice
     the activation peak (sqrt(4) = 2; linear growth would be 4x) on the lowest-peak plans (peak_budget=0.0, and
-    memory_budget=0's segmented backward, passes/segments.py), while the fewest-bytes plan with a plain backward
+    memory_budget=0's segmented backward, passes/rewrite/segments.py), while the fewest-bytes plan with a plain backward
     recomputes the whole forward at the start of backward and grows linearly.  And peak_budget=0.0 is what its name
     says: no setting reaches a lower simulated step peak (gradients included)."""
     reports = {n: _lowest_peak(n) for n in (3, 12)}
@@ -142,7 +142,7 @@ def test_tightest_peak_budget_grows_like_sqrt_n():
     (lowest_3, fewest_3, segmented_3, _), (lowest_12, fewest_12, segmented_12, default_12) = activation.values()
     best_3, best_12 = min(lowest_3, segmented_3), min(lowest_12, segmented_12)
     # measured: best 112,128 -> 218,368 B (1.95x), fewest-bytes 3.77x; at 12, best / fewest 0.27, / default 0.46.
-    # Segmentations are ranked by the step peak since session 23 (passes/segments.py): at 12 blocks the one with
+    # Segmentations are ranked by the step peak since session 23 (passes/rewrite/segments.py): at 12 blocks the one with
     # 181,504 B of activations (0.22 of the fewest-bytes plan's) has the same step peak, 634,240 B, and more FLOPs.
     assert best_12 <= 2.0 * best_3, (best_3, best_12)
     assert fewest_12 >= 3.4 * fewest_3, (fewest_3, fewest_12)  # the failure mode, for contrast: ~linear

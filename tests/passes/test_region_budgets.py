@@ -197,7 +197,7 @@ def test_the_compile_cache_key_sees_which_ops_carry_which_budget(monkeypatch):
         torch.manual_seed(0)
         torch.compile(TwoBlocks(budgets), backend=fxremat.backend())(_x())
     assert len(keys) == len(set(keys)) == 5
-    from fxremat_passes.layout_choice import LayoutChoice
+    from fxremat_passes.rewrite.layout_choice import LayoutChoice
 
     plain = fxremat.backend()._partitioner
     plain.current_layout = LayoutChoice()  # a CPU compile's: fxremat chooses its layout

@@ -1,4 +1,4 @@
-"""Backward checkpoints (passes/segments.py): the segmented backward computes the same gradients, has a first pass
+"""Backward checkpoints (passes/rewrite/segments.py): the segmented backward computes the same gradients, has a first pass
 that recomputes the checkpoints, never copies a random op, and holds less at once than the lazy recomputation of
 the whole forward."""
 
@@ -16,10 +16,10 @@ from fxremat.options import Options
 from fxremat.partition import PartitionRequest, partition
 from fxremat_passes.graph.costs import PROFILES, node_cost
 from fxremat_passes.graph.ops import NEVER_RECOMPUTE, OpClass, op_class
-from fxremat_passes.segments import segment_backward
+from fxremat_passes.rewrite.segments import segment_backward
+from fxremat_passes.rewrite.split import FIRST_PASS_SUFFIX
 from fxremat_passes.simulator.liveness import simulate_step
 from fxremat_passes.simulator.phase_graph import graph_view
-from fxremat_passes.split import FIRST_PASS_SUFFIX
 
 
 def _mlp_stack():
@@ -165,7 +165,7 @@ def test_inductor_segmented_step_peak_is_lower(tmp_path, monkeypatch):
 
 def test_lowest_peak_segments_is_no_higher_than_any_grid_entry():
     from fxremat_passes.graph.costs import PROFILES
-    from fxremat_passes.segments import checkpoint_grid, lowest_peak_segments, segment_recompute_seconds
+    from fxremat_passes.rewrite.segments import checkpoint_grid, lowest_peak_segments, segment_recompute_seconds
 
     recipe = _recipe(*MODELS["stack6"](), memory_budget=0.0)
     chosen, peak = lowest_peak_segments(recipe, 1, PROFILES["cpu"])
@@ -194,7 +194,7 @@ def test_budget_zero_recomputes_in_segments_by_default():
 def test_segmentations_simulated_after_one_forward_are_their_own_simulations():
     # ``lowest_peak_segments`` simulates the segmentations' backwards after one shared forward
     # (``liveness.simulate_backwards``): each result must be ``simulate_step`` of that segmentation's own split
-    from fxremat_passes.segments import checkpoint_grid
+    from fxremat_passes.rewrite.segments import checkpoint_grid
     from fxremat_passes.simulator.liveness import simulate_backwards
 
     recipe = _recipe(*MODELS["stack6"](), memory_budget=0.0)
@@ -223,7 +223,7 @@ class _TokenExperts(torch.nn.Module):
 
 
 def test_a_gather_inductor_never_stores_holds_nothing_in_the_segments_region():
-    from fxremat_passes.segments import _JointReads, _region, checkpoint_grid, recomputed_region
+    from fxremat_passes.rewrite.segments import _JointReads, _region, checkpoint_grid, recomputed_region
 
     recipe = _recipe(_TokenExperts(), (torch.randn(64, 16),), memory_budget=0.0)
     reads = _JointReads(recipe)

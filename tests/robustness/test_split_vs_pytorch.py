@@ -23,8 +23,8 @@ from fxremat import FxrematBudgetWarning
 from fxremat import partition as partition_module
 from fxremat.examples import EXAMPLES, example
 from fxremat_passes import _torch_private as tp
-from fxremat_passes import split
 from fxremat_passes.graph import cse
+from fxremat_passes.rewrite import split
 
 
 def _meta_equal(a: dict, b: dict, where: str) -> None:

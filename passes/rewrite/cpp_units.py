@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from .simulator.liveness import PeakEstimate, joined_step
+from ..simulator.liveness import PeakEstimate, joined_step
 
 log = logging.getLogger(__name__)
 

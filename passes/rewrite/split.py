@@ -35,11 +35,11 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from . import _torch_private as tp
-from .graph.cse import impurity_test, subgraph_node
-from .graph.graph_facts import GraphFacts, graph_facts
-from .graph.ops import COPY_INTO
-from .simulator.phase_graph import SEGMENTED_BACKWARD_KEY
+from .. import _torch_private as tp
+from ..graph.cse import impurity_test, subgraph_node
+from ..graph.graph_facts import GraphFacts, graph_facts
+from ..graph.ops import COPY_INTO
+from ..simulator.phase_graph import SEGMENTED_BACKWARD_KEY
 
 log = logging.getLogger(__name__)
 
@@ -308,7 +308,7 @@ def _raise_getitems(joint: _Joint, order: list[fx.Node], placeholders: list[fx.N
 @dataclass(frozen=True)
 class FirstPass:
     """An entry of a backward order: a second copy of a recomputed forward node, in the first pass that recomputes
-    the backward checkpoints (``passes/segments.py``); it reads the first-pass copies of its inputs."""
+    the backward checkpoints (``passes/rewrite/segments.py``); it reads the first-pass copies of its inputs."""
 
     node: fx.Node
 
@@ -381,7 +381,7 @@ class SplitRecipe:
     bw_outputs: list
     bw_descs: list
     bw_copy_input_meta: bool  # PyTorch's backward reordering copies its placeholders' meta
-    # backward checkpoints (passes/segments.py): bw_order then holds FirstPass entries, and every backward read of
+    # backward checkpoints (passes/rewrite/segments.py): bw_order then holds FirstPass entries, and every backward read of
     # one of these nodes reads its first-pass copy
     bw_checkpoints: frozenset[fx.Node] = frozenset()
 

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 
 import torch.fx as fx
 
-from . import _torch_private as tp
+from .. import _torch_private as tp
 
 if TYPE_CHECKING:  # the simulator loads with the first decision: a warm compile makes a LayoutChoice and no decision
-    from .simulator.liveness import PeakEstimate
+    from ..simulator.liveness import PeakEstimate
 
 # Channels-last must lower the simulated peak by more than this fraction to be chosen: contiguous was also the faster
 # step where measured (ResNet-18 0.70x, EfficientNet-B0 within 9%), and the simulator's error where the choice is
@@ -55,7 +55,7 @@ def decide_layout(
     """Simulate the split laid out channels-last and record the decision in ``choice``; returns that simulation
     where it wins (the report's peak is then its), else None.  Called with the contiguous layout in force, on a
     forward with a convolution."""
-    from .simulator.liveness import simulate_step
+    from ..simulator.liveness import simulate_step
 
     with tp.inductor_config_patched({"layout_optimization": True}):
         channels_last = simulate_step(fw, bw, num_fwd_outputs)

@@ -30,15 +30,15 @@ from dataclasses import dataclass, replace
 import torch
 import torch.fx as fx
 
-from . import _torch_private as tp
-from .graph.costs import DeviceProfile, alias_root, node_cost, node_nbytes
-from .graph.cse import impurity_test
-from .graph.graph_facts import attached
-from .graph.ops import NEVER_RECOMPUTE, OpClass, op_class
-from .simulator.liveness import PeakEstimate, simulate_backwards
-from .simulator.lowering import _readers_through_views, inductor_class
-from .simulator.phase import materialises
-from .solver.checkpoints import SEGMENT_COUNTS, Waists, forward_waists, segment_checkpoints
+from .. import _torch_private as tp
+from ..graph.costs import DeviceProfile, alias_root, node_cost, node_nbytes
+from ..graph.cse import impurity_test
+from ..graph.graph_facts import attached
+from ..graph.ops import NEVER_RECOMPUTE, OpClass, op_class
+from ..simulator.liveness import PeakEstimate, simulate_backwards
+from ..simulator.lowering import _readers_through_views, inductor_class
+from ..simulator.phase import materialises
+from ..solver.checkpoints import SEGMENT_COUNTS, Waists, forward_waists, segment_checkpoints
 from .split import FirstPass, SplitRecipe
 
 log = logging.getLogger(__name__)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from .graph.costs import DeviceProfile, alias_root, node_cost, symbolic_nbytes
-from .graph.ops import qualified_name
+from ..graph.costs import DeviceProfile, alias_root, node_cost, symbolic_nbytes
+from ..graph.ops import qualified_name
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,9 @@ def _recomputed(fw: fx.GraphModule, bw: fx.GraphModule, profile: DeviceProfile) 
     where the backward holds no other copy of that node (a checkpoint the main pass reads from the first pass, e.g.
     Mixtral's expert ``bmm`` under ``memory_budget=0.2``): a node computed in both passes is counted once here, and
     its second computation in ``segment_recompute_flops``."""
-    from .graph.phase_copies import COPY_OF  # here: the report's module loads this one on a warm compile, never a split
+    from ..graph.phase_copies import (
+        COPY_OF,  # here: the report's module loads this one on a warm compile, never a split
+    )
     from .split import FIRST_PASS_OF
 
     forward_names = {n.name for n in fw.graph.nodes if n.op == "call_function"}

@@ -1,0 +1,1 @@
+"""rewrite: see docs/ARCHITECTURE.md."""
