@@ -34,16 +34,16 @@ if TYPE_CHECKING:  # loaded on the first verified graph: a compile without verif
 
 log = logging.getLogger(__name__)
 
-# fxremat/, passes/ and passes/_torch_private/: every source file a partition runs (issue #19: passes/ itself was
-# missing, and a changed pass reused the partitions cached before the change)
-_PACKAGE_DIRS = (Path(__file__).resolve().parent, *Path(tp.__file__).resolve().parents[:2])
+# fxremat/ and passes/ with every subpackage: every source file a partition runs, so that a changed pass never
+# reuses a partition cached before the change
+_PACKAGE_DIRS = (Path(__file__).resolve().parent, Path(tp.__file__).resolve().parents[1])
 _graph_counter = itertools.count()
 _warned_unsupported = False
 
 
 @functools.lru_cache(maxsize=1)
 def source_hash() -> str:
-    files = sorted(str(p) for d in _PACKAGE_DIRS for p in d.glob("*.py"))
+    files = sorted(str(p) for d in _PACKAGE_DIRS for p in d.rglob("*.py"))
     return tp.get_hash_for_files(tuple(files)).hex()
 
 

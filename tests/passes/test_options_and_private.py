@@ -296,9 +296,9 @@ def test_cache_key_hashes_every_pass_source():
 
     backend_module = importlib.import_module("fxremat.backend")  # fxremat.backend is also the function
 
-    hashed = {p.resolve() for d in backend_module._PACKAGE_DIRS for p in d.glob("*.py")}
-    passes = Path(fxremat_passes.__file__).resolve().parent
-    assert passes / "layout.py" in hashed and passes / "_torch_private" / "__init__.py" in hashed
+    hashed = {p.resolve() for d in backend_module._PACKAGE_DIRS for p in d.rglob("*.py")}
+    for package in (Path(fxremat_passes.__file__).resolve().parent, Path(backend_module.__file__).resolve().parent):
+        assert set(package.rglob("*.py")) <= hashed, sorted(set(package.rglob("*.py")) - hashed)
     assert Path(backend_module.__file__).resolve() in hashed
 
 
