@@ -23,6 +23,7 @@ import torch
 import torch.fx as fx
 
 from fxremat_passes import _torch_private as tp
+from fxremat_passes._torch_private import scheduler as inductor_scheduler
 from fxremat_passes.graph.region_budget import annotation_key
 from fxremat_passes.rewrite.layout_choice import LayoutChoice
 
@@ -158,8 +159,8 @@ class FxrematBackend:
         self._lock = threading.Lock()
         self._partitioner = FxrematPartitioner(options, self._record)
         # looked up at each call, so that a test can tell the fix which compiles to mend
-        tp.inductor_keeps_mutation_order(lambda: _compiling_for_fxremat())
-        tp.inductor_vetoes_dragging_fusions(lambda: _compiling_for_fxremat())
+        inductor_scheduler.inductor_keeps_mutation_order(lambda: _compiling_for_fxremat())
+        inductor_scheduler.inductor_vetoes_dragging_fusions(lambda: _compiling_for_fxremat())
         tp.inductor_bounds_reuse_by_allocated_buffers(lambda: _compiling_for_fxremat())
         self._verifier: Verifier | None = None  # made on the first verified graph (options.verify)
 

@@ -12,32 +12,8 @@ so that a torch upgrade fails loudly in CI rather than in a user's training run.
 from __future__ import annotations
 
 import copy
-import re
 
 import torch
-
-# The torch releases whose private partitioner helpers we have tested against (pyproject pins the same range).
-SUPPORTED_TORCH = ((2, 11), (2, 12), (2, 13), (2, 14))
-
-
-def torch_version_tuple(version: str | None = None) -> tuple[int, int]:
-    match = re.match(r"(\d+)\.(\d+)", version or torch.__version__)
-    if not match:
-        return (0, 0)
-    return (int(match.group(1)), int(match.group(2)))
-
-
-def unsupported_torch_reason(version: str | None = None) -> str | None:
-    """None if this torch is one we test; otherwise a sentence saying why fxremat will step aside."""
-    found = torch_version_tuple(version)
-    if found in SUPPORTED_TORCH:
-        return None
-    allowed = ", ".join(f"{a}.{b}" for a, b in SUPPORTED_TORCH)
-    return (
-        f"fxremat is tested with torch {allowed}; found {version or torch.__version__}. "
-        "Using PyTorch's default partitioner instead."
-    )
-
 
 # --- imports of private helpers (fail here, not deep inside a compile) ----------------------------------------
 from torch._dynamo.backends.common import aot_autograd  # noqa: E402
@@ -84,31 +60,24 @@ from torch.fx.experimental.symbolic_shapes import (  # noqa: E402
 from torch.utils.checkpoint import CheckpointPolicy  # noqa: E402
 
 from ..graph.checkpoint_tags import save_checkpoint_boundaries  # noqa: E402  (public API only: outside this module)
+from .versions import (  # noqa: E402  (re-exported: the passes read them as tp.NAME)
+    BACKWARD_OPS_MARKED,
+    BMM_OUTER_PRODUCT_IS_POINTWISE,
+    EMBEDDING_GRAD_SCATTER,
+    GPU_DOT_BMM_IS_REDUCTION,
+    MEMORY_BUDGET_ANNOTATION_KEY,
+    OPAQUE_NODES_AND_OUTPUT_TRACES,
+    SCHEDULER_DROPS_MUTATION_RENAMES,
+    SUPPORTED_TORCH,
+    TORCH,
+    torch_version_tuple,
+    unsupported_torch_reason,
+)
 
-# --- what differs between the releases we support (each difference: tests/passes/test_torch_versions.py) ---------
-TORCH = torch_version_tuple()
-# 2.12 renamed the no-guard hint ``size_hint`` to ``optimization_hint``, gave the extraction a ``saved_opaque_nodes``
-# argument, and snapshots each output's stack trace on the output node (``output_stack_traces``, read by Inductor)
-OPAQUE_NODES_AND_OUTPUT_TRACES = TORCH >= (2, 12)
 if OPAQUE_NODES_AND_OUTPUT_TRACES:
     from torch.fx.experimental.symbolic_shapes import optimization_hint as _no_guard_hint
 else:
     from torch.fx.experimental.symbolic_shapes import size_hint as _no_guard_hint
-# 2.13 added ``region_activation_memory_budget``, an ``fx.traceback.annotate`` of this key (made before 2.13 by
-# ``region_memory_budget`` in knobs.py, and read the same way)
-MEMORY_BUDGET_ANNOTATION_KEY = "_region_activation_memory_budget"
-# Inductor's decompositions: an embedding's gradient is one ``_unsafe_masked_index_put_accumulate`` from 2.13
-# (before: an ``index_put`` in the joint graph); from 2.12 a ``bmm`` that is an outer product (K = 1) is a broadcast
-# multiply (before: an extern bmm, whose output exists whole)
-EMBEDDING_GRAD_SCATTER = (
-    torch.ops.aten._unsafe_masked_index_put_accumulate.default if TORCH >= (2, 13) else torch.ops.aten.index_put.default
-)
-BMM_OUTER_PRODUCT_IS_POINTWISE = TORCH >= (2, 12)
-# 2.13: on a GPU Inductor lowers a dot-shaped ``bmm`` to a multiply and a sum (``lowering._bmm_is_reduction``), and
-# the extraction marks each backward op ``meta["autograd_backward"]`` (split.py marks them where PyTorch does)
-GPU_DOT_BMM_IS_REDUCTION = BACKWARD_OPS_MARKED = TORCH >= (2, 13)
-# 2.13 only: a C++ fusion step loses mutation renames (``inductor_keeps_mutation_order``; 2.14 re-applies them)
-SCHEDULER_DROPS_MUTATION_RENAMES = TORCH == (2, 13)
 
 # fmt: off
 __all__ = [
@@ -121,7 +90,7 @@ __all__ = [
     "functorch_knob", "inductor_layout_switches_at_default", "LAYOUT_SWITCHES", "inductor_config_patched",
     "inductor_reorders_for_peak_memory", "inductor_estimate_counts_outputs", "inner_compile_with_layout",
     "functorch_knob_default", "fx_graph_cse", "get_hash_for_files", "has_free_unbacked_symbols",
-    "inductor_keeps_mutation_order", "inductor_layout_optimisation", "inductor_vetoes_dragging_fusions",
+    "inductor_layout_optimisation",
     "buffer_reuse_as_now", "fxremat_buffer_reuse", "inductor_buffer_reuse", "simulating_buffer_reuse",
     "inductor_bounds_reuse_by_allocated_buffers", "stock_buffer_reuse", "mark_inputs_never_freed",
     "ALLOCATED", "ESTIMATED",
@@ -501,4 +470,3 @@ from .knobs import (  # noqa: E402
 )
 
 # Inductor's scheduler, patched for fxremat's compiles alone (each hook gated by its caller's ``applies``)
-from .scheduler import inductor_keeps_mutation_order, inductor_vetoes_dragging_fusions  # noqa: E402

@@ -10,7 +10,7 @@ import functools
 import torch
 from torch._functorch import config as functorch_config
 
-from . import MEMORY_BUDGET_ANNOTATION_KEY, TORCH
+from .versions import MEMORY_BUDGET_ANNOTATION_KEY, TORCH
 
 
 def functorch_knob(name: str):

@@ -12,7 +12,7 @@ from torch._inductor.choices import InductorChoices
 from torch._inductor.scheduler import SchedulerNode
 from torch._inductor.virtualized import V
 
-from . import SCHEDULER_DROPS_MUTATION_RENAMES
+from .versions import SCHEDULER_DROPS_MUTATION_RENAMES
 
 log = logging.getLogger(__name__)
 _LOCK = threading.Lock()

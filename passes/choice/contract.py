@@ -53,6 +53,13 @@ def tagged_values(flow, roles) -> frozenset[int]:
     )
 
 
+def contract_of(c: Choosing) -> Contract | None:
+    """The user's checkpoints as this graph's contract (``user_contract``), made on first demand, once per graph."""
+    if "contract" not in c.made:
+        c.made["contract"] = user_contract(c.flow, c.roles, c.settings, c.profile)
+    return c.made["contract"]
+
+
 def user_contract(flow, roles, settings: ChoiceSettings, profile) -> Contract | None:
     """The contract for this graph, or None: with ``checkpoints="replan"``, or where no tag forces anything."""
     if settings.checkpoints != "honour":
@@ -113,12 +120,13 @@ def contract_plan(
 
 def choose_within_contract(c: Choosing) -> PlanChoice:
     """Without a budget, under the user's checkpoints: the contract's plan (``contract_plan``)."""
-    judged = judged_plans(c, {plan_key(c.contract.user)})
-    plan, fields = contract_plan(c.flow, c.settings, c.profile, c.request.graph_id, c.contract, judged)
+    contract = contract_of(c)
+    judged = judged_plans(c, {plan_key(contract.user)})
+    plan, fields = contract_plan(c.flow, c.settings, c.profile, c.request.graph_id, contract, judged)
     return PlanChoice(plan, fields, *judged.handed_on(plan))
 
 
-CHOOSER = Chooser("the user's checkpoints", lambda c: c.contract is not None, choose_within_contract)
+CHOOSER = Chooser("the user's checkpoints", lambda c: contract_of(c) is not None, choose_within_contract)
 
 
 def kept_tagged(plan: Plan, flow, roles, checkpoints: str) -> tuple[tuple[str, str], ...]:

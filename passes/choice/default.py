@@ -9,6 +9,7 @@ import logging
 from ..graph.stored_sums import block_sums, reads_only
 from ..solver.budget import Plan, solve_at
 from ..solver.solvers import SOLVERS
+from .judged import graph_estimator
 from .plan import choose_plan, priced_by
 from .records import Chooser, Choosing, PlanChoice
 from .settings import prices
@@ -29,7 +30,7 @@ def block_sums_plan(plan: Plan, c: Choosing) -> Plan:
     other = solve_at(reads_only(c.flow.parametric, sums, c.profile.mem_bandwidth), price)
     if set(other.saved) == set(plan.saved) or other.saved_bytes > plan.saved_bytes:
         return plan
-    estimate, _ = c.estimator
+    estimate, _ = graph_estimator(c)
     if estimate(other).peak_bytes > estimate(plan).peak_bytes:
         return plan
     log.debug("%s: the plan that saves the block sums (%d)", c.request.graph_id, len(sums))

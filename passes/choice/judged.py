@@ -99,10 +99,20 @@ def plan_estimator(c: Choosing):
     return estimate, not memory.channels_last
 
 
+def graph_estimator(c: Choosing) -> tuple[Callable, bool]:
+    """``plan_estimator``'s (estimate, exact) for this graph, made on first demand, one per graph: the default plan's
+    block sums check (``default.block_sums_plan``) and a budget's candidates then share the joint graph's memory
+    and each plan's estimate."""
+    found = c.made.get("estimator")
+    if found is None:
+        found = c.made["estimator"] = plan_estimator(c)
+    return found
+
+
 def judged_plans(c: Choosing, required: set, estimator=None) -> JudgedPlans:
     """The ``JudgedPlans`` of this graph's plans (``estimator``: ``plan_estimator``'s, by default the graph's own,
-    ``Choosing.estimator``)."""
-    estimate, exact = estimator or c.estimator
+    ``graph_estimator``)."""
+    estimate, exact = estimator or graph_estimator(c)
     return JudgedPlans(c.split, estimate, c.request.num_fwd_outputs, required=required, exact=exact)
 
 
@@ -119,4 +129,4 @@ def candidate_parts(c: Choosing, budget_bytes: int | None, cache: SolveCache | N
     problem, sums = c.flow.parametric, block_sums(c.roles, c.flow.nodes)
     sums_problem = reads_only(problem, sums, c.profile.mem_bandwidth) if sums else None
     parts = peak_candidates(problem, forward, c.settings, c.profile, budget_bytes, cache, sums_problem)
-    return parts, c.estimator
+    return parts, graph_estimator(c)

@@ -12,7 +12,7 @@ import warnings
 from ..solver.budget import Plan, SolveCache
 from ..solver.shortlists import BUDGET_TIE, BudgetShortlist, monotone_choice, plan_key
 from ..solver.solvers import SOLVERS
-from .contract import CONTRACT_FIELDS, contract_plan
+from .contract import CONTRACT_FIELDS, contract_of, contract_plan
 from .default import block_sums_plan
 from .front import front_loaded_choice
 from .judged import candidate_parts, judged_plans
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 def choose_plan_for_budget(c: Choosing) -> PlanChoice:
     """``memory_budget``'s plan, peak-safe: ``monotone_choice`` over the budget-independent shortlist, judged by
     the simulated step peak; under a checkpoint contract its plan is the 1.0 end (``contract.contract_plan``)."""
-    settings, request, contract = c.settings, c.request, c.contract
+    settings, request, contract = c.settings, c.request, contract_of(c)
     problem = c.flow.parametric
     price, max_price = prices(settings, c.profile)
     cache = SolveCache(problem)

@@ -19,7 +19,7 @@ from ..solver.shortlists import (
     plan_key,
 )
 from ..solver.solvers import cheapest_within
-from .contract import CONTRACT_FIELDS, contract_plan
+from .contract import CONTRACT_FIELDS, contract_of, contract_plan
 from .default import block_sums_plan
 from .judged import PEAK_SIMULATED_CANDIDATES, judged_plans, ranked_candidates
 from .plan import choose_plan
@@ -101,7 +101,7 @@ def _peak_candidates(c: Choosing):
         candidates = [p for p in candidates if p.saved_bytes <= fields["budget_bytes"]]
     simulated = judged_plans(c, {plan_key(default_plan)}, estimator)
     peak_cap = float("inf")
-    if c.contract is not None:
+    if contract_of(c) is not None:
         default_plan, candidates, peak_cap = _within_contract(c, simulated, default_plan, candidates, fields)
     return default_plan, fields, candidates, simulated, peak_cap
 
@@ -111,8 +111,9 @@ def _within_contract(c: Choosing, simulated, default_plan, candidates, fields):
     below: (default plan, candidates within the user's plan's saved bytes and ``memory_budget``'s, the user's plan's
     simulated peak).  The default plan is the contract's (``contract_plan``), or with a ``memory_budget`` too the
     price search's plan within both byte bounds."""
-    user = c.contract.user
-    honoured, contract_fields = contract_plan(c.flow, c.settings, c.profile, c.request.graph_id, c.contract, simulated)
+    contract = contract_of(c)
+    user = contract.user
+    honoured, contract_fields = contract_plan(c.flow, c.settings, c.profile, c.request.graph_id, contract, simulated)
     fields.update({name: contract_fields[name] for name in CONTRACT_FIELDS})
     cap = min(fields.get("budget_bytes", user.saved_bytes), user.saved_bytes)
     if "budget_bytes" not in fields:

@@ -3,9 +3,8 @@ adds to the dispatch (``Chooser``, listed in ``passes/choice/choose.py``'s ``CHO
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..solver.budget import Plan
@@ -15,7 +14,6 @@ if TYPE_CHECKING:
     from ..graph.costs import DeviceProfile
     from ..graph.region_budget import RegionAnnotations
     from ..simulator.liveness import PeakEstimate
-    from .contract import Contract
 
 
 @dataclass(frozen=True)
@@ -43,21 +41,9 @@ class Choosing:
     split: Callable[[Plan], tuple]
     regions: RegionAnnotations | None = None
 
-    @functools.cached_property
-    def estimator(self) -> tuple[Callable[[Plan], PeakEstimate], bool]:
-        """``judged.plan_estimator``'s (estimate, exact), made on first demand, one per graph: the default plan's
-        block sums check (``default.block_sums_plan``) and a budget's candidates then share the joint graph's memory
-        and each plan's estimate (llama small at memory_budget=0.5: two builds and 28 estimates of 27 plans, before)."""
-        from .judged import plan_estimator
-
-        return plan_estimator(self)
-
-    @functools.cached_property
-    def contract(self) -> Contract | None:
-        """The user's checkpoints as a contract (``contract.user_contract``), made on first demand."""
-        from .contract import user_contract
-
-        return user_contract(self.flow, self.roles, self.settings, self.profile)
+    # what the choice makes of the graph on first demand, once per graph (``judged.graph_estimator``,
+    # ``contract.contract_of``): the choosers of one graph share it
+    made: dict = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ def test_choice_settings_are_options_fields():
 
 def _kind(regions=None, contract=None, **options) -> str:
     choosing = Choosing(ChoiceSettings.of(Options.create(**options)), None, None, None, None, None, None, regions)
-    choosing.__dict__["contract"] = contract  # what Choosing.contract would make of a graph
+    choosing.made["contract"] = contract  # what contract.contract_of would make of a graph
     return next(c for c in CHOOSERS if c.applies(choosing)).kind
 
 

@@ -1,0 +1,138 @@
+"""The house's import rules (docs/ARCHITECTURE.md): no import cycle among fxremat's and fxremat_passes' modules,
+counting every import that runs, inside functions too (a cycle dodged by a late import is still a cycle; an import
+under ``if TYPE_CHECKING:`` never runs and names a type only); graph facts and the solver never import the
+simulator or plan choice; private torch APIs only under ``passes/_torch_private/``; no
+simulator module outside the backend-rule modules tests a device."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = {"fxremat": ROOT / "fxremat", "fxremat_passes": ROOT / "passes"}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            parts = [package, *path.relative_to(folder).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str | None:
+    """The module of ours that importing ``name`` (a module or a name in one) loads last, or None."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports_of(module: str) -> set[str]:
+    """Every module of ours that ``module`` imports, wherever the import stands."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in _running_imports(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                anchor = ".".join(parts[: len(parts) - node.level + 1])
+                base = f"{anchor}.{base}" if base else anchor
+            # ``from package import name``: the submodule where ``name`` is one, else the package itself
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        for name in names:
+            target = _resolve(name)
+            if target is not None and target != module:
+                found.add(target)
+    return found
+
+
+def _running_imports(tree: ast.AST) -> list:
+    """Every import statement of ``tree`` but those under ``if TYPE_CHECKING:``."""
+    found, stack = [], [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", "")) == "TYPE_CHECKING":
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle():
+    graph = {m: imports_of(m) for m in MODULES}
+    assert len(graph) > 60  # the packages were found
+    assert _cycles(graph) == []
+
+
+def test_graph_facts_and_the_solver_never_import_the_simulator_or_plan_choice():
+    lower = [m for m in MODULES if m.startswith(("fxremat_passes.graph", "fxremat_passes.solver"))]
+    higher = ("fxremat_passes.simulator", "fxremat_passes.choice", "fxremat_passes.rewrite", "fxremat.")
+    wrong = {m: sorted(i for i in imports_of(m) if i.startswith(higher)) for m in lower}
+    assert not {m: i for m, i in wrong.items() if i}
+
+
+def test_the_solver_imports_nothing_of_ours_but_the_solver():
+    solver = [m for m in MODULES if m.startswith("fxremat_passes.solver")]
+    wrong = {m: sorted(i for i in imports_of(m) if not i.startswith("fxremat_passes.solver")) for m in solver}
+    assert not {m: i for m, i in wrong.items() if i and i != ["fxremat_passes"]}
+
+
+PRIVATE = re.compile(r"\btorch\.(_inductor|_functorch|_dynamo|_subclasses|_guards|_higher_order_ops)\b")
+
+
+def test_private_torch_apis_only_under_torch_private():
+    private = ROOT / "passes" / "_torch_private"
+    found = []
+    for module, path in MODULES.items():
+        if private in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+                found += [f"{module}:{node.lineno} {n}" for n in names if PRIVATE.search(n) or n.startswith("functorch")]
+    assert not found
