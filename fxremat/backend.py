@@ -23,6 +23,7 @@ import torch
 import torch.fx as fx
 
 from fxremat_passes import _torch_private as tp
+from fxremat_passes._torch_private import inductor_entry
 from fxremat_passes._torch_private import scheduler as inductor_scheduler
 from fxremat_passes.graph.region_budget import annotation_key
 from fxremat_passes.rewrite.layout_choice import LayoutChoice
@@ -50,9 +51,7 @@ def source_hash() -> str:
 
 def report_store_dir() -> Path:
     """Next to Inductor's own cache, so that reports live exactly as long as the partitions they describe."""
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    return Path(cache_dir()) / "fxremat_reports"
+    return inductor_entry.inductor_cache_dir() / "fxremat_reports"
 
 
 class FxrematPartitioner(tp.CustomPartitionerFn):
@@ -108,9 +107,7 @@ class FxrematPartitioner(tp.CustomPartitionerFn):
 def _compiling_for_fxremat() -> bool:
     """Whether Inductor is compiling a graph of fxremat's: our partitioner is in its config (``compile_fx``
     re-applies our config patches around the lazy backward lowering too)."""
-    import torch._inductor.config as inductor_config
-
-    return isinstance(inductor_config.custom_partitioner_fn, FxrematPartitioner)
+    return isinstance(inductor_entry.inductor_config_value("custom_partitioner_fn"), FxrematPartitioner)
 
 
 def _rebuild_partitioner(options: Options) -> FxrematPartitioner:
@@ -200,15 +197,13 @@ class FxrematBackend:
             warnings.warn(f"fxremat: could not write report to {self.options.report_dir}: {error}", stacklevel=2)
 
     def __call__(self, gm: fx.GraphModule, example_inputs, **kwargs: Any):
-        from torch._inductor.compile_fx import compile_fx
-
         global _warned_unsupported
         reason = tp.unsupported_torch_reason()
         if reason is not None:
             if not _warned_unsupported:
                 warnings.warn(reason, stacklevel=2)
                 _warned_unsupported = True
-            return compile_fx(gm, example_inputs, config_patches=self.inductor_config or None)
+            return inductor_entry.compile_fx(gm, example_inputs, config_patches=self.inductor_config or None)
         self._partitioner.current_regions = annotation_key(gm)
         layout_patches = self._layout_patches(example_inputs)
         # where fxremat lays the graph out, its partitioner decides how, per graph (passes/rewrite/layout_choice.py)
@@ -224,7 +219,7 @@ class FxrematBackend:
         try:
             # what the simulator must replay of Inductor's buffer reuse (_torch_private/buffer_reuse.py)
             with tp.fxremat_buffer_reuse(self.inductor_config):
-                compiled = compile_fx(gm, example_inputs, config_patches=patches, **inner)
+                compiled = inductor_entry.compile_fx(gm, example_inputs, config_patches=patches, **inner)
         finally:
             self._partitioner.current_key, self._partitioner.current_regions = None, ""
             self._partitioner.current_layout = None
@@ -304,9 +299,7 @@ _string_backends: dict[str, FxrematBackend] = {}
 
 
 def _inductor_config_names() -> set[str]:
-    import torch._inductor.config as inductor_config
-
-    return set(inductor_config._config.keys()) if hasattr(inductor_config, "_config") else set()
+    return inductor_entry.inductor_config_names()
 
 
 def backend_from_compile_args(mode: str | None = None, options: dict[str, Any] | None = None) -> FxrematBackend:
@@ -326,9 +319,7 @@ def backend_from_compile_args(mode: str | None = None, options: dict[str, Any] |
             "anything else must be an Inductor config name"
         )
     if mode is not None:
-        from torch._inductor import list_mode_options
-
-        inductor = {**list_mode_options(mode), **inductor}
+        inductor = {**inductor_entry.inductor_mode_options(mode), **inductor}
     key = repr((mode, sorted(options.items(), key=lambda kv: kv[0])))
     if key not in _string_backends:
         _string_backends[key] = FxrematBackend(Options.create(**fx_opts), inductor)

@@ -5,9 +5,10 @@ What each pass used to read off the joint graph by itself (``roles.classify``, `
 ``cse.prepare_joint_graph`` and ``phase_copies.copy_gathers_per_phase``: the nodes in graph order and their index,
 every node's inputs and users, the placeholder kinds (AOTAutograd's own predicates, ``_torch_private``), the forward
 and backward outputs (the output node split at ``num_fwd_outputs``), every node's op class (``ops.op_class``) and,
-on first demand, its Inductor class (``lowering.inductor_class`` without a graph), its alias root
-(``costs.alias_root``), its hinted bytes (``costs.value_nbytes``) and the bytes the simulator counts for it.  The
-passes work on these and on plain arrays, as the solver tier does.
+on first demand, its alias root (``costs.alias_root``) and its hinted bytes (``costs.value_nbytes``).  The passes
+work on these and on plain arrays, as the solver tier does.  What a later stage derives from the facts once per
+graph (the simulator's Inductor classes and allocated bytes, ``simulator/node_facts.py``) it keeps in ``derived``,
+under its own key: the facts themselves never depend on a later stage.
 
 ``fxremat/partition.py`` builds the facts of the graph it partitions and keeps them on the graph (``attach``): it
 changes no node after that, so a pass that gets only the graph (``split.split_with_recipe``) finds them there
@@ -18,12 +19,9 @@ from __future__ import annotations
 
 import functools
 
-import torch
 import torch.fx as fx
 
 from .. import _torch_private as tp
-from ..simulator.lowering import inductor_class
-from ..simulator.phase_graph import allocated_bytes
 from .costs import node_nbytes
 from .ops import OpClass, op_class
 
@@ -68,6 +66,7 @@ class GraphFacts:
         self.op_class: dict[fx.Node, OpClass] = {n: op_class(n) for n in self.nodes}
         self.nbytes: dict[fx.Node, int] = Memo(node_nbytes)  # ``costs.value_nbytes`` of a node's value (hinted)
         self.split = None  # ``split._Joint`` of this graph, made by the first split that needs it
+        self.derived: dict[str, object] = {}  # what a later stage derives from these facts, under its key
 
     @functools.cached_property
     def users_of(self) -> dict[fx.Node, tuple[fx.Node, ...]]:
@@ -89,21 +88,6 @@ class GraphFacts:
             roots[node] = node if source is None else roots[source]
         return roots
 
-    @functools.cached_property
-    def storage_bytes(self) -> dict[fx.Node, int]:
-        """The bytes the simulator counts for every node's value (``phase_graph._tensor_storage_bytes``): a tensor's
-        hinted bytes as its device's allocator counts them, 0 for anything else."""
-        found = {}
-        for node in self.nodes:
-            val = node.meta.get("val")
-            found[node] = allocated_bytes(self.nbytes[node], val.device.type) if isinstance(val, torch.Tensor) else 0
-        return found
-
-    @functools.cached_property
-    def inductor_classes(self) -> dict[fx.Node, OpClass]:
-        """``lowering.inductor_class`` of every node, read on the joint graph (an ``add``'s may differ in a split)."""
-        return {n: inductor_class(n, c) for n, c in self.op_class.items()}
-
     def is_current(self, graph: fx.Graph, num_fwd_outputs: int | None = None) -> bool:
         """Whether these are ``graph``'s facts and the graph still has the nodes they were built from."""
         return (
@@ -112,6 +96,23 @@ class GraphFacts:
             and len(graph.nodes) == len(self.nodes)
             and graph.output_node() is self.output
         )
+
+
+def readers_through_views(node: fx.Node, classes: dict | None = None, users=None) -> set[fx.Node]:
+    """The nodes that read ``node``'s data, looking through views of it (a view fuses nothing by itself).
+    ``classes``: the op classes to read (``ops.op_class`` where None); ``users(node)``: a node's readers in the
+    graph at hand (its own ``users`` where None)."""
+    class_of = classes.get if classes is not None else op_class
+    users_of = users if users is not None else (lambda n: n.users)
+    readers: set[fx.Node] = set()
+    stack = list(users_of(node))
+    while stack:
+        user = stack.pop()
+        if class_of(user) in (OpClass.VIEW, OpClass.GETITEM):
+            stack.extend(users_of(user))
+        else:
+            readers.add(user)
+    return readers
 
 
 def attach(joint: fx.GraphModule, num_fwd_outputs: int) -> GraphFacts:

@@ -20,9 +20,8 @@ import dataclasses
 
 import torch.fx as fx
 
-from ..simulator.lowering import _readers_through_views
 from ..solver.parametric import ParametricProblem
-from .graph_facts import GraphFacts
+from .graph_facts import GraphFacts, readers_through_views
 from .ops import OpClass
 from .roles import GraphRoles, Role
 
@@ -30,7 +29,7 @@ EXTERN = frozenset({OpClass.MATMUL, OpClass.CONVOLUTION, OpClass.ATTENTION})
 
 
 def _forward_readers(node: fx.Node, forward: frozenset, classes: dict) -> set[fx.Node]:
-    return {u for u in _readers_through_views(node, classes) if u in forward}
+    return {u for u in readers_through_views(node, classes) if u in forward}
 
 
 def _extern_output(arg: fx.Node, classes: dict) -> fx.Node | None:

@@ -36,7 +36,7 @@ from ..graph.cse import impurity_test
 from ..graph.graph_facts import attached
 from ..graph.ops import NEVER_RECOMPUTE, OpClass, op_class
 from ..simulator.liveness import PeakEstimate, simulate_backwards
-from ..simulator.lowering import _readers_through_views, inductor_class
+from ..simulator.lowering import inductor_class, readers_in
 from ..simulator.phase import materialises
 from ..solver.checkpoints import SEGMENT_COUNTS, Waists, forward_waists, segment_checkpoints
 from .split import FirstPass, SplitRecipe
@@ -112,7 +112,7 @@ def _fused_into_reductions(node: fx.Node, classes: _InductorClasses, reads: _Joi
     higher peaks or more recompute (the same session)."""
     if reads.op_class(node) is not OpClass.GATHER or materialises(node, classes, set()):
         return False
-    return all(classes[u] is OpClass.REDUCTION for u in _readers_through_views(node, classes))
+    return all(classes[u] is OpClass.REDUCTION for u in readers_in(node, classes))
 
 
 def _region(nodes: list[fx.Node], reads: _JointReads) -> _Region:

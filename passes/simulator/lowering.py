@@ -14,6 +14,7 @@ import torch.fx as fx
 
 from .. import _torch_private as tp
 from ..graph.costs import hinted_numel, hinted_shape
+from ..graph.graph_facts import readers_through_views
 from ..graph.ops import (
     ADD,
     BMM,
@@ -35,20 +36,11 @@ def _users(node: fx.Node, graph: PhaseGraph | None):
     return node.users if graph is None else graph.users(node)
 
 
-def _readers_through_views(
+def readers_in(
     node: fx.Node, classes: dict[fx.Node, OpClass] | None = None, graph: PhaseGraph | None = None
 ) -> set[fx.Node]:
-    """The nodes that read ``node``'s data, looking through views of it (a view fuses nothing by itself)."""
-    class_of = classes.get if classes is not None else op_class
-    readers: set[fx.Node] = set()
-    stack = list(_users(node, graph))
-    while stack:
-        user = stack.pop()
-        if class_of(user) in (OpClass.VIEW, OpClass.GETITEM):
-            stack.extend(_users(user, graph))
-        else:
-            readers.add(user)
-    return readers
+    """``graph_facts.readers_through_views`` in ``graph`` (a built graph's own users where None)."""
+    return readers_through_views(node, classes, None if graph is None else graph.users)
 
 
 # Kernels Inductor generates itself (and fuses with each other); everything else (matmul, convolution, attention,
@@ -241,13 +233,13 @@ def addmm_matmul(node: fx.Node, graph: PhaseGraph | None = None) -> fx.Node | No
 
 def _only_pointwise_readers(node: fx.Node, graph: PhaseGraph | None = None) -> bool:
     """``torch._inductor.utils.is_pointwise_use`` for every reader: pointwise, looking through views."""
-    return all(op_class(u) is OpClass.POINTWISE for u in _readers_through_views(node, graph=graph))
+    return all(op_class(u) is OpClass.POINTWISE for u in readers_in(node, graph=graph))
 
 
 def _folded_into_addmm(node: fx.Node, classes: dict[fx.Node, OpClass], graph: PhaseGraph | None = None) -> bool:
     if node.target is not MM:
         return False
-    readers = _readers_through_views(node, classes, graph)
+    readers = readers_in(node, classes, graph)
     return len(readers) == 1 and addmm_matmul(next(iter(readers)), graph) is node
 
 

@@ -24,9 +24,24 @@ from ..graph.ops import FUSED_LOADS, HEAVY_OPS, OpClass, op_class
 from ..graph.ops import MM as _MM
 from .access import op_path, step
 from .lowering import column_reduction, concat_kernel, inductor_class, scatter_values
-from .phase_graph import PhaseGraph, _tensor_storage_bytes
+from .phase_graph import PhaseGraph, _tensor_storage_bytes, allocated_bytes
 
 _MISSING = object()
+
+
+def joint_tables(graph: GraphFacts) -> tuple[dict[fx.Node, int], dict[fx.Node, OpClass]]:
+    """(the bytes the simulator counts for every node of the joint graph: a tensor's hinted bytes as its device's
+    allocator counts them, 0 for anything else; Inductor's class of every node, read on the joint graph: an
+    ``add``'s may differ in a split), derived once per graph and kept with its facts (``GraphFacts.derived``)."""
+    found = graph.derived.get(__name__)
+    if found is None:
+        nbytes = {}
+        for node in graph.nodes:
+            val = node.meta.get("val")
+            nbytes[node] = allocated_bytes(graph.nbytes[node], val.device.type) if isinstance(val, torch.Tensor) else 0
+        classes = {n: inductor_class(n, c) for n, c in graph.op_class.items()}
+        found = graph.derived[__name__] = (nbytes, classes)
+    return found
 
 
 class NodeFacts:
@@ -51,9 +66,10 @@ class NodeFacts:
         # alive here, so the ``id`` of one in a key stays its own
         self.computations: dict[tuple, tuple] = {}
         if graph is not None:
-            self._nbytes.update(graph.storage_bytes)
+            nbytes, inductor_classes = joint_tables(graph)
+            self._nbytes.update(nbytes)
             self._class.update(graph.op_class)
-            self._inductor.update((n, c) for n, c in graph.inductor_classes.items() if n.target is not _ADD)
+            self._inductor.update((n, c) for n, c in inductor_classes.items() if n.target is not _ADD)
 
     def access_step(self, arg: fx.Node, root: fx.Node) -> tuple:
         """``access.step``: a read's layout against its storage's (both fixed by the nodes' values)."""

@@ -22,8 +22,8 @@ from .lowering import (
     MAX_READS_CPU,
     REALIZE_READS_THRESHOLD,
     _folded_into_addmm,
-    _readers_through_views,
     concat_kernel,
+    readers_in,
     realized_when_lowered,
     unrolled_elements,
 )
@@ -82,7 +82,7 @@ def materialises(
         return True
     # A returned reader fuses it like any other: Inductor computes a value inside each kernel that reads it, whether
     # or not that kernel's result is returned (the zeros a gradient's index_put starts from never exist alone).
-    readers = _readers_through_views(node, classes, graph)
+    readers = readers_in(node, classes, graph)
     return not (readers and all(classes[u] in FUSES_INTO for u in readers))
 
 

@@ -29,7 +29,7 @@ from ..graph.roles import GraphRoles
 from ..rewrite.split import UnsupportedSplit, joint_facts, split_recipe
 from .layout import channels_last_copies, layout_optimised
 from .liveness import PeakEstimate, simulate_phases, simulate_step
-from .node_facts import NodeFacts
+from .node_facts import NodeFacts, joint_tables
 from .phase import storage_kind
 from .phase_graph import virtual_phase
 
@@ -62,7 +62,8 @@ class JointMemory:
 def build_joint_memory(joint: fx.GraphModule, roles: GraphRoles, num_fwd_outputs: int) -> JointMemory:
     """``joint`` as plain integers, read off its facts (``roles.facts``, or ``graph_facts`` for roles without)."""
     graph = roles.facts if roles.facts is not None else graph_facts(joint, num_fwd_outputs)
-    nodes, index, root, classes = graph.nodes, graph.index, graph.alias_root, graph.inductor_classes
+    nodes, index, root = graph.nodes, graph.index, graph.alias_root
+    storage_bytes, classes = joint_tables(graph)
     try:
         facts = joint_facts(joint, num_fwd_outputs)
     except UnsupportedSplit:
@@ -73,7 +74,7 @@ def build_joint_memory(joint: fx.GraphModule, roles: GraphRoles, num_fwd_outputs
         users=tuple(tuple(index[u] for u in graph.users_of[n]) for n in nodes),
         # the root under Inductor's classes is the root under ours: neither makes a view, nor unmakes one
         root=tuple(index[root[n]] for n in nodes),
-        nbytes=tuple(graph.storage_bytes[n] for n in nodes),
+        nbytes=tuple(storage_bytes[n] for n in nodes),
         hold=tuple(storage_kind(n, classes) for n in nodes),
         view_like=tuple(classes[n] in (OpClass.VIEW, OpClass.GETITEM) for n in nodes),
         placeholder=tuple(n.op == "placeholder" for n in nodes),

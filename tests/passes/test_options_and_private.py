@@ -162,6 +162,13 @@ def test_partitioner_pickles_without_its_report_sink():
 def test_private_helpers_import_and_version_gate():
     for name in tp.__all__:
         assert getattr(tp, name) is not None, name
+    from fxremat_passes._torch_private import inductor_entry, scheduler
+
+    assert "custom_partitioner_fn" in inductor_entry.inductor_config_names()
+    assert inductor_entry.inductor_mode_options("max-autotune")["max_autotune"] is True
+    assert inductor_entry.inductor_cache_dir().name and callable(inductor_entry.compile_fx)
+    assert inductor_entry.boxed(lambda *args: [len(args)])([1, 2]) == [2]
+    assert callable(scheduler.inductor_keeps_mutation_order) and callable(scheduler.inductor_vetoes_dragging_fusions)
     assert tp.unsupported_torch_reason() is None  # the torch we test with is a supported one
     for supported in ("2.11.0", "2.12.1", "2.13.0", "2.14.1+cpu", "2.11.0+cu130"):
         assert tp.unsupported_torch_reason(supported) is None, supported
