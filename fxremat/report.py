@@ -21,7 +21,7 @@ from .deferred import Deferred, _DeferrableField
 from .report_fields import decoders, derived  # noqa: F401 (derived: for a derived field, docs/examples)
 
 # to_dict's "schema_version": it changes only when a key changes meaning or goes away (README, "Report JSON schema").
-# 2: "extra" (an always-empty object that nothing filled) removed (issue #18).
+# 2: "extra" (an always-empty object that nothing filled) removed.
 SCHEMA_VERSION = 2
 
 

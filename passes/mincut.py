@@ -40,8 +40,7 @@ if TYPE_CHECKING:
     from scipy.sparse import csr_array
 
 # scipy is imported by the first solve, not with this module (here, milp.py and peak_milp.py): a compile that
-# Inductor's cache answers never partitions, and importing scipy with fxremat cost each such compile 0.2-0.4 s
-# (issue #16's warm-cache time; benchmarks/RESULTS.md, "Session 21").
+# Inductor's cache answers never partitions, and should not pay scipy's import (docs/DESIGN.md §8, warm compiles).
 
 log = logging.getLogger(__name__)
 
