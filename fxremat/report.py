@@ -20,7 +20,8 @@ from fxremat_passes.describe import RecomputedNode, SavedValue, SplitDescription
 from .deferred import Deferred, _DeferrableField
 from .report_fields import decoders, derived  # noqa: F401 (derived: for a derived field, docs/examples)
 
-# to_dict's "schema_version": it changes only when a key changes meaning or goes away (README, "Report JSON schema").
+# to_dict's "schema_version": it changes only when a key changes meaning or goes away (docs/REPORT.md, "Report JSON
+# schema").
 # 2: "extra" (an always-empty object that nothing filled) removed.
 SCHEMA_VERSION = 2
 
@@ -180,7 +181,7 @@ class CutReport(*_declared_once(STAGE_RECORDS)):
 
     A new field a stage makes: declare it with its type in that stage's record above (``from_dict`` reads it back
     by that type; a simulated one is a ``_DeferrableField``, and ``PEAK_FIELDS`` follows), set it where the stage
-    makes it, and add a README "Report JSON schema" row.  One computed from fields the report already holds is
+    makes it, and add a docs/REPORT.md "Report JSON schema" row.  One computed from fields the report already holds is
     ``derived(...)``, declared here: nothing else to touch.  Renderers (``fxremat/render/``) read fields by name.
     """
 
