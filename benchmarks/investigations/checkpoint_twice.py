@@ -1,6 +1,7 @@
 """Issue #22's model B, written here: checkpointed blocks run twice in one step (the structure of pytorch#193193).
 
-    python benchmarks/checkpoint_twice.py [--model b|a] [--blocks 3] [--width 192] [--batch 4] [--seq 256]
+    python benchmarks/investigations/checkpoint_twice.py [--model b|a] [--blocks 3] [--width 192] [--batch 4]
+        [--seq 256]
                                           [--configs eager inductor fxremat fxremat_peak_0.0 inductor_no_fusion]
 
 ``--model a``: issue #22's model A instead (after pytorch#120381): ``--blocks`` checkpointed ``Linear -> LayerNorm

@@ -1,7 +1,8 @@
 """Check the cost model against this machine: time every distinct op of the example models' joint graphs alone
 (one thread, median of repeats) and compare with fxremat's ``est_seconds`` for it.
 
-    python benchmarks/cost_model.py [--models mlp block_sdpa ...] [--dim 256] [--repeats 20] [--device-profile cpu]
+    python benchmarks/investigations/cost_model.py [--models mlp block_sdpa ...] [--dim 256] [--repeats 20]
+        [--device-profile cpu]
 
 Prints the Spearman rank correlation between estimated and measured seconds, the median ratio (how far the fixed
 CPU constants are from this machine), and the worst outliers in rank.

@@ -1,6 +1,6 @@
 """Where a configuration's step time goes, kernel by kernel: one configuration of ``gpu_check.py``'s models.
 
-    python benchmarks/gpu_kernel_profile.py gpt2|llama CONFIG OUT_DIR [--steps 3] [--dry-run]
+    python benchmarks/investigations/gpu_kernel_profile.py gpt2|llama CONFIG OUT_DIR [--steps 3] [--dry-run]
 
 Builds the model at ``gpu_check.py``'s shape, compiles it with CONFIG (``bench_measure.make_backend``'s names),
 runs four warm-up steps, then profiles ``--steps`` steps with ``torch.profiler`` (CPU and CUDA activities) and
@@ -11,7 +11,7 @@ folder, the generated code lands there; with ``FXREMAT_REPORT_DIR``, fxremat's c
 list names each recomputed node with its FLOPs and estimated seconds).  Run one configuration per process.
 
 ``--dry-run``: ``gpu_check.py``'s tiny fp32 shape on this machine's CPU (then the device figures are CPU time).
-Session 31's run on an H100 (commands and findings): RESULTS.md, "GPU check, session 31".
+The H100 run's figures: RESULTS.md's GPU table.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """How far the Lagrangian budget plan (price search alone) is from the exact MILP optimum, and what refinement buys.
 
-    python benchmarks/milp_gap.py [--random 200] [--models block_sdpa stack mlp] [--fractions 0.1 0.3 0.5 0.7 0.9]
+    python benchmarks/investigations/milp_gap.py [--random 200] [--models block_sdpa stack mlp]
+        [--fractions 0.1 0.3 0.5 0.7 0.9]
 
 For generated problems and the example models' flow problems (Inductor-free joint graphs), at budgets that are
 fractions of the way from the fewest-bytes plan to the default plan: gap = (objective of our plan - MILP optimum) /

@@ -1,7 +1,7 @@
 """Simulated vs measured peak memory of one training step, fxremat and PyTorch default, on the example models and
 small transformers models.
 
-    python benchmarks/peak_memory.py [--models mlp block_sdpa block_softmax stack convnet gpt2 llama]
+    python benchmarks/investigations/peak_memory.py [--models mlp block_sdpa block_softmax stack convnet gpt2 llama]
                                      [--dim 256] [--seq 128] [--hf-size small]
 
 For each model: compile with fxremat (whose report carries the liveness simulation of its own split and of PyTorch's

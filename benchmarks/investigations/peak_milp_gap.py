@@ -1,6 +1,7 @@
 """How far fxremat's plans are from the exact peak MILP (``fxremat_passes.peak_milp``), under the MILP's own model.
 
-    python benchmarks/peak_milp_gap.py [--graphs chain_4 ... llama_stack] [--time-limit 120] [--json out.json]
+    python benchmarks/investigations/peak_milp_gap.py [--graphs chain_4 ... llama_stack] [--time-limit 120]
+        [--json out.json]
 
 For each graph (named generated models and fxremat's examples at batch 2, seq 16, dim 32) and each fxremat setting
 (peak_budget 0.0 and 0.5, memory_budget 0.5 and 0.2, the default): the plan fxremat chooses (AOTAutograd with
@@ -16,7 +17,7 @@ the summary (session 28: the front-loaded budget plans of the small stack and bl
 parameter gradients until the optimizer reads them: the step's peak, the one fxremat's planner judges its plans by
 (``liveness.simulate_step``) and issue #15 measures.  ``--peak activation`` hands each gradient over after its last
 reader (the MILP's model before session 29): chain_8's ``memory_budget=0.5`` plan is 16.7% above that optimum while
-it has the lowest simulated step peak of all 56 plans saving three of its eight activations (RESULTS.md, session 29).
+it has the lowest simulated step peak of all 56 plans saving three of its eight activations (the work log, session 29).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Per-element weights of elementwise ops (``fxremat_passes.ops.POINTWISE_FLOP_WEIGHTS``) in seconds, not minutes.
 
-    python benchmarks/pointwise_eager.py [--numel 4194304] [--repeats 15]
+    python benchmarks/investigations/pointwise_eager.py [--numel 4194304] [--repeats 15]
 
 Each op runs eagerly (ATen's vectorised CPU kernel, the same at::vec/SLEEF code Inductor's CPU kernels call) on a
 ``numel`` fp32 tensor, one thread, out of place, interleaved rounds, median.  Its compute beyond the memory-bound

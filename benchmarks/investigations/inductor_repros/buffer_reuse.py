@@ -3,11 +3,11 @@
 Stock torch only, CPU, one thread, about a minute.  ``AllocateLine.should_reuse_buffer`` (torch/_inductor/codegen/
 wrapper.py) pools a dead buffer for a later allocation of its size while ``peak_between + size <=
 overall_peak_memory`` of ``EfficientPeakEstimate``; that estimate's timeline (``memory.compute_memory_timeline``)
-counts a fused kernel's in-place result (``codegen_inplace_reuse``) as a new buffer beside the input it overwrites
-(here 6 MiB at block 1's gelu backward), and the false headroom lets two 6 MiB buffers of block 2's backward be held
-through the real peak.  Measured on torch 2.13 (benchmarks/RESULTS.md, session 12): default 27.00 MiB, Inductor's
-estimate 30.01 MiB, ``allow_buffer_reuse=False`` 24.01 MiB, gradients equal; fxremat's compiles (reuse bounded by
-the bytes really allocated, passes/_torch_private/buffer_reuse.py) measure 24.01 MiB with reuse on.
+counts a fused kernel's in-place result (``codegen_inplace_reuse``) as a new buffer beside the input it overwrites (here
+6 MiB at block 1's gelu backward), and the false headroom lets two 6 MiB buffers of block 2's backward be held through
+the real peak.  Measured on torch 2.13 (the work log's session 12: `git show 8fb59be:benchmarks/RESULTS.md`): default
+27.00 MiB, Inductor's estimate 30.01 MiB, ``allow_buffer_reuse=False`` 24.01 MiB, gradients equal; fxremat's compiles
+(reuse bounded by the bytes really allocated, passes/_torch_private/buffer_reuse.py) measure 24.01 MiB with reuse on.
 Run: ``python benchmarks/investigations/inductor_repros/buffer_reuse.py``."""
 
 import copy

@@ -3,11 +3,11 @@
 Stock torch only, CPU, one thread, about a minute.  Two checkpointed residual MLP blocks run twice in one step
 (the structure of pytorch#193193): Inductor fuses the two traversals' gradient sums of a parameter (one reads the
 other's partial sum); the fused node takes the earlier node's place (``Scheduler.fuse_nodes_once`` sorts by
-``min_order``) and ``topological_sort_schedule`` runs the later one's ancestors first, so the other traversal's
-backward runs early and both stay live.  Measured on torch 2.13 (benchmarks/RESULTS.md, session 12): default 23.44
-MiB, ``max_fusion_size=1`` (no fusion) 11.26 MiB, gradients equal.  fxremat's compiles refuse such fusions
-(passes/_torch_private/scheduler.py, ``inductor_vetoes_dragging_fusions``): 13.13 MiB (its own split, 13.69 without
-any fusion).
+``min_order``) and ``topological_sort_schedule`` runs the later one's ancestors first, so the other traversal's backward
+runs early and both stay live.  Measured on torch 2.13 (the work log's session 12: `git show
+8fb59be:benchmarks/RESULTS.md`): default 23.44 MiB, ``max_fusion_size=1`` (no fusion) 11.26 MiB, gradients equal.
+fxremat's compiles refuse such fusions (passes/_torch_private/scheduler.py, ``inductor_vetoes_dragging_fusions``): 13.13
+MiB (its own split, 13.69 without any fusion).
 Run: ``python benchmarks/investigations/inductor_repros/fusion_drag.py``."""
 
 import copy
