@@ -148,7 +148,7 @@ class _LaterFusions:
     dependencies first (``fusion.fusion_order``), so a node placed after a kernel that fuses with a later one runs
     after all of them: block_sdpa's bias-gradient sum, passed by the GELU weight gradient, fused with a norm's
     backward five externs later (a shared read of the output gradient, which the simulator's fusion did not see)
-    and took that matmul and its 1 MiB input to the end of the graph (+5.6% measured).  A later kernel already fused
+    and took that matmul and its input to the end of the graph, raising the measured peak.  A later kernel already fused
     (in the simulation) with one that runs before the externs is no such risk: it runs before them already (Llama's
     norm backward, whose recompute comes first)."""
 
@@ -242,8 +242,7 @@ def reordered(view, moves: list[_Move], later_fusions: _LaterFusions | None = No
 def joined_orders(view, phase) -> list[list[fx.Node]]:
     """``view``'s nodes with every move of its simulated schedule made (``phase``: the simulation of ``view``):
     with the partial moves, then without them where that differs; none where no move can be made.  Both are
-    tried: a partial move can raise the peak where the whole moves alone keep it (a 2-block Llama's backward:
-    11% higher with them)."""
+    tried: a partial move can raise the peak where the whole moves alone keep it (a 2-block Llama's backward)."""
     moves, later = _candidate_moves(phase, {n: i for i, n in enumerate(view.nodes)}), _LaterFusions(phase)
     orders = []
     for partial in (True, False):

@@ -144,10 +144,11 @@ def convolutions_kept_for_depthwise(joint: fx.GraphModule, candidates) -> dict[f
 
     Why (docs/DESIGN.md §7; MobileNetV3, EfficientNet): Inductor decides layout optimisation per graph, on whether it
     has a ``convolution`` (``GraphLowering.decide_layout_opt``).  A backward that recomputes one is layout-optimised, so
-    its depthwise weight gradients read channels-last inputs and mkldnn allocates ``depthwise_buffer_bytes`` for each:
-    14.7 MB on MobileNetV3-Small's 576-channel 5x5 convolution, 1.9x the step's peak.  A backward with no convolution is
-    not layout-optimised and allocates nothing of the kind (PyTorch's split saves every convolution's output).  Saving a
-    convolution's output costs its bytes; at the issue's batch (2x3x64x64) the buffer is larger than any activation of
+    its depthwise weight gradients read channels-last inputs and mkldnn allocates ``depthwise_buffer_bytes`` for each,
+    larger than the rest of the step's peak on MobileNetV3-Small's 576-channel 5x5 convolution (docs/DESIGN.md §7).  A
+    backward with no convolution is not layout-optimised and allocates nothing of the kind (PyTorch's split saves every
+    convolution's output).  Saving a convolution's output costs its bytes; at the issue's batch (2x3x64x64) the buffer
+    is larger than any activation of
     these nets."""
     if not any(_mkldnn_depthwise_weight_gradient(n) for n in joint.graph.nodes) or not layout_optimised(joint):
         return {}
@@ -251,12 +252,12 @@ def saved_inputs_as_views(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_output
     channels-last (``GraphLowering.find_nodes_prefer_channels_last``, which includes the placeholders of weights and
     images), and a graph output of such a value gets channels-last strides (``GraphLowering.run_node``: ``is_output``
     and ``n in self.nodes_prefer_channels_last``).  A placeholder has fixed strides, so a saved weight is returned as a
-    copy, made once at forward's start, and the copy is kept until backward: on ResNet-18 (2x3x64x64) 44 MB of weight
-    copies beside 1.8 MB of activations.  A saved flat view is no value a convolution reads: its strides stay ``(1,)``,
-    Inductor returns ``reinterpret_tensor(primals_k, ...)``, and autograd keeps the parameter's own storage.  Forward's
-    convolutions still read channels-last copies, made beside each one and freed after it; backward makes its own copy
-    before its first reader (``_view_back``).  Inductor removes a view that keeps the shape (``post_grad.py``:
-    ``remove_noop_ops``), hence the flat one.  Symbolic shapes: left alone.
+    copy, made once at forward's start, and the copy is kept until backward: on ResNet-18 the weight copies are many
+    times the saved activations (docs/DESIGN.md §7).  A saved flat view is no value a convolution reads: its strides
+    stay ``(1,)``, Inductor returns ``reinterpret_tensor(primals_k, ...)``, and autograd keeps the parameter's own
+    storage.  Forward's convolutions still read channels-last copies, made beside each one and freed after it; backward
+    makes its own copy before its first reader (``_view_back``).  Inductor removes a view that keeps the shape
+    (``post_grad.py``: ``remove_noop_ops``), hence the flat one.  Symbolic shapes: left alone.
 
     Only for graphs Inductor compiles: eager kernels (aot_eager, no-op compilers) get no copies to avoid, and the
     channels-last weight would make channels-last gradients meet contiguous saved activations there (measured on

@@ -27,8 +27,8 @@ if TYPE_CHECKING:  # the simulator loads with the first decision: a warm compile
     from .liveness import PeakEstimate
 
 # Channels-last must lower the simulated peak by more than this fraction to be chosen: contiguous was also the faster
-# step where measured (ResNet-18 0.70x, EfficientNet-B0 within 9%), and the simulator's error where the choice is
-# close is up to 4%.
+# step where measured, and the simulator errs by a few percent where the choice is close (docs/DESIGN.md §13:
+# benchmarks/investigations/conv_saved.py).
 CHANNELS_LAST_MIN_GAIN = 0.02
 
 

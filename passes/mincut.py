@@ -305,10 +305,10 @@ def solve_min_cut(problem: CutProblem) -> CutSolution:
 
 def _demanded(problem: CutProblem, reachable: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(saved, recomputed), sorted: what backward demands of the cut whose source side is ``reachable``.  From the
-    needed values, through the inputs of every value computed in backward; a value whose ``v_in`` is on the source
-    side is computed in forward and, its ``v_out`` on the sink side, kept for backward (not walked through).  One
-    breadth-first search over the values (a root reading the needed ones): the walk it replaced, value by value in
-    Python, was 40% of a solve at 48 blocks (87 solves per ``memory_budget`` partition)."""
+    needed values, through the inputs of every value computed in backward; a value whose ``v_in`` is on the source side
+    is computed in forward and, its ``v_out`` on the sink side, kept for backward (not walked through).  One
+    breadth-first search over the values (a root reading the needed ones): a walk value by value in Python would be much
+    of a solve on deep graphs, and a ``memory_budget`` partition solves many times (``benchmarks/solve_time.py``)."""
     from scipy.sparse import csr_array  # imported on first use: see the note above INT32_MAX
     from scipy.sparse.csgraph import breadth_first_order
 
