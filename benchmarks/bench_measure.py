@@ -196,7 +196,7 @@ def _inductor_backend():
     """Inductor's own backend (what ``backend="inductor"`` calls), as a new object: Dynamo reuses a graph compiled
     for the same backend object, and functorch's budget is read only when compiling, so in one process
     (``step_interleaved.py``) a second PyTorch budget given the string "inductor" would run the first one's graph
-    (measured: every PyTorch budget after the first "ran eagerly", session 8)."""
+    (measured: every PyTorch budget after the first "ran eagerly")."""
 
     def inductor(gm, example_inputs):
         from torch._inductor.compile_fx import compile_fx

@@ -17,8 +17,8 @@ step of each configuration in turn, the first rotating, ``--steps`` rounds, medi
 (``inductor_options={"layout_optimization": True}``, Inductor's own CPU default) and issue #19's two rules for it
 skipped while it compiles: ``layout.saved_inputs_as_views`` (so its saved weights are Inductor's channels-last
 copies) and ``layout.convolutions_kept_for_depthwise`` (so backward may recompute convolutions).
-``fxremat_layout``: fxremat with the layout optimisation asked for (the rules on; sessions 14-15's fxremat);
-``fxremat_contiguous``: with it turned off (session 16's fxremat); ``fxremat`` chooses per graph, contiguous unless
+``fxremat_layout``: fxremat with the layout optimisation asked for (the rules on);
+``fxremat_contiguous``: with it turned off; ``fxremat`` chooses per graph, contiguous unless
 channels-last simulates a lower peak (``passes/layout_choice.py``).  Only on a quiet machine do
 the times mean anything; bytes are exact.
 """
