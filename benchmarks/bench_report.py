@@ -89,7 +89,7 @@ def environment(threads: int) -> dict[str, Any]:
         git_commit=git_commit(),
         # the machine's load when the run began: a timing is only worth comparing on a quiet machine, and the
         # results page states the load beside every table
-        load_avg_1min=os.getloadavg()[0],
+        load_avg_1min=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,  # not on Windows
     )
 
 
