@@ -111,7 +111,7 @@ WARMUP_STEPS = 3
 GRAD_TOLERANCE = 1e-3  # max relative error per parameter (fxremat.measure.max_relative_error)
 
 
-# ---- peak memory of one step: fxremat.measure, shared with benchmarks/peak_memory.py ----------------------------
+# ---- peak memory of one step: fxremat.measure, shared with benchmarks/investigations/peak_memory.py ---------------
 from fxremat.measure import (  # noqa: E402,F401  (re-exported for the tests)
     cpu_memory_events,
     cpu_peak_bytes,
@@ -196,7 +196,7 @@ def _inductor_backend():
     """Inductor's own backend (what ``backend="inductor"`` calls), as a new object: Dynamo reuses a graph compiled
     for the same backend object, and functorch's budget is read only when compiling, so in one process
     (``step_interleaved.py``) a second PyTorch budget given the string "inductor" would run the first one's graph
-    (measured: every PyTorch budget after the first "ran eagerly", session 8)."""
+    (measured: every PyTorch budget after the first "ran eagerly")."""
 
     def inductor(gm, example_inputs):
         from torch._inductor.compile_fx import compile_fx
@@ -254,9 +254,9 @@ def fxremat_facts(backend) -> dict[str, Any]:
 
 
 def simulated_facts(backend, peak_bytes: int, graphs: int) -> dict[str, Any]:
-    """fxremat's simulated step peak beside the measured one, as benchmarks/peak_memory.py compares them: the
-    report's ``simulated_peak_bytes`` (its split's step, parameter gradients included) against the step's peak
-    above what was live at its start, grads set to None before.  Reading the field runs the deferred simulation
+    """fxremat's simulated step peak beside the measured one, as benchmarks/investigations/peak_memory.py compares them:
+    the report's ``simulated_peak_bytes`` (its split's step, parameter gradients included) against the step's peak above
+    what was live at its start, grads set to None before.  Reading the field runs the deferred simulation
     (fxremat/report.py), so call this outside the timed steps.
 
     Only a step of one Dynamo graph with one joint graph has a single simulated step: with more, each report

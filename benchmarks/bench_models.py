@@ -36,7 +36,7 @@ ALL_MODELS = EXAMPLE_MODELS + HF_MODELS
 # Not in the default run: a deeper, narrower transformers Llama with more tokens (4x the layers, half the width, 4x
 # the tokens of its size), where activations outweigh parameter gradients and the peak of a step depends on how
 # recomputation is spread over backward (issue #8's peak-budget comparison; `--models llama_deep`).  Until the
-# example above took the name it was called `llama_stack`: RESULTS.md's issue-#8 sections mean this model by it.
+# example above took the name it was called `llama_stack` (older logs in git history mean this model by it).
 EXTRA_MODELS = ("llama_deep",)
 
 

@@ -87,6 +87,9 @@ def environment(threads: int) -> dict[str, Any]:
         fxremat=_version("fxremat"),
         transformers=_version("transformers"),
         git_commit=git_commit(),
+        # the machine's load when the run began: a timing is only worth comparing on a quiet machine, and the
+        # results page states the load beside every table
+        load_avg_1min=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,  # not on Windows
     )
 
 

@@ -19,7 +19,7 @@ gradients of the first step are checked against eager once per model x configura
 the timed window.  Beside the wall time, each run's **CPU seconds** (``process_cpu_s``: user plus system time of the
 worker and of its children that ended, from its start to the end of the first step), summarised as the wall time
 is: on a warm run, the work itself, which a busy machine's scheduling does not stretch (a warm run's wall time
-spreads 30% on this 2-core machine; benchmarks/RESULTS.md, session 34).  On a cold run it counts the g++ processes
+spreads up to 30% on a shared 2-core machine).  On a cold run it counts the g++ processes
 the compiling process waited for, but not those of Inductor's compile workers, still alive at the end of the step
 (a cold run whose CPU seconds exceed its wall time compiled in parallel): compare cold runs by their wall time.
 ``--quick``: the MLP at ``tiny``, one repeat (the smoke test CI runs; its times mean nothing).

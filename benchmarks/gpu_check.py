@@ -37,6 +37,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_report  # noqa: E402
+
 CONFIGS = ("pytorch_default", "pytorch_budget_0.5", "fxremat_default", "fxremat_peak_0.5")
 GRAD_CONFIG = "fxremat_default"
 WARMUP_STEPS = 3
@@ -217,6 +219,7 @@ def run_check(model_name: str, dry_run: bool, steps: int, configs: list[str]) ->
         calibrated = dict(matmul_flops=profile.peak_flops(None), copy_bytes_per_s=profile.mem_bandwidth)
     described = f"batch {shape['batch']}, seq {shape['seq']}, {str(dtype).replace('torch.', '')}"
     return dict(
+        environment=bench_report.environment(torch.get_num_threads()),  # commit, date, load: the results page's
         model=model_name,
         shape=described,
         config=shape,

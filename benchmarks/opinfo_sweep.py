@@ -150,9 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.ops and not results:
         parser.error(f"no op with autograd and float32 on CPU is called {args.ops}; see op_db's names")
     print(summary(results, time.perf_counter() - start))
-    if args.json:
+    if args.json:  # the rows with where and when they ran: benchmarks/results_page.py reads both
+        import bench_report  # benchmarks/, beside this script
+
+        record = dict(environment=bench_report.environment(torch.get_num_threads()), rows=[asdict(r) for r in results])
         with open(args.json, "w") as f:
-            json.dump([asdict(r) for r in results], f, indent=1)
+            json.dump(record, f, indent=1)
     return 1 if any(r.ours_only for r in results) else 0
 
 

@@ -9,7 +9,7 @@ generation).
 fxremat's partitioner (``tp.after_inductor_joint_passes``), so that Inductor's joint-graph passes run first as in a
 real compile (without them Mixtral's plans and peaks differ), and under the layout fxremat's backend compiles a CPU
 graph in (contiguous while the plan is chosen, then the layout the partitioner decides: ``layout`` in each row).
-The simulated peaks equal ``setting_peak.py``'s (RESULTS.md "Issue #15, session 22") where the plans do.
+The simulated peaks equal ``setting_peak.py``'s where the plans do.
 Prints one JSON line per setting.
 """
 
@@ -42,7 +42,7 @@ def row(name: str, setting: str) -> dict:
     partitioner = FxrematPartitioner(options, lambda r, _key: reports.append(r), True)
     # as fxremat's backend compiles a CPU graph (``FxrematBackend._layout_patches``): plans chosen under the contiguous
     # layout, the layout decided after (passes/rewrite/layout_choice.py); left to Inductor's default, ViT's patch convolution
-    # made its budgets' plans differ from a real compile's (benchmarks/RESULTS.md, session 29)
+    # made its budgets' plans differ from a real compile's
     patches = {"layout_optimization": False} if tp.inductor_layout_switches_at_default() else {}
     partitioner.current_layout = LayoutChoice() if patches else None
     partition = tp.after_inductor_joint_passes(partitioner)

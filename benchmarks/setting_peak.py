@@ -1,14 +1,15 @@
 """One row of issue #15's table: a benchmark model under fxremat at one setting, measured and simulated.
 
-    python benchmarks/setting_peak.py MODEL SETTING     # SETTING: default, mbX (memory_budget=X), pbX (peak_budget=X); X > 1: bytes
+    python benchmarks/setting_peak.py MODEL SETTING
+        # SETTING: default, mbX (memory_budget=X), pbX (peak_budget=X); X > 1: bytes
 
-``bench_models.build_workload(MODEL, "small")`` (or a conv net of ``conv_models.py``) compiled with ``fxremat.backend(<setting>, compare_default=False)``
-under real Inductor, in this process (run one row per process, with a ``TORCHINDUCTOR_CACHE_DIR`` of its own or
-shared by one model's rows): gradients of the first step against eager (``grad_rule.relative_errors``), two warm-up
-steps, then one step's peak above what it starts with (CPU profiler memory events, ``fxremat.measure``).  Prints
-one JSON line: measured and simulated peak bytes, saved bytes (the report's, and what autograd keeps by
-``saved_tensors_hooks``: distinct storages, parameters, buffers and inputs excluded), the backward checkpoints of a segmented plan,
-``peak_raised_by_budget`` and the worst gradient error.  RESULTS.md "Session 13" ran it for 11 models x 6 settings;
+``bench_models.build_workload(MODEL, "small")`` (or a conv net of ``conv_models.py``) compiled with
+``fxremat.backend(<setting>, compare_default=False)`` under real Inductor, in this process (run one row per
+process, with a ``TORCHINDUCTOR_CACHE_DIR`` of its own or shared by one model's rows): gradients of the first step
+against eager (``grad_rule.relative_errors``), two warm-up steps, then one step's peak above what it starts with (CPU
+profiler memory events, ``fxremat.measure``).  Prints one JSON line: measured and simulated peak bytes, saved bytes
+(the report's, and what autograd keeps by ``saved_tensors_hooks``: distinct storages, parameters, buffers and inputs
+excluded), the backward checkpoints of a segmented plan, ``peak_raised_by_budget`` and the worst gradient error.
 PyTorch's rows come from ``run.py`` (its partitioner does not depend on fxremat).
 """
 

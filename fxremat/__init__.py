@@ -32,7 +32,7 @@ __version__ = "0.1.0"
 
 # Loaded on first use, not with fxremat: a warm compile (an AOTAutograd cache hit) never partitions, and these
 # modules (the partitioner's choice, the split, the report's rendering, PyTorch's knobs, verify) are most of
-# fxremat's import time (benchmarks/RESULTS.md, sessions 24 and 25).
+# fxremat's import time (docs/DESIGN.md §8, warm compiles).
 _LAZY = {
     "FxrematBudgetWarning": "fxremat_passes.choice",
     "FxrematFallbackWarning": "fxremat.partition",

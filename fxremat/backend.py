@@ -87,7 +87,7 @@ class FxrematPartitioner(tp.CustomPartitionerFn):
 
     def __call__(self, gm: fx.GraphModule, joint_inputs, **kwargs: Any):
         # imported here, not with fxremat: a warm compile (an AOTAutograd cache hit) never partitions, and the
-        # partitioner's modules are most of fxremat's import (benchmarks/RESULTS.md, session 24)
+        # partitioner's modules are most of fxremat's import (docs/DESIGN.md §8, warm compiles)
         from .partition import PartitionRequest, partition
 
         request = PartitionRequest(
@@ -239,14 +239,13 @@ class FxrematBackend:
         """Inductor's layout optimisation off for a graph whose tensors are all on the CPU, unless the user chose
         (``inductor_options`` or ``torch._inductor.config`` names a layout switch: honoured as set).
 
-        Why (issue #19, benchmarks/RESULTS.md "Session 16"): on the CPU Inductor lays every graph with a convolution
-        out channels-last (``GraphLowering.decide_layout_opt``), so each convolution weight is copied to
-        channels-last in forward, and again in backward or kept from forward (ResNet-18, 2x3x64x64: 44 MB).  Left
-        contiguous, mkldnn reads the parameters as they are: on ResNet-18 (2x3x64x64) the step's peak is 0.79x and
-        its time 0.65x those of the same plan laid out channels-last, and mkldnn's large depthwise buffer never
-        arises.  Contiguous is where a compile starts: the partitioner lays a graph out channels-last instead where
-        that simulates a lower step peak (``passes/rewrite/layout_choice.py``: nets whose activations dwarf their weights).
-        On a GPU Inductor's choice stands (cuDNN's channels-last kernels; not measured here)."""
+        Why (docs/DESIGN.md §7): on the CPU Inductor lays every graph with a convolution out channels-last
+        (``GraphLowering.decide_layout_opt``), so each convolution weight is copied to channels-last in forward, and
+        again in backward or kept from forward.  Left contiguous, mkldnn reads the parameters as they are: a lower step
+        peak and a faster step on weight-heavy nets, and mkldnn's large depthwise buffer never arises.  Contiguous is
+        where a compile starts: the partitioner lays a graph out channels-last instead where that simulates a lower step
+        peak (``passes/rewrite/layout_choice.py``: nets whose activations dwarf their weights). On a GPU Inductor's choice
+        stands (cuDNN's channels-last kernels; not measured here)."""
         if any(name in self.inductor_config for name in tp.LAYOUT_SWITCHES):
             return {}
         if not tp.inductor_layout_switches_at_default():

@@ -23,9 +23,9 @@ def _warm_up_step(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def _warm_up_inductor() -> None:
     """Pay Inductor's one-time start-up in this process (its imports, the C++ toolchain's first build, the first
     lowering of each op kind) with a tiny step of the same ops compiled by Inductor alone, so that neither timed
-    compile pays it: fxremat, compiled first, used to be charged it ("34.8 s" against PyTorch's "7.6 s" on a fresh
-    machine, issue #16).  What fxremat itself loads on first use (scipy's max-flow) stays in its time.  A function
-    of its own, not the demo's model: Dynamo would mark the model's dimensions dynamic on seeing a second shape."""
+    compile pays it: otherwise whichever compiles first, fxremat here, is charged it.  What fxremat itself loads on
+    first use (scipy's max-flow) stays in its time.  A function of its own, not the demo's model: Dynamo would mark
+    the model's dimensions dynamic on seeing a second shape."""
     from fxremat_passes import _torch_private as tp
 
     step = torch.compile(_warm_up_step, backend="inductor")

@@ -145,7 +145,7 @@ class ConvNet(nn.Module):
 
 
 class GroupNormResBlock(nn.Module):
-    """GroupNorm -> SiLU -> conv, twice, plus the residual: the diffusion-model block (issue #20)."""
+    """GroupNorm -> SiLU -> conv, twice, plus the residual: the diffusion-model block (docs/DESIGN.md §7)."""
 
     def __init__(self, cin: int, cout: int, groups: int = 8) -> None:
         super().__init__()

@@ -1,5 +1,5 @@
 """PyTorch's own memory knobs (``torch._functorch.config``, region annotations): honoured, mapped, or ignored with
-one warning each, never dropped without a word (issue #23; README "PyTorch's knobs").
+one warning each, never dropped without a word (docs/OPTIONS.md, "PyTorch's knobs and tags").
 
 ``effective_options`` runs at the start of every partition (compile time): it resolves the memory budget from, in
 order of precedence, the graph's own annotation (``passes/graph/region_budget.py``), fxremat's ``memory_budget``, and

@@ -27,10 +27,9 @@ _NOT_IN_CACHE_KEY = ("report_dir", "verify")
 # What a user's checkpoint regions mean (passes/choice/contract.py): a memory contract, or fxremat's costs decide.
 CHECKPOINT_MODES = ("honour", "replan")
 # Default price of memory, in byte-transfer times per byte kept (lambda = memory_price / bandwidth).
-# Measured (benchmarks/RESULTS.md, "memory_price sweep"): on the MLP and the SDPA block at D=64 and D=256 the cut is
-# the same for every price in [0, 3] (0.5-0.6x PyTorch's saved bytes, step time within noise), and at 10 the
-# D=64 models recompute their matmuls (10-14% slower steps).  2 sits inside the flat region, below that cliff,
-# and still prices memory above its traffic (a price of 0 kept Mixtral's gathered weights).
+# 2 sits inside the range of prices that give the same cut on the example models, below the price at which narrow
+# models start recomputing their matmuls, and still prices memory above its traffic (docs/DESIGN.md §4.3 and §13,
+# with the sweep that chose it).
 DEFAULT_MEMORY_PRICE = 2.0
 
 _UNITS = {

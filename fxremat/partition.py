@@ -217,7 +217,7 @@ class _Split:
 
 
 def _keep_convolutions_for_depthwise(joint: fx.GraphModule, roles) -> None:
-    """Under Inductor, a convolution recomputed in backward can cost mkldnn's depthwise buffer (issue #19): such
+    """Under Inductor, a convolution recomputed in backward can cost mkldnn's depthwise buffer (docs/DESIGN.md §7): such
     convolutions join the never-recomputed nodes; a user's recompute tag is honoured."""
     untagged = [n for n, r in roles.role.items() if r is Role.FORWARD and recompute_tag(n) is None]
     for node, why in convolutions_kept_for_depthwise(joint, untagged).items():
@@ -344,8 +344,9 @@ def _choose_layout(request: PartitionRequest, fw: fx.GraphModule, bw: fx.GraphMo
 
 def _ready_for_compiler(request: PartitionRequest, fw: fx.GraphModule, bw: fx.GraphModule) -> None:
     """What any split (ours or PyTorch's) needs before the compiler gets it."""
-    pin_as_strided_inputs(bw)  # as_strided reads independent of saved layouts (issue #20)
-    if request.inductor:  # parameters saved, not Inductor's layout copies of them (issue #19), in the chosen layout
+    pin_as_strided_inputs(bw)  # as_strided reads independent of saved layouts (docs/DESIGN.md §7)
+    # parameters saved, not Inductor's layout copies of them (docs/DESIGN.md §7), in the chosen layout
+    if request.inductor:
         with tp.inductor_config_patched(request.layout.inductor_patch() if request.layout else {}):
             saved_inputs_as_views(fw, bw, request.num_fwd_outputs)
     tp.mark_inputs_never_freed(bw, saved_views_of_inputs(fw, bw, request.num_fwd_outputs))

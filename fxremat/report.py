@@ -20,8 +20,9 @@ from fxremat_passes.rewrite.describe import RecomputedNode, SavedValue, SplitDes
 from .deferred import Deferred, _DeferrableField
 from .report_fields import decoders, derived  # noqa: F401 (derived: for a derived field, docs/examples)
 
-# to_dict's "schema_version": it changes only when a key changes meaning or goes away (README, "Report JSON schema").
-# 2: "extra" (an always-empty object that nothing filled) removed (issue #18).
+# to_dict's "schema_version": it changes only when a key changes meaning or goes away (docs/REPORT.md, "Report JSON
+# schema").
+# 2: "extra" (an always-empty object that nothing filled) removed.
 SCHEMA_VERSION = 2
 
 
@@ -180,7 +181,7 @@ class CutReport(*_declared_once(STAGE_RECORDS)):
 
     A new field a stage makes: declare it with its type in that stage's record above (``from_dict`` reads it back
     by that type; a simulated one is a ``_DeferrableField``, and ``PEAK_FIELDS`` follows), set it where the stage
-    makes it, and add a README "Report JSON schema" row.  One computed from fields the report already holds is
+    makes it, and add a docs/REPORT.md "Report JSON schema" row.  One computed from fields the report already holds is
     ``derived(...)``, declared here: nothing else to touch.  Renderers (``fxremat/render/``) read fields by name.
     """
 
@@ -220,10 +221,10 @@ class CutReport(*_declared_once(STAGE_RECORDS)):
         return {f.name: getattr(report, f.name) for f in dataclasses.fields(report)}
 
     def to_json(self, compute_deferred: bool = True, indent: int | None = 2) -> str:
-        """``to_dict`` as JSON.  ``indent=None``: one line, with Python's C encoder (the report store's copy: 7x
-        faster at 48 blocks).  The encoder walks the fields' tuples, lists and dicts itself and asks ``_json_row``
+        """``to_dict`` as JSON.  ``indent=None``: one line, with Python's C encoder (the report store's copy, on
+        deep graphs).  The encoder walks the fields' tuples, lists and dicts itself and asks ``_json_row``
         only for each dataclass row: the same text as encoding ``to_dict()``, without rebuilding thousands of rows
-        as dicts first (the store's copy: 9 ms of a 48-block partition did that)."""
+        as dicts first."""
         data = {**self._fields(compute_deferred), "schema_version": SCHEMA_VERSION}
         return json.dumps(data, indent=indent, sort_keys=True, default=_json_row)
 
@@ -254,7 +255,7 @@ _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 def _plain(value: Any) -> Any:
     """``dataclasses.asdict``'s conversion of one field (dataclasses to dicts, containers rebuilt), without its deep
     copy of every leaf: a report's leaves are immutable (numbers, strings, None), and its thousands of rows made
-    ``asdict`` most of ``to_dict``'s time (15 ms of a 48-block stack's report)."""
+    ``asdict``'s copies most of ``to_dict``'s time on deep graphs."""
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     if isinstance(value, tuple):

@@ -1,4 +1,4 @@
-"""Declaring ``CutReport``'s fields and reading them back from JSON, by their declarations alone (issue #18: a new
+"""Declaring ``CutReport``'s fields and reading them back from JSON, by their declarations alone (a new
 report field is one change in ``fxremat/report.py``): ``derived`` (a field computed from the others) and
 ``decoders`` (``CutReport.from_dict``'s, from each field's type)."""
 

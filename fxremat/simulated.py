@@ -109,8 +109,8 @@ def gc_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off while we partition, back on (if it was) afterwards.  A partition
     allocates tens of thousands of small objects (nodes, meta dicts, tuples); every few hundred allocations the
     collector runs, and its full collections walk every object the process holds (FakeTensors, the model, the
-    graphs: 570k objects in benchmarks/solve_time.py at 48 blocks).  Those walks were most of the partition time
-    there (the prepare pass: 0.95 s with the collector, 0.22 s without).  On resuming, what the pause allocated is
+    graphs: hundreds of thousands of objects in benchmarks/solve_time.py at 48 blocks).  Those walks were most of the
+    partition time there.  On resuming, what the pause allocated is
     handed to the oldest generation (``_to_oldest_generation``); the reference cycles a partition leaves (graphs
     and their nodes) are collected by the next full collection."""
     was_enabled = gc.isenabled()
@@ -128,8 +128,8 @@ def _to_oldest_generation() -> None:
     all to the permanent generation, ``gc.unfreeze`` moves that back into the oldest one (two list splices), and
     the youngest generation's count starts again from zero.  Otherwise the first allocation after the pause
     collects the youngest generation, which then holds everything the partition made and kept (the forward and
-    backward graphs, their nodes and meta): a walk of ~50k objects that frees almost nothing (3 objects at 48
-    blocks, benchmarks/solve_time.py; 20 ms of a 0.22 s partition).  What the partition returns lives as long as
+    backward graphs, their nodes and meta): a walk of tens of thousands of objects that frees almost nothing
+    (benchmarks/solve_time.py at 48 blocks).  What the partition returns lives as long as
     the compiled graph; the garbage it left is still found, by the next full collection.  A process that froze
     objects itself (``gc.freeze`` before forking workers) keeps them frozen: it gets the plain collection."""
     if gc.get_freeze_count() == 0:

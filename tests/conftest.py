@@ -14,10 +14,12 @@ from pathlib import Path
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="fxremat-tests-inductor-"))
 
 _TESTS = Path(__file__).resolve().parent
-# benchmarks/ is a script directory, not a package: its modules are imported from there by tests/benchmarks.
+# benchmarks/ is a script directory, not a package: its modules (and those of benchmarks/investigations/) are
+# imported from there by tests/benchmarks and a few torch-tier tests.
 # tests/ itself: the torch tiers import tests/helpers.py by name (pytest's default import mode puts each test
 # file's own directory on the path, not its parent's).
 sys.path.insert(0, str(_TESTS.parent / "benchmarks"))
+sys.path.insert(0, str(_TESTS.parent / "benchmarks" / "investigations"))
 sys.path.insert(0, str(_TESTS))
 
 

@@ -438,7 +438,7 @@ def realizes_inputs(node: torch.fx.Node) -> bool:
 
 def fresh_inductor_cache():
     """A context with an empty Inductor cache, on disk (a temporary ``TORCHINDUCTOR_CACHE_DIR``) and in memory:
-    ``torch._inductor.utils.fresh_cache``.  The demo times each compile in one (issue #16)."""
+    ``torch._inductor.utils.fresh_cache``.  The demo times each compile in one."""
     return _fresh_cache()
 
 

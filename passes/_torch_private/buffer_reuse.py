@@ -6,11 +6,11 @@ estimate (``AllocateLine.should_reuse_buffer``).  Stock Inductor's estimate (``E
 ``memory.compute_memory_timeline``) counts storages that are never allocated: a result a kernel writes in place over
 its input, beside that input, and backward inputs that are saved views of parameters (a transposed weight), as if
 freed after their last use.  So it is higher than what is ever live, and the pooled buffers fill the difference: on
-a block stack run twice in one step (benchmarks/checkpoint_twice.py) the estimate peaked at 29.5 MiB where 21.6 were
-live, and pooled buffers raised the measured peak from 21.6 to 25.3 MiB.  In fxremat's compiles the estimate counts
-what the wrapper allocates (``inductor_bounds_reuse_by_allocated_buffers``; the saved views are marked by
-``mark_inputs_never_freed``): 21.7 MiB there, with the reuse on, as the user's config or the compile's options set
-it (it saves an allocation per reused buffer: 0.3-2.7% of a CPU step, benchmarks/RESULTS.md).  The simulator replays
+a block stack run twice in one step (benchmarks/investigations/checkpoint_twice.py) the estimate ran above what was
+live, and pooled buffers raised the measured peak.  In fxremat's compiles the estimate counts what the wrapper
+allocates (``inductor_bounds_reuse_by_allocated_buffers``; the saved views are marked by
+``mark_inputs_never_freed``), with the reuse on, as the user's config or the compile's options set it: reuse saves
+an allocation per reused buffer (docs/DESIGN.md §6, with the figures).  The simulator replays
 whichever bound the compile uses (``buffer_pool._pool_held``, ``walk.Walk``).
 Tests: tests/passes/test_buffer_reuse.py, tests/passes/test_torch_versions.py."""
 

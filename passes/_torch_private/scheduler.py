@@ -66,8 +66,9 @@ def dragged_nodes(scheduler, node1, node2, horizontal: bool = False) -> list:
     """The scheduler nodes that fusing ``node1`` and ``node2`` would move ahead of the fused node: the later one's
     ancestors that the earlier one does not already have and that Inductor placed after the earlier one.  Where the
     later one does not depend on the earlier (a horizontal fusion), none unless ``horizontal``: Inductor keeps those
-    within 64 nodes (``are_long_distant_nodes``), and refusing them everywhere raised transformers Llama's peak 2.2%
-    (RoPE tables); fxremat's compiles refuse them in a backward recomputed segment by segment alone."""
+    within 64 nodes (``are_long_distant_nodes``), and refusing them everywhere raises the peak where layers share a
+    small read (RoPE tables; docs/DESIGN.md §6); fxremat's compiles refuse them in a backward recomputed segment by
+    segment alone."""
     early, late = sorted((node1, node2), key=lambda n: n.min_order)
     gap = range(early.min_order + 1, late.min_order)
     if not gap or not (horizontal or early.get_operation_names() & late.ancestors):

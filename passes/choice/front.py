@@ -36,8 +36,7 @@ def front_loaded_choice(
         return choice
     # the front-loaded plans saving the most are also run segment by segment, whatever their own peak: they keep the
     # first blocks' saves so that their backward holds little at the step's peak, which their own peak (everything
-    # else recomputed at once) does not show (ViT at 0.2: 9,321,864 B its own, 8,065,992 segmented; RESULTS.md,
-    # session 29)
+    # else recomputed at once) does not show (docs/DESIGN.md §5.4)
     bound = choice.lowest_looser_peak
     plan, peak = one_step([*plans, choice.plan], target, bound, peak_of, lowered, tie, FRONT_LOWERED_MOST)
     if peak >= choice.peak:

@@ -103,7 +103,7 @@ def _finish(c: Choosing, cache, choice, fields: dict, segmentations, fw_bw_recip
 
 
 def _budget_fields(target, met, fewest, default, choice, candidates: int, judged: int, contract_fields) -> dict:
-    """``memory_budget``'s report fields (README's JSON schema)."""
+    """``memory_budget``'s report fields (docs/REPORT.md's JSON schema)."""
     return dict(
         budget_bytes=target,
         budget_met=met,

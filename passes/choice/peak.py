@@ -144,7 +144,7 @@ def _segmented_lowest(c: Choosing, candidates, shortlist, real, simulated, defau
         segmentations.peak(plan)
     if c.settings.backward_segments is None:  # memory_budget's walk segments as it goes (choose_plan_for_budget)
         walked = budget_shortlist(candidates, simulated.peak, default_plan, fewest)
-        for tie in (BUDGET_TIE, STRICT):  # the strict walk passes lower plans (Mixtral: 18.40 MiB measured)
+        for tie in (BUDGET_TIE, STRICT):  # the strict walk passes lower plans (Mixtral)
             monotone_choice(walked, default_plan, fewest.saved_bytes, simulated.peak, segmentations, tie)
     found = [(plan, *segmentation) for plan, segmentation in segmentations.found.values() if segmentation is not None]
     return min(found, key=lambda f: (f[2].peak_bytes, f[0].seconds), default=None)

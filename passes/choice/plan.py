@@ -62,9 +62,8 @@ def frontier_field(
 # frontier's vertices as candidates for a peak budget: the vertices alone jump over the middle of the range.  0.5
 # and 0.2 are where PyTorch users set `activation_memory_budget` most; at a fraction off this grid the walk takes the
 # next refined plan below the cap, so 0.2 on the grid spares that budget a plan recomputed segment by segment
-# (benchmark stack: 0.27 MB saved and 818 MFLOP recomputed -> 0.79 MB and 549 MFLOP at the same simulated peak;
-# benchmarks/RESULTS.md "Session 22").  0.35 splits the widest gap left; 0.25 stays, as the plan it finds is the
-# fastest at the same peak under some looser caps (block_sdpa at 0.5, T5 at PyTorch's 0.2 bytes).
+# at the same simulated peak.  0.35 splits the widest gap left; 0.25 stays, as the plan it finds is the fastest at
+# the same peak under some looser caps (docs/DESIGN.md §13: ``peak_table.py``'s stack, block_sdpa and T5 rows).
 PEAK_CANDIDATE_FRACTIONS = (0.75, 0.5, 0.35, 0.25, 0.2, 0.1)
 
 
@@ -78,12 +77,11 @@ def candidate_plans(
     """Distinct plans spanning default to fewest bytes, fastest (estimated) first (``cache``: the caller's
     max-flows, shared).  ``sums_problem``: ``problem`` with its block sums' saves priced at one read
     (``stored_sums.reads_only``), where the graph has block sums: its MILP-refined plans stand in for the plain
-    problem's, priced by ``problem``.  Saving a block sum in place of the projection it adds keeps the same bytes
-    but spares backward recomputing the residual stream, so these plans run with a lower step peak (llama_stack at
-    4.0 MB saved: 8.65 MB simulated against 9.70 MB, benchmarks/RESULTS.md "Session 21"), and a peak-judged budget
-    can take them between the frontier's vertices.  (Its frontier's plans are left out: a few percent lower than
-    the default's peak at nearly its bytes, they held every tighter budget of ``shortlists.monotone_choice`` below
-    them, where the plans between the vertices peak as the default does.)"""
+    problem's, priced by ``problem``.  Saving a block sum in place of the projection it adds keeps the same bytes but
+    spares backward recomputing the residual stream, so these plans run with a lower step peak, and a peak-judged budget
+    can take them between the frontier's vertices (docs/DESIGN.md §5.3).  (Its frontier's plans are left out: a few
+    percent lower than the default's peak at nearly its bytes, they held every tighter budget of
+    ``shortlists.monotone_choice`` below them, where the plans between the vertices peak as the default does.)"""
     return refinements_of(problem, settings, profile, cache, sums_problem).plans(len(PEAK_CANDIDATE_FRACTIONS))
 
 

@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class PlanChoice:
-    """The chosen plan and its report fields (README's JSON schema); ``split``: its (fw, bw, recipe) where choosing
-    split it, else None; ``peak``: that split's simulation, or None."""
+    """The chosen plan and its report fields (docs/REPORT.md's JSON schema); ``split``: its (fw, bw, recipe) where
+    choosing split it, else None; ``peak``: that split's simulation, or None."""
 
     plan: Plan
     fields: dict

@@ -312,9 +312,9 @@ def save_traffic_bytes(node: fx.Node, root: fx.Node, root_cls: OpClass, storage:
     """Bytes moved to keep ``node`` for backward.  Saving reads the value back in backward; if its producer is
     fusible, forward must also write it out."""
     if root.op == "placeholder" and root is not node:
-        # A view of a graph input costs no storage, but Inductor may hand it to backward as a copy (channels-last
-        # under layout optimisation: issue #20's GroupNorm weight views), while the input itself is free to save
-        # and the view free to recompute: price the copy's traffic so that the cut saves the input.
+        # A view of a graph input costs no storage, but Inductor may hand it to backward as a copy (channels-last under
+        # layout optimisation: GroupNorm's weight views, docs/DESIGN.md §7), while the input itself is free to save and
+        # the view free to recompute: price the copy's traffic so that the cut saves the input.
         return nbytes
     return storage * (2 if root_cls in FUSIBLE else 1)
 

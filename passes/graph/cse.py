@@ -221,7 +221,8 @@ def plan_clean_up(graph: fx.Graph, cse: bool = True) -> CleanUp:
 class MetaSnapshot:
     """Every node's ``meta`` as it is now, to put back (``restore``) after our passes: they mark the joint's own nodes
     (PyTorch's CSE regions and MUST_SAVE marks, our costs), and a fallback must hand PyTorch the joint's meta as it
-    came.  A shallow copy of each dict, so whatever key a pass writes is undone (3.8 ms at 48 blocks, 5.5k nodes)."""
+    came.  A shallow copy of each dict, so whatever key a pass writes is undone (milliseconds at 48 blocks:
+    ``benchmarks/solve_time.py``)."""
 
     def __init__(self, graph: fx.Graph) -> None:
         self._saved = [(node.meta, dict(node.meta)) for node in graph.nodes]

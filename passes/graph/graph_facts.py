@@ -1,4 +1,4 @@
-"""GraphFacts: one view of a prepared joint graph, read by every pass (issue #18).
+"""GraphFacts: one view of a prepared joint graph, read by every pass.
 
 What each pass used to read off the joint graph by itself (``roles.classify``, ``costs.annotate_costs``,
 ``split._Joint``, ``plan_memory.build_joint_memory``, the simulator's ``node_facts.NodeFacts``), computed once after

@@ -138,12 +138,12 @@ SEEDED_ATTENTION_BACKWARD = _packets(
     "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_cudnn_attention_backward"
 )
 # What one elementwise op costs per element, in add/mul equivalents: the FLOP term of the roofline (a recomputed
-# erf/tanh/exp chain is compute bound inside its fused kernel, so this is its price).  Measured on this CPU by
-# benchmarks/pointwise_eager.py (one thread, 4M fp32, median of 15): ATen's vectorised kernel of the op (the same
-# at::vec/SLEEF code Inductor's CPU kernels call) beyond a memory-bound mul/add over the same bytes, over the price of
-# one add inside a fused Inductor kernel (0.076 ns/element, benchmarks/pointwise_weights.py); rounded.  Fused chains
-# measured by benchmarks/pointwise_weights.py put tanh at 50 and exp at 12, so these are lower bounds.  Fixed
-# constants: the same graph gives the same cut on any machine.
+# erf/tanh/exp chain is compute bound inside its fused kernel, so this is its price).  The values come from
+# benchmarks/investigations/pointwise_eager.py: ATen's vectorised kernel of the op (the same at::vec/SLEEF code
+# Inductor's CPU kernels call) beyond a memory-bound mul/add over the same bytes, over the price of one add inside a
+# fused Inductor kernel (benchmarks/investigations/pointwise_weights.py), rounded.  Fused chains measured by the
+# latter cost more, so these are lower bounds (docs/DESIGN.md §13).  Fixed constants: the same graph gives the same
+# cut on any machine.
 # Ops not listed cost 1 (add, mul, sub, neg, relu, where, tanh_backward and sigmoid_backward, which are a few muls); a
 # division by a Python scalar costs 1 (Inductor multiplies by the reciprocal) and ``pow`` with an integer exponent
 # is ``POW_INT_WEIGHT`` (Inductor expands it into multiplications): ``POINTWISE_WEIGHT_RULES`` read the arguments.

@@ -7,8 +7,8 @@ input's gradient.  Inductor never stores it while it has one reader: the CPU ``b
 matrix-vector product (``kernel/bmm.py``) is a multiply and a sum, into which the gather fuses.  But a value with
 several readers, one of them a ``bmm``, is stored (``GraphLowering.run_node`` asks ``realize_hint``; DESIGN §6 and
 ``phase._Phase._realized_on_reuse``).  So a plan that recomputes the forward ``bmm`` in backward, where the
-gradient's ``bmm`` reads the same gather, makes Inductor store the whole gather: 536 MiB against a 20 MiB step on
-the benchmark's small Mixtral (``benchmarks/RESULTS.md``, "Mixtral after the realize rule").
+gradient's ``bmm`` reads the same gather, makes Inductor store the whole gather, many times the rest of the step
+(the benchmarks' small Mixtral; docs/DESIGN.md §6).
 
 The joint graph has one gather node for both readers (PyTorch's CSE merged them).  Giving the backward's readers a
 copy of their own keeps every plan's gather single-reader in each graph: the forward's copy serves the forward's

@@ -1,5 +1,5 @@
 """Block sums: the sums a residual stream is made of, which the default plan may save in place of the extern
-kernel's output they add (issue #16, benchmarks/RESULTS.md "Kernels Inductor generates for fxremat's splits").
+kernel's output they add (fewer C++ sources per compile; docs/DESIGN.md §8).
 
 A block sum is a forward pointwise value ``v = x + e`` where ``e`` is an extern kernel's output (matmul,
 convolution, attention) at least as large as ``v`` that nothing else in forward reads, and ``v`` itself has more

@@ -7,8 +7,8 @@ keeps it (``liveness._ForwardRun.joined``): no more simulated runs and a simulat
 and fewer of one (``liveness._better``).
 The planner judged every plan by the same simulation (``liveness.cpp_units_joined``, around fxremat's partition
 under Inductor on CPU), so the peak a plan was compared by is the peak of the order it runs in: a reorder that
-lowers the peak (GPT-2's default plan -6.1%, block_sdpa's -9.9% measured: benchmarks/RESULTS.md, session 26) is
-taken, and cannot lift one setting's plan over another's (issue #15's monotone budgets).
+lowers the peak is taken (docs/DESIGN.md §8), and cannot lift one setting's plan over another's (§5.3's monotone
+budgets).
 """
 
 from __future__ import annotations

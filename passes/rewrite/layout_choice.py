@@ -1,16 +1,13 @@
 """Which layout fxremat hands Inductor for a CPU graph with convolutions: contiguous or channels-last, chosen per
-graph by the simulated step peak of the chosen split under each (issue #19).
+graph by the simulated step peak of the chosen split under each (docs/DESIGN.md §7).
 
 Why per graph: contiguous, mkldnn reads the parameters as they are (no weight copies, no depthwise buffer), but its
 weight gradient reorders its operands to a blocked layout, a transient of the input and output gradient's size
 (``layout._blocked_reorder_bytes``); channels-last, Inductor copies every weight to channels-last, and mkldnn's
 weight gradient allocates two weight-sized buffers (``layout.workspace_bytes``).  Which costs more depends on
-whether weights or activations dominate: on ResNet-18 (2x3x64x64) contiguous peaks 0.79x channels-last, on
-``example("convnet")`` (activations 20x its weights) channels-last peaks 0.85x contiguous (benchmarks/RESULTS.md,
-"Session 17").  No ratio of the two decides it on every net measured, so the simulator, which prices both, does:
-within 4% on the nets where the choice is close (convnet, resnet_gn20, the small ResNet and MobileNet, ResNet-18);
-high on the contiguous compile of the 5x5-depthwise nets (EfficientNet-B0 +20%, MobileNetV3-Small +8%), which only
-biases them toward channels-last, simulated far higher there.
+whether weights or activations dominate (a weight-heavy ResNet peaks lower contiguous, the activation-heavy
+``example("convnet")`` lower channels-last), and no ratio of the two decides it on every net measured, so the
+simulator, which prices both, does (docs/DESIGN.md §7, with the nets and how close the simulation is on each).
 
 The decision is made once the plan is chosen (under the contiguous layout, the compile's config) and holds for the
 forward and the lazily compiled backward of that graph (``LayoutChoice``, read by
@@ -30,8 +27,8 @@ if TYPE_CHECKING:  # the simulator loads with the first decision: a warm compile
     from ..simulator.liveness import PeakEstimate
 
 # Channels-last must lower the simulated peak by more than this fraction to be chosen: contiguous was also the faster
-# step where measured (ResNet-18 0.70x, EfficientNet-B0 within 9%), and the simulator's error where the choice is
-# close is up to 4%.
+# step where measured, and the simulator errs by a few percent where the choice is close (docs/DESIGN.md §13:
+# benchmarks/investigations/conv_saved.py).
 CHANNELS_LAST_MIN_GAIN = 0.02
 
 

@@ -1,4 +1,4 @@
-"""Backward checkpoints: recompute the forward segment by segment inside backward (issue #15, "Budget 0.0").
+"""Backward checkpoints: recompute the forward segment by segment inside backward (docs/DESIGN.md §5.4).
 
 A plan that saves nothing has backward recompute the whole forward, and backward recomputes lazily
 (``split._reorder_like_autograd``): its first node needs the last layer, so the whole forward is recomputed at
@@ -105,11 +105,10 @@ class _InductorClasses(dict):
 def _fused_into_reductions(node: fx.Node, classes: _InductorClasses, reads: _JointReads) -> bool:
     """Whether ``node`` is a gather that Inductor never stores because only reductions read it, each loading it
     element by element (``phase.materialises``): a MoE layer's gather of each token's expert weights, read by a
-    one-column ``bmm`` that Inductor lowers to a reduction on CPU (``lowering.inductor_class``).  Mixtral's are 512 MiB
-    by their shape, against nothing held, and counted at that size they set every segment's size (benchmarks/RESULTS.md,
-    session 24).  Only these: counting every fusible value as free (embedding lookups, pointwise values, which are
-    stored once they are checkpoints) moved the segmentations of llama_stack, stack, GPT-2 and Llama, several to
-    higher peaks or more recompute (the same session)."""
+    one-column ``bmm`` that Inductor lowers to a reduction on CPU (``lowering.inductor_class``).  Counted at their
+    shape's size (large, against nothing held) they would set every segment's size.  Only these: counting every
+    fusible value as free (embedding lookups, pointwise values, which are stored once they are checkpoints) moves
+    other models' segmentations to higher peaks or more recompute (docs/DESIGN.md §5.4)."""
     if reads.op_class(node) is not OpClass.GATHER or materialises(node, classes, set()):
         return False
     return all(classes[u] is OpClass.REDUCTION for u in readers_in(node, classes))
@@ -142,9 +141,8 @@ def _region(nodes: list[fx.Node], reads: _JointReads) -> _Region:
 def _checkpoint_set(region: _Region, members: Sequence[int], reads: _JointReads) -> tuple[fx.Node, ...]:
     """The nodes of an open set, each gather its readers fuse replaced by its own inputs in the region: carried
     from the first pass to a later segment it would have two readers, one of them a ``bmm``, and Inductor stores a
-    gather read that way (``phase._Phase._realized_on_reuse``): Mixtral's 256 MiB ``index_5``, measured 274 MB for a
-    step simulated at 22.7 MB (benchmarks/RESULTS.md, session 24).  Recomputed in its segment from the index it
-    gathers by, it is read once there and never stored."""
+    gather read that way (``phase._Phase._realized_on_reuse``; Mixtral's expert weights, docs/DESIGN.md §5.4).
+    Recomputed in its segment from the index it gathers by, it is read once there and never stored."""
     inside, result = set(region.nodes), []
     for v in members:
         node = region.nodes[v]
@@ -324,10 +322,9 @@ def _extra(original: SplitRecipe, segmented: SplitRecipe, cost):
 
 
 # A segmentation whose simulated step peak is within this factor of the lowest is as good; among those, the
-# fewest extra FLOPs wins (issue #15's llama_stack: 10 checkpoint sets and 3 reach about the same peak).  The step
-# peak (gradients included), not the activation peak: Mixtral's peak_budget=0.0 ranked by activation peak took a
-# segmentation 2.6% higher there but 4.2% higher as a step, and measured 1,050,624 B more (benchmarks/RESULTS.md,
-# session 23).
+# fewest extra FLOPs wins (several checkpoint sets reach about the same peak).  The step peak (gradients included),
+# not the activation peak: ranked by the activation peak, a segmentation can be higher as a step (docs/DESIGN.md
+# §5.4 and §13: ``setting_peak.py``'s llama_stack and Mixtral rows).
 PEAK_TOLERANCE = 1.02
 
 

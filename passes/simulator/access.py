@@ -78,7 +78,7 @@ def op_path(node: fx.Node) -> tuple:
 # The first element of a path read at another index than its storage is written at (``another_index``).
 ANOTHER_INDEX = "another index"
 # Whether such reads are told apart at all (off: every read of a reduction is taken to be at its producer's index,
-# as before issue #15's session 25).
+# the simpler rule this one refines; docs/DESIGN.md §6).
 VERTICAL_INDEX_RULE = True
 
 

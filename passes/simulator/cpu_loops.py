@@ -10,8 +10,8 @@ where the pointwise sizes are the reduction's loop and reduction sizes side by s
 no outer-loop fusion joins them where their outer loops differ.  E.g. ViT's backward with its recomputed residual
 stream moved ahead of the weight-gradient matmuls: ``add_10`` (the embeddings plus a position table, plus the
 blocks' outputs) runs as (2, 31232) and the layer norm's backward sums that read it as (244,) + (256,), so Inductor
-runs them as two kernels (its fusion log has no entry for the pair); fusing them in the simulation had put a layer's
-recompute and its norm backward in one kernel, 6% under the measured peak (benchmarks/RESULTS.md, session 33).
+runs them as two kernels (its fusion log has no entry for the pair); fusing them in the simulation puts a layer's
+recompute and its norm backward in one kernel, and the simulated peak below the measured one (docs/DESIGN.md §6).
 A read whose dims do not line up with the loop's merges with no neighbour (``BLOCKED``); where a read goes through
 a slice or a transpose (an access path, ``access.py``) the sizes are not worked out, and nothing is refused.
 """

@@ -24,9 +24,9 @@ DRAG_FACTOR = 32
 # In a backward recomputed segment by segment (``segments.py``), a horizontal fusion (two kernels sharing a read,
 # neither reading the other) that drags more than 4 times the bytes it saves is refused too: fusing two segments'
 # recomputed norms of one input (a block run twice) would run the later segment's recompute at the earlier one's
-# place, all of it live at once, which is what segmenting avoids (issue #15's model B: 20.87 MiB measured, 17.40
-# without; its refused pairs drag 5-8x).  Not 1: unfused, the shared read stays live until the later kernel, and
-# refusing pairs that drag 2-3x raised BERT's and a block stack's memory_budget=0.0 peak 2.5% (RESULTS.md).
+# place, all of it live at once, which is what segmenting avoids.  Not 1: unfused, the shared read stays live until
+# the later kernel.  The value sits between the drags of the two (docs/DESIGN.md §5.4 and §13:
+# benchmarks/investigations/checkpoint_twice.py's model B, ``peak_table.py``'s BERT and stack rows at 0.0).
 HORIZONTAL_DRAG_FACTOR = 4
 
 
@@ -112,7 +112,7 @@ class Fusion:
         only, never of a reduction), refusing a pair that shares nothing ("no shared data",
         ``InductorChoices.can_fuse``).  A stored gather of expert weights read by a one-row ``bmm`` as its second
         operand (a sum over the weights' rows): score 0, ``can_fuse_vertical`` False (tests/passes/
-        test_fusion_index.py; benchmarks/RESULTS.md, "Session 25").  The C++ backend's own refusal of a pointwise loop
+        test_fusion_index.py; docs/DESIGN.md §6).  The C++ backend's own refusal of a pointwise loop
         whose sizes are not the reduction's (``CppScheduling._why_fuse_nodes``) is ``loops_differ``."""
         unit, find = self.unit, self.find
         for reader, writer in ((ga, gb), (gb, ga)):
@@ -126,7 +126,7 @@ class Fusion:
         too: a fused group can span far (a segmented backward's recompute fused with its second pass's), so a
         path may leave the range before ``b`` and come back through it.  Mixtral's ``memory_budget=0.0``: a bound
         at ``b``'s last member had let ``bmm_3_first`` fuse with ``bmm_3`` across such a path, and the kernels'
-        dependencies made a cycle (benchmarks/RESULTS.md, session 32)."""
+        dependencies made a cycle."""
         succ = self.succ
         for start, end in ((a, b), (b, a)):
             stack = [s for s in succ[start] if s is not end]

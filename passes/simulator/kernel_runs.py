@@ -6,16 +6,15 @@ fallbacks) as one kernel group: one C++ source, so one g++ process on a cold com
 one (``Scheduler.codegen`` flushes the backend's ``KernelGroup`` before each extern kernel; ``walk.Walk.grouped``
 models the group for memory).  A recomputed value read by an extern weight-gradient matmul puts that matmul between
 kernels that need not be apart: Inductor fuses the recompute into a later kernel, which runs at the recompute's place
-(``fusion.fusion_order``), and a kernel after the matmul that reads neither becomes a C++ unit of its own
-(benchmarks/RESULTS.md, session 25: one extra unit at each of Llama's four RMSNorms).
+(``fusion.fusion_order``), and a kernel after the matmul that reads neither becomes a C++ unit of its own (an
+RMSNorm's backward, for instance; docs/DESIGN.md §8).
 
 ``joined_orders`` reads a backward's simulated schedule (its ``phase._Phase``) and, where it runs generated kernels,
 then externs, then generated kernels, moves each of those externs that the second run does not read (directly or
 through its users up to the run's last node) after the second run, with those users.  Where all of them move,
 both runs are one unit.  Where the run reads some, those stay and the others may move anyway (a partial move,
-tried as a second order): an extern run later allocates its output later (GPT-2's `memory_budget=0.5` plan: a 768
-KiB weight-gradient matmul moved past the embedding gradients, 512 KiB lower at the step's peak;
-benchmarks/RESULTS.md, session 27).  It works on a
+tried as a second order): an extern run later allocates its output later, which can lower the step's peak (a
+weight-gradient matmul moved past the embedding gradients).  It works on a
 ``PhaseGraph``'s node list, so that a plan's virtual backward (``plan_memory.estimate_peak``) and the built one
 (``cpp_units.py``) get the same order.  Whether the order is kept is the simulation's call
 (``liveness._ForwardRun.joined``).
@@ -32,10 +31,10 @@ from .. import _torch_private as tp
 from ..graph.ops import has_tag
 from .lowering import KERNEL_CLASSES
 
-# What a joined step may cost, in graph nodes simulated (forward once, backward twice; about 0.06 ms a node here).
-# A larger graph keeps its order: a deep model's repeated blocks compile to the same few sources whatever their
-# number (the 48-block stack of benchmarks/solve_time.py: 2.5-2.9 s of trials before this bound, benchmarks/
-# RESULTS.md, session 26).  The built split and the plan's virtual one count the same nodes (``phase_graph.py``).
+# What a joined step may cost, in graph nodes simulated (forward once, backward twice; about 0.06 ms a node here). A
+# larger graph keeps its order: a deep model's repeated blocks compile to the same few sources whatever their number,
+# and the trials would cost more than the partition (docs/DESIGN.md §13: ``solve_time.py``'s 48 blocks).  The built
+# split and the plan's virtual one count the same nodes (``phase_graph.py``).
 SIMULATED_NODES = 4000
 
 
@@ -149,7 +148,7 @@ class _LaterFusions:
     dependencies first (``fusion.fusion_order``), so a node placed after a kernel that fuses with a later one runs
     after all of them: block_sdpa's bias-gradient sum, passed by the GELU weight gradient, fused with a norm's
     backward five externs later (a shared read of the output gradient, which the simulator's fusion did not see)
-    and took that matmul and its 1 MiB input to the end of the graph (+5.6% measured).  A later kernel already fused
+    and took that matmul and its input to the end of the graph, raising the measured peak.  A later kernel already fused
     (in the simulation) with one that runs before the externs is no such risk: it runs before them already (Llama's
     norm backward, whose recompute comes first)."""
 
@@ -176,8 +175,8 @@ class _LaterFusions:
 class _OrderIndex:
     """An order's positions and its writing nodes (``_writes``: few, and the same in every order of one graph), so
     that ``_moving`` asks whether a stretch of the order writes without asking each node it passes: that asking
-    (``node.is_impure`` is slow) was most of a raised budget's reordering (T5 at ``memory_budget=0.0``: 160k calls;
-    benchmarks/RESULTS.md, session 30).  Made again only where a move changes the order."""
+    (``node.is_impure`` is slow) was most of a raised budget's reordering.  Made again only where a move changes the
+    order."""
 
     def __init__(self, order: list[fx.Node], writers: list[fx.Node] | None = None) -> None:
         self.writers = [n for n in order if _writes(n)] if writers is None else writers
@@ -243,8 +242,7 @@ def reordered(view, moves: list[_Move], later_fusions: _LaterFusions | None = No
 def joined_orders(view, phase) -> list[list[fx.Node]]:
     """``view``'s nodes with every move of its simulated schedule made (``phase``: the simulation of ``view``):
     with the partial moves, then without them where that differs; none where no move can be made.  Both are
-    tried: a partial move can raise the peak where the whole moves alone keep it (a 2-block Llama's backward:
-    11% higher with them)."""
+    tried: a partial move can raise the peak where the whole moves alone keep it (a 2-block Llama's backward)."""
     moves, later = _candidate_moves(phase, {n: i for i, n in enumerate(view.nodes)}), _LaterFusions(phase)
     orders = []
     for partial in (True, False):

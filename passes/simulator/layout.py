@@ -98,9 +98,8 @@ def workspace_bytes(node: fx.Node, channels_last: bool) -> int:
 def _blocked_reorder_bytes(node: fx.Node, weight: torch.Tensor) -> int:
     """Contiguous tensors (fxremat's CPU compiles, ``FxrematBackend._layout_patches``): mkldnn reorders the input and
     the output gradient to its blocked layout for the weight gradient, or the weight when that is larger; a 1x1
-    kernel takes a matmul path without either, a depthwise kernel above 3x3 another (measured op by op,
-    benchmarks/RESULTS.md "Session 16": 2x16x32x32 3x3 -> 32 channels, 393,216 B = input + output gradient;
-    2x64x8x8 3x3 -> 64, 147,456 B = the weight)."""
+    kernel takes a matmul path without either, a depthwise kernel above 3x3 another (measured op by op with the CPU
+    profiler; docs/DESIGN.md §7)."""
     kh, kw = weight.shape[2:]
     if not isinstance(kh * kw, int) or kh * kw == 1 or _mkldnn_depthwise_weight_gradient(node):
         return 0
@@ -112,11 +111,10 @@ def _blocked_reorder_bytes(node: fx.Node, weight: torch.Tensor) -> int:
 
 def depthwise_buffer_bytes(node: fx.Node) -> int:
     """The buffer mkldnn allocates while it computes a depthwise weight gradient with a kernel above 3x3 from a
-    channels-last input: out channels x kh x kw x 1 KiB, at any batch, image size or thread count (576 x 5 x 5:
-    14,745,600 B; 64 x 7 x 7: 3,211,264 B; none for 3x3, none from a contiguous input; benchmarks/RESULTS.md,
-    session 15).  Inductor hands that op a channels-last input whenever the graph is layout-optimised
-    (``kernel/conv.py``: ``convolution_backward`` lowering, ``require_channels_last`` when the weight gradient is
-    asked), i.e. when backward recomputes a convolution."""
+    channels-last input: out channels x kh x kw x 1 KiB, at any batch, image size or thread count (none for 3x3, none
+    from a contiguous input; measured op by op, docs/DESIGN.md §7).  Inductor hands that op a channels-last input
+    whenever the graph is layout-optimised (``kernel/conv.py``: ``convolution_backward`` lowering,
+    ``require_channels_last`` when the weight gradient is asked), i.e. when backward recomputes a convolution."""
     if not _mkldnn_depthwise_weight_gradient(node):
         return 0
     channels, _, kh, kw = _weight(node).shape
@@ -144,13 +142,14 @@ def convolutions_kept_for_depthwise(joint: fx.GraphModule, candidates) -> dict[f
     mkldnn depthwise weight gradient with a kernel above 3x3, each with the reason (``candidates``: the untagged
     forward nodes the cut decides on).
 
-    Why (issue #19, MobileNetV3, EfficientNet): Inductor decides layout optimisation per graph, on whether it has a
-    ``convolution`` (``GraphLowering.decide_layout_opt``).  A backward that recomputes one is layout-optimised, so
-    its depthwise weight gradients read channels-last inputs and mkldnn allocates ``depthwise_buffer_bytes`` for
-    each: 14.7 MB on MobileNetV3-Small's 576-channel 5x5 convolution, 1.9x the step's peak.  A backward with no
-    convolution is not layout-optimised and allocates nothing of the kind (PyTorch's split saves every
-    convolution's output).  Saving a convolution's output costs its bytes; at the issue's batch (2x3x64x64) the
-    buffer is larger than any activation of these nets."""
+    Why (docs/DESIGN.md §7; MobileNetV3, EfficientNet): Inductor decides layout optimisation per graph, on whether it
+    has a ``convolution`` (``GraphLowering.decide_layout_opt``).  A backward that recomputes one is layout-optimised, so
+    its depthwise weight gradients read channels-last inputs and mkldnn allocates ``depthwise_buffer_bytes`` for each,
+    larger than the rest of the step's peak on MobileNetV3-Small's 576-channel 5x5 convolution (docs/DESIGN.md §7).  A
+    backward with no convolution is not layout-optimised and allocates nothing of the kind (PyTorch's split saves every
+    convolution's output).  Saving a convolution's output costs its bytes; at the issue's batch (2x3x64x64) the buffer
+    is larger than any activation of
+    these nets."""
     if not any(_mkldnn_depthwise_weight_gradient(n) for n in joint.graph.nodes) or not layout_optimised(joint):
         return {}
     largest = max(depthwise_buffer_bytes(n) for n in joint.graph.nodes)
@@ -184,7 +183,7 @@ def pin_as_strided_inputs(bw: fx.GraphModule) -> int:
     """Make backward's ``as_strided`` reads independent of the layout its saved inputs arrive in; returns how many
     it pinned.
 
-    Why (issue #20, GroupNorm conv nets): ``as_strided(x, size, stride)`` reads ``x``'s storage, so its result
+    Why (docs/DESIGN.md §7; GroupNorm conv nets): ``as_strided(x, size, stride)`` reads ``x``'s storage, so its result
     depends on ``x``'s strides.  The joint graph was traced with ``x`` contiguous.  But Inductor's forward may return
     a saved tensor in another layout (channels-last under layout optimisation; padded strides), AOTAutograd then
     restrides backward's placeholder to match, and Inductor re-runs fake-tensor propagation on backward
@@ -249,16 +248,16 @@ def saved_inputs_as_views(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_output
     """Make forward save a flat view of each input Inductor would otherwise save as its channels-last copy, and
     backward view it back; returns how many.
 
-    Why (issue #19): under layout optimisation Inductor wants every 4-D value read by a convolution in channels-last
-    (``GraphLowering.find_nodes_prefer_channels_last``, which includes the placeholders of weights and images), and
-    a graph output of such a value gets channels-last strides (``GraphLowering.run_node``: ``is_output`` and ``n in
-    self.nodes_prefer_channels_last``).  A placeholder has fixed strides, so a saved weight is returned as a copy,
-    made once at forward's start, and the copy is kept until backward: on ResNet-18 (2x3x64x64) 44 MB of weight
-    copies beside 1.8 MB of activations.  A saved flat view is no value a convolution reads: its strides stay
-    ``(1,)``, Inductor returns ``reinterpret_tensor(primals_k, ...)``, and autograd keeps the parameter's own
-    storage.  Forward's convolutions still read channels-last copies, made beside each one and freed after it;
-    backward makes its own copy before its first reader (``_view_back``).  Inductor removes a view that keeps the
-    shape (``post_grad.py``: ``remove_noop_ops``), hence the flat one.  Symbolic shapes: left alone.
+    Why (docs/DESIGN.md §7): under layout optimisation Inductor wants every 4-D value read by a convolution in
+    channels-last (``GraphLowering.find_nodes_prefer_channels_last``, which includes the placeholders of weights and
+    images), and a graph output of such a value gets channels-last strides (``GraphLowering.run_node``: ``is_output``
+    and ``n in self.nodes_prefer_channels_last``).  A placeholder has fixed strides, so a saved weight is returned as a
+    copy, made once at forward's start, and the copy is kept until backward: on ResNet-18 the weight copies are many
+    times the saved activations (docs/DESIGN.md §7).  A saved flat view is no value a convolution reads: its strides
+    stay ``(1,)``, Inductor returns ``reinterpret_tensor(primals_k, ...)``, and autograd keeps the parameter's own
+    storage.  Forward's convolutions still read channels-last copies, made beside each one and freed after it; backward
+    makes its own copy before its first reader (``_view_back``).  Inductor removes a view that keeps the shape
+    (``post_grad.py``: ``remove_noop_ops``), hence the flat one.  Symbolic shapes: left alone.
 
     Only for graphs Inductor compiles: eager kernels (aot_eager, no-op compilers) get no copies to avoid, and the
     channels-last weight would make channels-last gradients meet contiguous saved activations there (measured on

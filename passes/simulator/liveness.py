@@ -1,6 +1,7 @@
 """simulate_step: the memory a training step holds over time, for a (forward, backward) split, without running it.
 
-What it models (all in one place, so the rule can be checked against measurements — benchmarks/peak_memory.py):
+What it models (all in one place, so the rule can be checked against measurements:
+benchmarks/investigations/peak_memory.py, and ``run.py``'s simulated peak beside the measured one):
 * Peak means bytes allocated during the step above what was live at its start (parameters, buffers and inputs
   are not counted; gradients are, since they are allocated during backward and outlive it).
 * Each graph runs as Inductor schedules it.  Every materialised buffer (below) is one unit of work; units of
@@ -140,7 +141,7 @@ def cpp_units_joined(joined: bool = True):
     """Within it (where ``joined``), every simulated step's backward is the order ``cpp_units.join_kernel_runs``
     will hand Inductor: reordered for fewer runs of generated kernels (``kernel_runs.py``), or a lower simulated
     peak, where neither rises (``_ForwardRun.joined``).  The planner compares plans by those peaks, so that a
-    plan's reorder cannot void its comparison with another setting's plan (issue #15's monotone budgets)."""
+    plan's reorder cannot void its comparison with another setting's plan (docs/DESIGN.md §5.3's monotone budgets)."""
     token = _CPP_UNITS_JOINED.set(joined)
     try:
         yield
@@ -151,8 +152,7 @@ def cpp_units_joined(joined: bool = True):
 def _with_facts(view: PhaseGraph) -> PhaseGraph:
     """``view`` with a ``NodeFacts`` of its own where it has none (a built graph's), so that its reordered views
     (``_ForwardRun.joined``) share what the simulation computes of its nodes (their fusion is keyed by their place):
-    GPT-2's ``peak_budget=0.0`` partition, which simulates 80 segmented backwards, takes 36% less (6.0-6.3 s
-    against 9.5-9.8, interleaved, benchmarks/RESULTS.md session 27)."""
+    a partition that simulates many segmented backwards of one graph computes those facts once."""
     return view if view.facts is not None else replace(view, facts=NodeFacts())
 
 
@@ -242,13 +242,11 @@ class _ForwardRun:
 
 
 def _better(joined: tuple[int, int], own: tuple[int, int]) -> bool:
-    """Whether an order of (simulated peak, runs of generated kernels) ``joined`` is better than the backward's own:
-    no more runs and no higher peak, and fewer of one.  A unit is never bought with peak (issue #16), nor peak with
-    a unit.  A lower peak at as many runs counts: the moves that join runs also run weight-gradient matmuls later,
-    and where the runs stay apart (recomputation between them) the later allocation alone lowers the peak.  GPT-2's
-    ``memory_budget=0.2``: with its first block's ``c_attn`` weight gradient allocated after the embedding
-    gradients, an unsegmented plan saving 1,064,964 B simulates 524,288 B lower, as low as the segmented plan taken
-    before, and steps at 1.009x PyTorch's 0.2 instead of 1.106x (benchmarks/RESULTS.md, session 28)."""
+    """Whether an order of (simulated peak, runs of generated kernels) ``joined`` is better than the backward's own: no
+    more runs and no higher peak, and fewer of one.  A unit is never bought with peak (docs/DESIGN.md §8), nor peak with
+    a unit.  A lower peak at as many runs counts: the moves that join runs also run weight-gradient matmuls later, and
+    where the runs stay apart (recomputation between them) the later allocation alone lowers the peak, which can let an
+    unsegmented plan peak as low as a segmented one, at less recompute (docs/DESIGN.md §8)."""
     return joined[0] <= own[0] and joined[1] <= own[1] and joined != own
 
 

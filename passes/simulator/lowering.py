@@ -54,7 +54,7 @@ def concat_kernel(node: fx.Node) -> bool:
     allocated on its own, before the kernels that compute its inputs write into their slices (``NonOwningLayout``),
     so it is never an in-place update of a kernel's input (``SchedulerBuffer.allocate`` takes one only inside a real
     kernel).  A recomputed SwiGLU's backward writes the gate's and up's gradients into one fresh gate-and-up-sized
-    buffer while the recomputed projection it reads is still live (Llama stack, ``memory_budget=0.0``: -11.7%)."""
+    buffer while the recomputed projection it reads is still live (docs/DESIGN.md §6)."""
     val = node.meta.get("val")
     return node.target is CAT and isinstance(val, torch.Tensor) and val.device.type == "cpu"
 
@@ -78,7 +78,7 @@ def column_reduction(node: fx.Node) -> tuple[int, int] | None:
     index (``Scheduler.score_fusion_memory`` over ``MemoryDep``s), finds "no shared data" and refuses the fusion
     (``InductorChoices.can_fuse``); two column reductions of one shape read alike and fuse.  So the norms'
     weight-gradient sums of a recomputed Llama stack share one kernel, never the norm backward beside them, and
-    that kernel runs where all of them can (``memory_budget=0.2``: simulated -15.3% before, -0.5% after)."""
+    that kernel runs where all of them can (docs/DESIGN.md §6)."""
     if getattr(node.target, "overloadpacket", None) not in REDUCTIONS_WITH_DIMS or len(node.args) < 2:
         return None
     x, dims = node.args[0], node.args[1]
@@ -99,8 +99,7 @@ def inductor_class(node: fx.Node, cls: OpClass, graph: PhaseGraph | None = None)
     into their readers, scatters are kernels their values' producers fuse into, and on CPU a ``bmm`` with one row or
     one column per batch (``kernel/bmm.py``: M == 1 or N == 1, e.g. MoE experts applied one token at a time) is
     lowered to a multiply and a sum, a reduction kernel into which its operands' producers fuse (a recomputed gather
-    of expert weights never exists whole; on a GPU see ``_bmm_is_reduction``).  Mixtral: 534 MiB simulated vs
-    20.5 MiB measured before, 23.2 after."""
+    of expert weights never exists whole; on a GPU see ``_bmm_is_reduction``; Mixtral, docs/DESIGN.md §6)."""
     target = getattr(node, "target", None)
     packet = getattr(target, "overloadpacket", None)
     if cls is OpClass.GATHER:

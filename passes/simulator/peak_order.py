@@ -7,9 +7,8 @@ earliest first) and ``dfs`` (each kernel after its dependencies, the smaller one
 in-place writes and no buffer pool: a buffer is allocated at its kernel and freed after its last reader, a graph
 output never, a graph input it may free (a backward's saved tensors) is counted from the start to its last reader,
 and an input it may not (parameters, tangents) not at all.  The simulator then walks the order chosen
-(``phase._Phase.fusion_order``), which is what Inductor's code runs: ViT's backward with its recomputation moved
-three stretches earlier compiles to 15 C++ units with this reordering off and to 10 with it on, its default
-(benchmarks/RESULTS.md, sessions 31 and 32).
+(``phase._Phase.fusion_order``), which is what Inductor's code runs: the reordering changes how many C++ units a
+backward compiles to, and its peak (docs/DESIGN.md §6).
 
 Kernels are numbered 0..n-1 in the order they come in; this module never imports torch.
 """

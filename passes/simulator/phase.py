@@ -333,7 +333,7 @@ class _Phase:
         Inductor counts them, one per storage and index (``access.add_loads``).  E.g. a SiLU backward read by both the
         expert weight's gradient and the input's: one tokens x hidden buffer; Mixtral's residual after the experts,
         ``add_6`` plus the top-2 sum of expert outputs times router weights: 3 storages, 5 reads (the sum unrolled,
-        its inputs loaded at two indices each), stored (benchmarks/RESULTS.md, issue #15 session 23)."""
+        its inputs loaded at two indices each), stored (docs/DESIGN.md §6)."""
         reads, costly, loads = computed[0], computed[2], computed[4]
         if self.kinds[node] != FUSIBLE_VALUE or not self.facts.is_tensor(node):
             return False
@@ -347,8 +347,7 @@ class _Phase:
             # ``GraphLowering.run_node`` (torch/_inductor/graph.py): a value with several users, one of them an op
             # that needs realized inputs (a bmm), gets ``realize_hint``, which stores it when its computation reads
             # more than one buffer (``StorageBox.realize_hint``, ir.py).  Mixtral's batched_mm experts: a gather of
-            # expert weights recomputed for both the forward bmm and the input gradient (792 MiB measured, 21 MiB
-            # simulated without this rule; benchmarks/RESULTS.md, issue #15 session 7)
+            # expert weights recomputed for both the forward bmm and the input gradient (docs/DESIGN.md §6)
             return True
         return (costly and cpu) or len(loads) > REALIZE_READS_THRESHOLD
 

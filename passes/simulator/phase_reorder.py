@@ -10,15 +10,9 @@ from .peak_order import Buffer, OrderProblem, reordered
 
 # A sort replaces the order Inductor was given only where it is lower by more than this, by the simulator's
 # estimate of Inductor's estimate.  The given order wins a tie, and neither the simulated kernels nor their given
-# order are exactly Inductor's: on the plans of issue #15's table Inductor kept its given order every time it was
-# asked (session 32: eleven compiles of nine models, two of them of plans not shipped), while the simulator put a
-# sort lower by 0.4% (a conv net's ``peak_budget=0.0``: a tie to Inductor, 139,664 B both; taken, it judged the plan
-# measured at 135,640 B to peak at 168,376 and chose another, measured 172,432), 2.4% (BERT), 2.7% and 4.6%
-# (Mixtral), 4.7% (T5's default: its given order simulated at 22.30 MB against Inductor's 21.78, so a sort at 21.25
-# looked better; Inductor's own sort was at 22.57).  Where Inductor does reorder, the gain is larger: ViT's
-# backward with its recomputation moved three stretches earlier (benchmarks/hoisted_recompute.py), lpmf 12% below
-# the given order here, 9% by Inductor's estimate (8.93 MB against 9.77), and replayed within 8 bytes of the
-# measured peak (benchmarks/RESULTS.md, session 32).
+# order are exactly Inductor's: on the plans of ``peak_table.py``'s table Inductor kept its given order every time,
+# while the simulator put a sort up to 4.7% lower (T5's default); where Inductor does reorder, the gain is larger
+# than that.  The margin sits between the two: docs/DESIGN.md §6 ("Inductor reorders the kernels") and §13.
 REORDER_MARGIN = 0.05
 
 

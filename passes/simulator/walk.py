@@ -148,21 +148,20 @@ class Walk:
         into slices of the ConcatKernel's buffer (``NonOwningLayout``, ``# alias`` in the output code: nothing
         allocated), but ``memory.compute_size_for_scheduler_buffer`` sizes every buffer by its numel except
         mutations, ``NoneLayout`` and multi-output ones, so ``compute_memory_timeline`` counts the cat's bytes
-        twice, and the estimate's peak, which bounds the buffer pool (``_pool_held``), is higher by them.  Mixtral
-        (small, default): Inductor's estimate peaks at 21.40 MB in an expert backward that writes a 2 MiB cat, and
-        lets the pool hold 2 MiB through the other layer's peak (measured 21.53 MB)."""
+        twice, and the estimate's peak, which bounds the buffer pool (``_pool_held``), is higher by them: an expert
+        backward that writes a cat lets the pool hold the cat's bytes through another layer's peak (Mixtral)."""
         self.count(name + "#slices", nbytes)
         self.slices.append(name + "#slices")
 
     def cat_placed_in_group(self, k: int, cat: fx.Node) -> bool:
-        """Whether Inductor's estimate counts the cat's buffer while its slices are still counted: the ConcatKernel
-        is a scheduler node of its own (``NopKernelSchedulerNode``), and the estimate counts its buffer at that
-        node's step.  The fused nodes are sorted by their first op's lowering order (``Scheduler.fuse_nodes_once``:
-        ``min_order``), so the ConcatKernel, which reads nothing, runs after every kernel holding an op lowered before
-        it.  Where an extern kernel among those runs after the slices' kernel (a recomputed SwiGLU's down-projection
-        weight gradient, ``mm``, reads the product computed in the kernel that writes the gradient's slices), the
-        group is flushed and the slices freed before the cat is counted (Llama stack, layer 0: estimate 5.36 MB at
-        the slices, not 6.41).  Kernel ``k`` writes the slices (the cat fuses with its inputs here)."""
+        """Whether Inductor's estimate counts the cat's buffer while its slices are still counted: the ConcatKernel is a
+        scheduler node of its own (``NopKernelSchedulerNode``), and the estimate counts its buffer at that node's step.
+        The fused nodes are sorted by their first op's lowering order (``Scheduler.fuse_nodes_once``: ``min_order``), so
+        the ConcatKernel, which reads nothing, runs after every kernel holding an op lowered before it.  Where an extern
+        kernel among those runs after the slices' kernel (a recomputed SwiGLU's down-projection weight gradient, ``mm``,
+        reads the product computed in the kernel that writes the gradient's slices), the group is flushed and the slices
+        freed before the cat is counted (the Llama stack's first layer).  Kernel ``k`` writes the slices (the cat fuses
+        with its inputs here)."""
         index, kernels = self.phase.index, self.phase.kernels
         place = k
         for j in range(k + 1, len(self.order)):

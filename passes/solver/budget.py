@@ -21,7 +21,7 @@ from .parametric import ParametricProblem
 log = logging.getLogger(__name__)
 
 # Bisection stops when the bracket of prices is this tight (ratio): plans change at a handful of prices per model
-# (3-4 distinct cuts per model across two decades of price, where first measured), so 1% finds each breakpoint.
+# (a few distinct cuts across two decades of price: ``benchmarks/frontier.py``), so 1% finds each breakpoint.
 PRICE_RESOLUTION = 1.01
 MAX_SOLVES = 60
 

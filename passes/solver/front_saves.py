@@ -1,16 +1,15 @@
 """Front-loaded plans (no torch): keep what the default plan keeps in the first part of the forward, and let the
-min-cut trade bytes in the rest (issue #15's peak-safe budgets).
+min-cut trade bytes in the rest (docs/DESIGN.md §5.3, peak-safe budgets).
 
 A step's peak is often reached late in backward, at the first blocks' gradients: every weight gradient is
 allocated by then, and whatever those blocks' backward recomputes is held on top of them.  A plan that saves fewer
 bytes in the first blocks recomputes there, at that peak, while the same bytes given up in the later blocks are
 recomputed early in backward, when fewer gradients are held.  The price search and its refinements spread their
 saves by cost alone, and the checkpointed plans (``checkpoints.py``) by the forward's waists, so neither puts the
-budget's bytes where the peak is.  ViT at ``memory_budget=0.5`` (2.63 MB): every shortlisted plan simulated at
-8,292,152 B or more, 2.8% above the default plan's 8,065,992; a plan that keeps the default's first saves (the patch
-embedding and the first block's attention inputs among them) and trades the rest simulates 8,065,992 at 2.5 MB
-saved (measured 8,076,592 against the default's 8,077,616), and Mixtral's 0.2 measures 14.5% lower so (20,083,720
-B against 23,495,688; benchmarks/RESULTS.md, session 28).
+budget's bytes where the peak is: a plan that keeps the default's first saves (a ViT's patch embedding and its
+first block's attention inputs among them) and trades the rest can peak as the default plan does at fewer bytes,
+where every plan the cut's prices reach peaks higher (docs/DESIGN.md §5.3, with ``peak_table.py``'s ViT and
+Mixtral rows).
 
 ``front_problems`` forbids recomputing the default plan's first saved values (in graph order), up to each of
 ``FRONT_FRACTIONS`` of its saved bytes, one constrained problem per fraction; ``choice/front.py`` solves each as a

@@ -40,8 +40,7 @@ if TYPE_CHECKING:
     from scipy.sparse import csr_array
 
 # scipy is imported by the first solve, not with this module (here, milp.py and peak_milp.py): a compile that
-# Inductor's cache answers never partitions, and importing scipy with fxremat cost each such compile 0.2-0.4 s
-# (issue #16's warm-cache time; benchmarks/RESULTS.md, "Session 21").
+# Inductor's cache answers never partitions, and should not pay scipy's import (docs/DESIGN.md §8, warm compiles).
 
 log = logging.getLogger(__name__)
 
@@ -306,10 +305,10 @@ def solve_min_cut(problem: CutProblem) -> CutSolution:
 
 def _demanded(problem: CutProblem, reachable: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(saved, recomputed), sorted: what backward demands of the cut whose source side is ``reachable``.  From the
-    needed values, through the inputs of every value computed in backward; a value whose ``v_in`` is on the source
-    side is computed in forward and, its ``v_out`` on the sink side, kept for backward (not walked through).  One
-    breadth-first search over the values (a root reading the needed ones): the walk it replaced, value by value in
-    Python, was 40% of a solve at 48 blocks (87 solves per ``memory_budget`` partition)."""
+    needed values, through the inputs of every value computed in backward; a value whose ``v_in`` is on the source side
+    is computed in forward and, its ``v_out`` on the sink side, kept for backward (not walked through).  One
+    breadth-first search over the values (a root reading the needed ones): a walk value by value in Python would be much
+    of a solve on deep graphs, and a ``memory_budget`` partition solves many times (``benchmarks/solve_time.py``)."""
     from scipy.sparse import csr_array  # imported on first use: see the note above INT32_MAX
     from scipy.sparse.csgraph import breadth_first_order
 

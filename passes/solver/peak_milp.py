@@ -29,7 +29,7 @@ forward computing what the outputs and the saved values need, and backward recom
 ``reordering_to_mimic_autograd_engine``: a recomputed node runs in the stage of the first backward node that needs
 it, and is then held until its last reader; see ``plan_memory.py``).  The MILP may also recompute a value several
 times or drop it between stages; a lazy plan may not, which is the difference the benchmark measures
-(benchmarks/peak_milp_gap.py).
+(benchmarks/investigations/peak_milp_gap.py).
 
 scipy's ``milp`` (HiGHS), as in ``milp.py``; a result counts as exact only when HiGHS proves optimality
 (``PeakSolution.optimal``).  Bytes and seconds are scaled to O(1) before the solve (HiGHS's tolerances are

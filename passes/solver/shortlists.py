@@ -50,12 +50,11 @@ def _dominates(q: Plan, p: Plan, estimate) -> bool:
 
 def budget_shortlist(candidates: list[Plan], estimate, default: Plan, fewest: Plan) -> list[Plan]:
     """The candidates a ``memory_budget`` chooses among by simulated peak, independent of the budget: those no other
-    candidate beats on estimated seconds, saved bytes and estimated peak at once, with the default and the
-    fewest-bytes plans (so every reachable budget has a plan); fastest first.  Independence from the budget is what
-    makes ``monotone_choice`` monotone.  Not thinned: finding the beaten plans estimates most candidates anyway
-    (benchmarks/RESULTS.md, session 19: 25 of 39), and a thinned front dropped the plans between the frontier's
-    vertices that a budget needs (stack at 0.5: the 2.4 MB plan at 7.3 ms, leaving a 12.4 ms one; "Session 21").
-    ``BudgetShortlist`` is the same list with each plan's place in it decided on demand."""
+    candidate beats on estimated seconds, saved bytes and estimated peak at once, with the default and the fewest-bytes
+    plans (so every reachable budget has a plan); fastest first.  Independence from the budget is what makes
+    ``monotone_choice`` monotone.  Not thinned: finding the beaten plans estimates most candidates anyway, and a thinned
+    front drops the plans between the frontier's vertices that a budget needs (docs/DESIGN.md §5.3). ``BudgetShortlist``
+    is the same list with each plan's place in it decided on demand."""
     plans = fastest_first(candidates)
 
     def beaten(p: Plan) -> bool:
@@ -166,19 +165,19 @@ class PeakTie:
 
 STRICT = PeakTie(0.0, 0.0)
 
-# ``memory_budget``'s ties.  Plans of one step differ by less than the simulator's precision (benchmarks/RESULTS.md,
-# session 23: ViT's faster plan at 0.5 simulates 976 B above a checkpointed plan), and a strict bound let such a
-# tie decide: the looser budget's lower plan held every tighter one to it, at 45% more recompute (ViT
-# memory_budget=0.5: 1.09x PyTorch's step at 0.5).  Issue #15 asks the measured peak to be non-increasing within 3%;
-# 2% leaves the rest to the simulator's error between two plans.  The exchange keeps the ties that cost peak for
-# little: GPT-2 at 1.75 MiB would take a plan 1.2% higher for 9% less recompute, above PyTorch's peak at those bytes.
+# ``memory_budget``'s ties.  Plans of one step differ by less than the simulator's precision, and a strict bound
+# lets such a tie decide: the looser budget's lower plan holds every tighter one to it, at much more recompute
+# (docs/DESIGN.md §5.3 and §13: ``peak_table.py``'s ViT row at 0.5).  ``peak_table.py`` flags a measured peak
+# more than 3% above a looser budget's; 2% leaves the rest to the simulator's error between two plans.  The
+# exchange keeps the ties that cost peak for little (a plan slightly higher for much less recompute can end above
+# PyTorch's peak at the same bytes; ``peak_table.py``'s GPT-2 row).
 BUDGET_TIE = PeakTie(tolerance=0.02, exchange=10.0)
 
 
 # Plans a raised budget choice also judges run another way (``monotone_choice``'s ``lowered``): the lowest by
-# their own peak, and the plans tied with the last of them, up to ``LOWERED_TIED_MOST`` in all (llama_stack at 1.75
-# MiB: four checkpointed plans tie at 8,911,872 B, and the fourth by seconds segments lowest, 7,607,296 B against
-# 7,862,272; benchmarks/RESULTS.md, session 23).  Each costs a split and up to ``passes/choice/peak.py``'s
+# their own peak, and the plans tied with the last of them, up to ``LOWERED_TIED_MOST`` in all: among tied
+# checkpointed plans the one that segments lowest need not be the fastest (docs/DESIGN.md §13: ``peak_table.py``'s
+# llama_stack row at PyTorch's 0.5 bytes).  Each costs a split and up to ``passes/choice/peak.py``'s
 # ``SEGMENTATIONS_SIMULATED`` simulations.
 LOWERED_CANDIDATES = 3
 LOWERED_TIED_MOST = 6

@@ -24,16 +24,13 @@ from .parametric import ParametricProblem
 log = logging.getLogger(__name__)
 
 # Refine a budget plan with the exact MILP up to this many values, within MILP_TIME_LIMIT seconds (HiGHS returns
-# its best plan so far at the limit); above it the Lagrangian plan stands.  Measured (benchmarks/milp_gap.py and
-# RESULTS.md): the Lagrangian plan alone is a median 23-39% slower than the optimum on transformer blocks at
-# fractional budgets, and HiGHS solves 929 values in 0.14 s and 2785 values (48 blocks) in 0.44 s here.
+# its best plan so far at the limit); above it the Lagrangian plan stands.  Why refine at all, and why these sizes:
+# docs/DESIGN.md §5.1 and §13 (benchmarks/investigations/milp_gap.py, benchmarks/solve_time.py's 48 blocks).
 MILP_REFINE_LIMIT = 20_000
 MILP_TIME_LIMIT = 5.0
-# A refinement also stops after this many branch-and-bound nodes: a time limit alone made the plan depend on the
-# machine's load (T5 at memory_budget=0.5: HiGHS at 639 nodes in 5 s under load, its optimum at 10,721 nodes in 21
-# s; a different incumbent, so a different plan, on a quiet machine).  HiGHS is deterministic up to a node count;
-# T5's incumbent at 100 nodes is within 0.06% of that optimum (benchmarks/RESULTS.md, session 23), and the 48-block
-# stack's refinements close at the root (1 node).
+# A refinement also stops after this many branch-and-bound nodes: a time limit alone makes the plan depend on the
+# machine's load (a different incumbent at the limit, so a different plan), while HiGHS is deterministic up to a
+# node count.  The value: docs/DESIGN.md §13 (``plan_rows.py``'s T5 row at ``memory_budget=0.5``).
 MILP_NODE_LIMIT = 200
 
 

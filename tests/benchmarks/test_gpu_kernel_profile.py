@@ -1,5 +1,5 @@
-"""benchmarks/gpu_kernel_profile.py: its per-step counts from a profile (on the CPU, top-level ops stand for the
-device's kernels) and its table.  The model run itself is Inductor compiles: not here."""
+"""benchmarks/investigations/gpu_kernel_profile.py: its per-step counts from a profile (on the CPU, top-level ops
+stand for the device's kernels) and its table.  The model run itself is Inductor compiles: not here."""
 
 import sys
 from pathlib import Path

@@ -1,5 +1,5 @@
-"""benchmarks/peak_milp_gap.py on the MLP example: one row per fxremat setting, each a plan of the schedule graph,
-and the MILP's peak never above it (aot_module, no-op compilers, no Inductor)."""
+"""benchmarks/investigations/peak_milp_gap.py on the MLP example: one row per fxremat setting,
+each a plan of the schedule graph, and the MILP's peak never above it (aot_module, no-op compilers, no Inductor)."""
 
 from __future__ import annotations
 

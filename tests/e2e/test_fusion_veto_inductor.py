@@ -1,4 +1,5 @@
-"""Issue #22's model B under real Inductor: checkpointed blocks run twice in one step (benchmarks/checkpoint_twice.py).
+"""Issue #22's model B under real Inductor: checkpointed blocks run twice in one step
+(benchmarks/investigations/checkpoint_twice.py).
 
 Inductor fuses the two traversals' gradient sums of a parameter (one reads the other's partial sum); the fused kernel
 takes the earlier sum's place and runs everything the later one needs before it, so the backward of the second

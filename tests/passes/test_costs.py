@@ -5,7 +5,7 @@ from __future__ import annotations
 import bench_models  # benchmarks/ (tests/conftest.py puts it on the path)
 import pytest
 import torch
-from cost_model import materialise  # noqa: E402
+from cost_model import materialise  # noqa: E402  (benchmarks/investigations/)
 from helpers import aot_eager, capture_joint
 from torch.utils.flop_counter import FlopCounterMode
 

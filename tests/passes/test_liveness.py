@@ -90,7 +90,7 @@ def _measured_step_peak(model, inputs, backend) -> int:
     for _ in range(2):
         model.zero_grad(set_to_none=True)
         step()
-    model.zero_grad(set_to_none=True)  # outside the window, as benchmarks/peak_memory.py does
+    model.zero_grad(set_to_none=True)  # outside the window, as benchmarks/investigations/peak_memory.py does
     return cpu_peak_bytes(step)
 
 

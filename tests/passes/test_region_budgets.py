@@ -101,7 +101,7 @@ def test_two_budgets_keep_different_bytes_per_region_each_within_its_own():
     assert low[1] < high[1]  # different budgets, different bytes kept
     assert report.saved_bytes == low[1] + high[1] + regions[OUTSIDE][1]
     again = fxremat.CutReport.from_dict(json.loads(report.to_json(compute_deferred=False)))
-    assert again.region_budgets == report.region_budgets  # the JSON row, README "Report JSON schema"
+    assert again.region_budgets == report.region_budgets  # the JSON row, docs/REPORT.md "Report JSON schema"
     torch.manual_seed(0)
     swapped = rows(compile_step(TwoBlocks((0.7, 0.3)), _x()))
     assert swapped[region_name(0.3)][1] == low[1] and swapped[region_name(0.7)][1] == high[1]

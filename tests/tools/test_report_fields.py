@@ -1,5 +1,5 @@
 """CutReport's fields read back by their declarations alone (fxremat/report_fields.py, issue #18): a report with
-every kind of field filled round-trips through JSON, and README's "Report JSON schema" names every field.  Each
+every kind of field filled round-trips through JSON, and docs/REPORT.md's "Report JSON schema" names every field.  Each
 field is declared by one stage record, and ``build_report`` refuses one made twice (fxremat/report.py)."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from fxremat.report import (
     build_report,
 )
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+SCHEMA = Path(__file__).resolve().parents[2] / "docs" / "REPORT.md"
 
 
 def _filled() -> CutReport:
@@ -57,11 +57,11 @@ def test_a_filled_report_round_trips_through_json():
     assert again.saved == () and again.recomputed == ()  # a row list left out: none
 
 
-def test_the_readme_schema_names_every_field():
-    text = README.read_text().split("## Report JSON schema", 1)[1]
+def test_the_schema_names_every_field():
+    text = SCHEMA.read_text().split("## Report JSON schema", 1)[1]
     named = {name for line in text.splitlines() if line.startswith("| `") for name in re.findall(r"`(\w+)`", line)}
     missing = [f.name for f in dataclasses.fields(CutReport) if f.name not in named]
-    assert not missing, f"README's Report JSON schema has no row for {missing}"
+    assert not missing, f"docs/REPORT.md's Report JSON schema has no row for {missing}"
 
 
 def test_each_field_is_declared_by_one_stage_record():
