@@ -110,6 +110,14 @@ def _compiling_for_fxremat() -> bool:
     return isinstance(inductor_entry.inductor_config_value("custom_partitioner_fn"), FxrematPartitioner)
 
 
+def _groups_generated_kernels(device_type: str) -> bool:
+    """Whether Inductor's backend for ``device_type`` frees what a group of generated kernels read only when the group
+    is flushed (the simulator's rules, loaded with the first compile rather than with fxremat)."""
+    from fxremat_passes.simulator.backends import backend_for_device
+
+    return backend_for_device(device_type).groups_generated_kernels
+
+
 def _rebuild_partitioner(options: Options) -> FxrematPartitioner:
     return FxrematPartitioner(options, lambda report, key: None)
 
@@ -158,7 +166,7 @@ class FxrematBackend:
         # looked up at each call, so that a test can tell the fix which compiles to mend
         inductor_scheduler.inductor_keeps_mutation_order(lambda: _compiling_for_fxremat())
         inductor_scheduler.inductor_vetoes_dragging_fusions(lambda: _compiling_for_fxremat())
-        tp.inductor_bounds_reuse_by_allocated_buffers(lambda: _compiling_for_fxremat())
+        tp.inductor_bounds_reuse_by_allocated_buffers(lambda: _compiling_for_fxremat(), _groups_generated_kernels)
         self._verifier: Verifier | None = None  # made on the first verified graph (options.verify)
 
     def __repr__(self) -> str:

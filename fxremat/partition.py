@@ -35,14 +35,12 @@ from fxremat_passes.graph.roles import Policy, Role, classify, recompute_tag
 from fxremat_passes.rewrite.cpp_units import join_kernel_runs
 from fxremat_passes.rewrite.describe import describe_split
 from fxremat_passes.rewrite.layout_choice import LayoutChoice, decide_layout
+from fxremat_passes.rewrite.layout_pins import pin_as_strided_inputs, saved_inputs_as_views
 from fxremat_passes.rewrite.split import SplitRecipe, split_with_recipe
-from fxremat_passes.simulator.layout import (
-    convolutions_kept_for_depthwise,
-    has_convolution,
-    pin_as_strided_inputs,
-    saved_inputs_as_views,
-)
-from fxremat_passes.simulator.liveness import PeakEstimate, cpp_units_joined, saved_views_of_inputs
+from fxremat_passes.simulator.backends import backend_for_device
+from fxremat_passes.simulator.inputs import kernel_runs_joined
+from fxremat_passes.simulator.layout import has_convolution
+from fxremat_passes.simulator.liveness import PeakEstimate, saved_views_of_inputs
 from fxremat_passes.solver.budget import Plan
 
 from . import simulated
@@ -220,7 +218,8 @@ def _keep_convolutions_for_depthwise(joint: fx.GraphModule, roles) -> None:
     """Under Inductor, a convolution recomputed in backward can cost mkldnn's depthwise buffer (docs/DESIGN.md §7): such
     convolutions join the never-recomputed nodes; a user's recompute tag is honoured."""
     untagged = [n for n, r in roles.role.items() if r is Role.FORWARD and recompute_tag(n) is None]
-    for node, why in convolutions_kept_for_depthwise(joint, untagged).items():
+    backend = backend_for_device(graph_device(joint)[0] or "cpu")  # the backend Inductor compiles the graph with
+    for node, why in backend.convolutions_kept(joint, untagged).items():
         roles.no_recompute.setdefault(node, why)
 
 
@@ -395,8 +394,8 @@ def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphMod
 
 def _ours_described(request: PartitionRequest, options: Options, profile: DeviceProfile, regions):
     """fxremat's split and every report record it makes: (fw, bw, records).  Under Inductor on CPU every step is
-    simulated with the backward in the order ``_fewer_cpp_units`` will give it (``liveness.cpp_units_joined``)."""
-    with cpp_units_joined(_joins_cpp_units(request)):
+    simulated with the backward in the order ``_fewer_cpp_units`` will give it (``SimulatorInputs.joins_kernel_runs``)."""
+    with kernel_runs_joined(_joins_cpp_units(request)):
         ours = _fxremat_partition(request, options, profile, regions)
         fw, bw = ours.fw, ours.bw
         _enter("describe")

@@ -35,6 +35,9 @@ _REUSE = contextvars.ContextVar("fxremat_buffer_reuse", default=None)
 FXREMAT_ESTIMATE = ALLOCATED
 _LOCK = threading.Lock()
 _stock_estimate_init = None
+# whether the backend of a device type runs generated kernels in groups that free their reads when flushed (the
+# simulator's ``SchedulingRules.groups_generated_kernels``, handed in by ``inductor_bounds_reuse_by_allocated_buffers``)
+_groups_kernels = None
 
 
 def _reuses(options: dict) -> bool:
@@ -95,18 +98,20 @@ def mark_inputs_never_freed(gm, names: frozenset[str]) -> None:
     gm.meta[NEVER_FREED_KEY] = frozenset(names)
 
 
-def inductor_bounds_reuse_by_allocated_buffers(applies) -> None:
+def inductor_bounds_reuse_by_allocated_buffers(applies, groups_kernels) -> None:
     """In the compiles for which ``applies()`` is true, the wrapper's peak estimate (``EfficientPeakEstimate``)
     counts only the storages it allocates, until it frees them (``_estimate_allocated``): not the buffers Inductor
     removed, not an in-place result beside its input, not the backward inputs fxremat marked never freed.
     Everything it reads is complete once every kernel is generated, before the memory planning that builds the
-    estimate.  Installed once."""
+    estimate.  ``groups_kernels(device_type)``: whether that device's backend frees a group's reads when the group
+    is flushed (the simulator's backend rules).  Installed once."""
     from torch._inductor.codegen import wrapper
 
-    global _stock_estimate_init
+    global _stock_estimate_init, _groups_kernels
     with _LOCK:
         if _stock_estimate_init is not None:
             return
+        _groups_kernels = groups_kernels
         stock = wrapper.EfficientPeakEstimate.__init__
 
         def estimate(self):
@@ -140,7 +145,7 @@ def _estimate_allocated(estimate) -> None:
     for name, info in kept:
         if reuses.get(name) not in names:  # an in-place result allocates nothing
             change[info.start_step] += info.size_alloc
-    freed_after = _flushed_after(nodes)
+    freed_after = _flushed_after(nodes, _groups_kernels)
     for root, end in _storage_ends(kept, reuses):
         if end != -1:  # a graph output is never freed here
             change[freed_after[end] + 1] -= root.size_free
@@ -152,11 +157,12 @@ def _estimate_allocated(estimate) -> None:
     estimate.segmented_tree = SegmentedTree(by_node, operator.add, max, 0)
 
 
-def _flushed_after(nodes: list) -> list[int]:
-    """For each step, the step after which a buffer last read there is really freed.  On CPU the scheduler adds
-    each generated kernel to the backend's kernel group and frees what the group read only when it is flushed:
-    before an extern kernel or a template, or at the graph's end (``Scheduler.codegen``); passes/simulator/walk.py's
-    ``Walk.grouped`` models the same.  A kernel on another device frees after itself."""
+def _flushed_after(nodes: list, groups_kernels) -> list[int]:
+    """For each step, the step after which a buffer last read there is really freed.  On a backend that groups its
+    generated kernels (the C++ backend) the scheduler adds each generated kernel to the backend's kernel group and
+    frees what the group read only when it is flushed: before an extern kernel or a template, or at the graph's end
+    (``Scheduler.codegen``); passes/simulator/walk.py's ``Walk.grouped`` models the same.  A kernel of another backend
+    frees after itself."""
     after = [0] * len(nodes)
     flush = len(nodes) - 1
     for step in range(len(nodes) - 1, -1, -1):
@@ -164,7 +170,7 @@ def _flushed_after(nodes: list) -> list[int]:
         device = node.get_device()
         if node.is_extern() or node.is_template():
             after[step], flush = step, step - 1
-        elif device is not None and device.type != "cpu":
+        elif device is not None and not groups_kernels(device.type):
             after[step] = step
         else:
             after[step] = max(step, flush)

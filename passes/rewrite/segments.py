@@ -35,9 +35,10 @@ from ..graph.costs import DeviceProfile, alias_root, node_cost, node_nbytes
 from ..graph.cse import impurity_test
 from ..graph.graph_facts import attached
 from ..graph.ops import NEVER_RECOMPUTE, OpClass, op_class
+from ..simulator.backends import backend_for_device, device_type_of_graph
 from ..simulator.liveness import PeakEstimate, simulate_backwards
 from ..simulator.lowering import inductor_class, readers_in
-from ..simulator.phase import materialises
+from ..simulator.storage import materialises
 from ..solver.checkpoints import SEGMENT_COUNTS, Waists, forward_waists, segment_checkpoints
 from .split import FirstPass, SplitRecipe
 
@@ -50,6 +51,8 @@ class _JointReads:
     elsewhere (a test's, a benchmark's), each node read by itself."""
 
     def __init__(self, recipe: SplitRecipe) -> None:
+        # the rules of the backend that compiles the joint graph's splits (``simulator/backends``)
+        self.backend = backend_for_device(device_type_of_graph(recipe.joint))
         facts = attached(recipe.joint.graph)
         if facts is not None:
             self.inputs, self.root = facts.inputs_of.__getitem__, facts.alias_root.__getitem__
@@ -95,7 +98,7 @@ class _InductorClasses(dict):
         self.reads = reads
 
     def __missing__(self, node: fx.Node):
-        found = self[node] = inductor_class(node, self.reads.op_class(node))
+        found = self[node] = inductor_class(node, self.reads.op_class(node), backend=self.reads.backend)
         return found
 
     def get(self, node, default=None):
@@ -109,7 +112,7 @@ def _fused_into_reductions(node: fx.Node, classes: _InductorClasses, reads: _Joi
     shape's size (large, against nothing held) they would set every segment's size.  Only these: counting every
     fusible value as free (embedding lookups, pointwise values, which are stored once they are checkpoints) moves
     other models' segmentations to higher peaks or more recompute (docs/DESIGN.md §5.4)."""
-    if reads.op_class(node) is not OpClass.GATHER or materialises(node, classes, set()):
+    if reads.op_class(node) is not OpClass.GATHER or materialises(node, classes, set(), backend=reads.backend):
         return False
     return all(classes[u] is OpClass.REDUCTION for u in readers_in(node, classes))
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch.fx as fx
 
 from ..graph.ops import BMM, REDUCTIONS_WITH_DIMS, OpClass
-from .lowering import MAX_READS_CPU
+from .backends.rules import MOST_READS_COMPARED
 
 MAX_PATHS = 4  # per read storage; a computation reading one storage in more ways is rare (and scored as any other)
 MAX_DEPTH = 12  # descriptors kept per path
@@ -164,8 +164,8 @@ def add_paths(into: dict, root: fx.Node, paths) -> None:
         known.add(p[:MAX_DEPTH])
 
 
-# Loads kept per computation (``add_loads``): no rule compares a count of them with more than ``MAX_READS_CPU``.
-MAX_LOADS = MAX_READS_CPU + 1
+# Loads kept per computation (``add_loads``): no backend's rule compares a count of them with more than this.
+MAX_LOADS = MOST_READS_COMPARED + 1
 
 
 def add_loads(into: set, loads, elements: int = 1) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch.fx as fx
 
 from .access import add_horizontal, at_another_index, priority
-from .cpu_loops import NO_LOOP
+from .backends.rules import NO_LOOP
 from .lowering import KERNEL_CLASSES
 
 # Scheduler nodes apart beyond which Inductor does not fuse horizontally (torch/_inductor/scheduler.py).

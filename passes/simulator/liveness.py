@@ -46,31 +46,18 @@ benchmarks/investigations/peak_memory.py, and ``run.py``'s simulated peak beside
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 from dataclasses import dataclass, replace
 
 import torch
 import torch.fx as fx
 
 from ..graph.costs import alias_root
-from .buffer_pool import _pool_held  # noqa: F401  (re-exported: tests)
-from .fusion import FUSION_DISTANCE  # noqa: F401  (re-exported)
-from .kernel_runs import joined_orders, runs_of, too_large
+from .backends.kernel_runs import joined_orders, runs_of, too_large
+from .inputs import SimulatorInputs, inputs_for
 from .layout import channels_last_copies, layout_optimised, recopied_saved_inputs
 from .node_facts import NodeFacts
-from .phase import (  # noqa: F401  (re-exported: plan_memory, tests, benchmarks)
-    ALWAYS,
-    FUSES_INTO,
-    FUSIBLE_VALUE,
-    NEVER,
-    _numel,
-    _Phase,
-    materialises,
-    phase_root,
-    storage_kind,
-)
-from .phase_graph import PhaseGraph, _tensor_storage_bytes, graph_view
+from .phase import _Phase, phase_root
+from .phase_graph import PhaseGraph, graph_view, storage_bytes
 
 
 @dataclass(frozen=True)
@@ -111,15 +98,19 @@ def saved_views_of_inputs(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_output
     return frozenset(p.name for p, value in zip(placeholders, tensors) if alias_root(value).op == "placeholder")
 
 
-def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, recopy: bool = True) -> PeakEstimate:
-    return next(simulate_backwards(fw, [bw], num_fwd_outputs, recopy))
+def simulate_step(
+    fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, recopy: bool = True, inputs: SimulatorInputs | None = None
+) -> PeakEstimate:
+    return next(simulate_backwards(fw, [bw], num_fwd_outputs, recopy, inputs))
 
 
-def simulate_backwards(fw: fx.GraphModule, bws, num_fwd_outputs: int, recopy: bool = True):
+def simulate_backwards(fw: fx.GraphModule, bws, num_fwd_outputs: int, recopy: bool = True, inputs=None):
     """``simulate_step(fw, bw)`` for each backward of ``bws`` (an iterable), in turn: backwards of one forward (a
     split's segmentations, ``segments.lowest_peak_segments``) share its simulation, which no backward changes.
     ``recopy``: the split is compiled by fxremat, which saves inputs instead of their channels-last copies
-    (``layout.saved_inputs_as_views``); False for PyTorch's split as stock Inductor compiles it."""
+    (``layout_pins.saved_inputs_as_views``); False for PyTorch's split as stock Inductor compiles it.  ``inputs``:
+    the ``SimulatorInputs`` (``inputs.py``), by default those the config in force implies for ``fw``."""
+    inputs = inputs_for(fw, inputs)
     # Channels-last copies of graph inputs (Inductor's layout optimisation) are allocated as forward starts and
     # stand in for their placeholder from then on: freed after its last reader, or carried into backward if saved.
     fw_view, copies, channels_last = graph_view(fw.graph), channels_last_copies(fw), layout_optimised(fw)
@@ -127,68 +118,60 @@ def simulate_backwards(fw: fx.GraphModule, bws, num_fwd_outputs: int, recopy: bo
     for bw in bws:
         bw_view = graph_view(bw.graph)
         if forward is None:  # which copies forward keeps depends on backward's readers, the same in every backward
-            forward = _ForwardRun(fw_view, num_fwd_outputs, copies, bw_view if recopy else None)
+            forward = _ForwardRun(fw_view, num_fwd_outputs, copies, bw_view if recopy else None, inputs)
         yield forward.step(bw_view, channels_last)
 
 
-# Whether the steps simulated now are compiled by Inductor's CPU backend, whose backward fxremat reorders for fewer
-# C++ units (``cpp_units.py``): every plan is then judged by the peak of the order it will run in.
-_CPP_UNITS_JOINED = contextvars.ContextVar("fxremat_cpp_units_joined", default=False)
-
-
-@contextlib.contextmanager
-def cpp_units_joined(joined: bool = True):
-    """Within it (where ``joined``), every simulated step's backward is the order ``cpp_units.join_kernel_runs``
-    will hand Inductor: reordered for fewer runs of generated kernels (``kernel_runs.py``), or a lower simulated
-    peak, where neither rises (``_ForwardRun.joined``).  The planner compares plans by those peaks, so that a
-    plan's reorder cannot void its comparison with another setting's plan (docs/DESIGN.md §5.3's monotone budgets)."""
-    token = _CPP_UNITS_JOINED.set(joined)
-    try:
-        yield
-    finally:
-        _CPP_UNITS_JOINED.reset(token)
-
-
-def _with_facts(view: PhaseGraph) -> PhaseGraph:
+def _with_facts(view: PhaseGraph, backend) -> PhaseGraph:
     """``view`` with a ``NodeFacts`` of its own where it has none (a built graph's), so that its reordered views
     (``_ForwardRun.joined``) share what the simulation computes of its nodes (their fusion is keyed by their place):
     a partition that simulates many segmented backwards of one graph computes those facts once."""
-    return view if view.facts is not None else replace(view, facts=NodeFacts())
+    return view if view.facts is not None else replace(view, facts=NodeFacts(backend))
 
 
-def simulated_backward(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) -> _Phase:
+def simulated_backward(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, inputs=None) -> _Phase:
     """The simulation of ``bw`` as it is (never reordered): its kernels and their order after fusion."""
-    forward = _ForwardRun(graph_view(fw.graph), num_fwd_outputs, channels_last_copies(fw), graph_view(bw.graph))
+    inputs = inputs_for(fw, inputs)
+    forward = _ForwardRun(graph_view(fw.graph), num_fwd_outputs, channels_last_copies(fw), graph_view(bw.graph), inputs)
     forward.step(graph_view(bw.graph), layout_optimised(fw), join=False)
     return forward.backward
 
 
-def joined_step(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int):
+def joined_step(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, inputs=None):
     """(the simulated step of ``bw`` reordered for fewer C++ units (``_ForwardRun.joined``), its new node order),
     or None where it keeps its order."""
     if too_large(len(fw.graph.nodes), len(bw.graph.nodes)):
         return None
+    inputs = inputs_for(fw, inputs)
     fw_view, copies, channels_last = graph_view(fw.graph), channels_last_copies(fw), layout_optimised(fw)
-    bw_view = _with_facts(graph_view(bw.graph))
-    forward = _ForwardRun(fw_view, num_fwd_outputs, copies, bw_view)
+    bw_view = _with_facts(graph_view(bw.graph), inputs.backend)
+    forward = _ForwardRun(fw_view, num_fwd_outputs, copies, bw_view, inputs)
     return forward.joined(bw_view, channels_last, forward.step(bw_view, channels_last, join=False))
 
 
 def simulate_phases(
-    fw: PhaseGraph, bw: PhaseGraph, num_fwd_outputs: int, channels_last: bool, copies: dict[str, int]
+    fw: PhaseGraph,
+    bw: PhaseGraph,
+    num_fwd_outputs: int,
+    channels_last: bool,
+    copies: dict[str, int],
+    inputs: SimulatorInputs,
 ) -> PeakEstimate:
     """``simulate_step`` over the two graphs' views (``phase_graph.py``): built, or a plan's that were never built.
     ``channels_last``: whether Inductor optimises their layout; ``copies``: the channels-last copies of forward's
     inputs (``layout.py``)."""
-    return _ForwardRun(fw, num_fwd_outputs, copies, bw).step(bw, channels_last)
+    return _ForwardRun(fw, num_fwd_outputs, copies, bw, inputs).step(bw, channels_last)
 
 
 class _ForwardRun:
     """The forward's simulation, and the step with a backward after it (``step``, as often as asked).  ``bw``: a
     backward whose readers decide which saved inputs fxremat's compile recopies in backward (None: none)."""
 
-    def __init__(self, fw: PhaseGraph, num_fwd_outputs: int, copies: dict[str, int], bw: PhaseGraph | None) -> None:
+    def __init__(
+        self, fw: PhaseGraph, num_fwd_outputs: int, copies: dict[str, int], bw: PhaseGraph | None, inputs
+    ) -> None:
         self.fw, self.timeline, self.num_fwd_outputs, self.copies = fw, [], num_fwd_outputs, copies
+        self.inputs = inputs
         fw_returns = fw.returned_args  # with repeats: forward's outputs, then saved values, by position
         self.saved = fw_returns[num_fwd_outputs:]
         self.recopy = bw is not None and bool(copies)
@@ -196,15 +179,15 @@ class _ForwardRun:
         # a recopied input's copy is not kept for backward (the input itself is the caller's)
         saved_roots = {phase_root(n, fw).name for n in self.saved if n not in recopied}
         self.user_roots = {phase_root(n, fw).name for n in fw_returns[:num_fwd_outputs]}
-        self.phase = _Phase(fw, keep=saved_roots | self.user_roots, carried=copies)
+        self.phase = _Phase(fw, keep=saved_roots | self.user_roots, carried=copies, inputs=inputs)
         self.peak = self.phase.run("forward", self.timeline)
 
     def step(self, bw: PhaseGraph, channels_last: bool, join: bool | None = None) -> PeakEstimate:
         """The step with ``bw`` after this forward; ``join``: with ``bw`` reordered where ``joined`` keeps it (by
-        default, within ``cpp_units_joined``)."""
-        if not (_CPP_UNITS_JOINED.get() if join is None else join):
+        default, where the inputs say the backward is handed over so: ``SimulatorInputs.joins_kernel_runs``)."""
+        if not (self.inputs.joins_kernel_runs if join is None else join):
             return self._step(bw, channels_last)
-        bw = _with_facts(bw)
+        bw = _with_facts(bw, self.inputs.backend)
         estimate = self._step(bw, channels_last)
         joined = self.joined(bw, channels_last, estimate)
         return estimate if joined is None else joined[0]
@@ -228,10 +211,13 @@ class _ForwardRun:
     def _step(self, bw: PhaseGraph, channels_last: bool) -> PeakEstimate:
         forward, timeline = self.phase, list(self.timeline)
         arrivals = recopied_saved_inputs(self.fw, bw, self.num_fwd_outputs, self.copies)[1] if self.recopy else {}
-        backward = _backward_phase(self.fw, bw, self.saved, forward.live, self.user_roots, channels_last, arrivals)
+        backward = _backward_phase(
+            self.fw, bw, self.saved, forward.live, self.user_roots, channels_last, arrivals, self.inputs
+        )
         backward_peak = backward.run("backward", timeline)
         self.backward = backward  # the last step's simulated backward: its kernels and their order (``joined``)
-        gradient_bytes = sum(_tensor_storage_bytes(a) for a in bw.returned if phase_root(a, bw) not in bw.inputs)
+        backend = self.inputs.backend
+        gradient_bytes = sum(storage_bytes(a, backend) for a in bw.returned if phase_root(a, bw) not in bw.inputs)
         return PeakEstimate.of_timeline(
             timeline,
             forward_peak_bytes=self.peak,
@@ -250,7 +236,7 @@ def _better(joined: tuple[int, int], own: tuple[int, int]) -> bool:
     return joined[0] <= own[0] and joined[1] <= own[1] and joined != own
 
 
-def _backward_phase(fw, bw, saved: list, live: dict, user_roots: set, channels_last: bool, arrivals: dict):
+def _backward_phase(fw, bw, saved: list, live: dict, user_roots: set, channels_last: bool, arrivals: dict, inputs):
     """Into backward: saved storages plus the tangents autograd allocates.  Forward returns saved tensors, then saved
     SymInts; backward takes the SymInts first, then the tensors (in the same order), then the tangents.
     ``arrivals``: backward inputs allocated before their first reader (``layout.recopied_saved_inputs``)."""
@@ -266,17 +252,20 @@ def _backward_phase(fw, bw, saved: list, live: dict, user_roots: set, channels_l
             carried_roots.add(root_name)  # two saved views of one storage: counted once (freed with the first)
             carried[placeholder.name] = live[root_name]
     for placeholder in bw_placeholders[num_symbols + len(saved_tensors) :]:
-        carried[placeholder.name] = _tensor_storage_bytes(placeholder)
+        carried[placeholder.name] = storage_bytes(placeholder, inputs.backend)
     gradients = {phase_root(a, bw).name for a in bw.returned}
     fw_inputs = set(fw.inputs)
     return _Phase(
         bw,
+        inputs=inputs,
         keep=gradients,
         carried=carried,
         gradients=frozenset(gradients),
         channels_last=channels_last,
         estimated_inputs={
-            p.name: _tensor_storage_bytes(p) for p in tensor_placeholders if not p.name.startswith(NONFREEABLE_INPUTS)
+            p.name: storage_bytes(p, inputs.backend)
+            for p in tensor_placeholders
+            if not p.name.startswith(NONFREEABLE_INPUTS)
         },
         # AOTAutograd donates backward's saved tensors (``bw_donated_idxs``) but not those a forward output aliases
         donated=frozenset(

@@ -48,15 +48,14 @@ def readers_in(
 KERNEL_CLASSES = frozenset({OpClass.POINTWISE, OpClass.COPY, OpClass.CREATION, OpClass.REDUCTION, OpClass.NORM})
 
 
-def concat_kernel(node: fx.Node) -> bool:
-    """Whether Inductor lowers ``node`` to a ``ConcatKernel``: on CPU every ``cat`` (``lowering.cat``: "if cpu_device:
-    return ConcatKernel.create"; the pointwise cat is GPU-only).  A ConcatKernel is a NopKernel: its buffer is
+def concat_kernel(node: fx.Node, backend) -> bool:
+    """Whether Inductor lowers ``node`` to a ``ConcatKernel``: every ``cat`` on a backend whose rules say so (the C++
+    backend's: ``lowering.cat``: "if cpu_device: return ConcatKernel.create"; the pointwise cat is GPU-only).  A ConcatKernel is a NopKernel: its buffer is
     allocated on its own, before the kernels that compute its inputs write into their slices (``NonOwningLayout``),
     so it is never an in-place update of a kernel's input (``SchedulerBuffer.allocate`` takes one only inside a real
     kernel).  A recomputed SwiGLU's backward writes the gate's and up's gradients into one fresh gate-and-up-sized
     buffer while the recomputed projection it reads is still live (docs/DESIGN.md §6)."""
-    val = node.meta.get("val")
-    return node.target is CAT and isinstance(val, torch.Tensor) and val.device.type == "cpu"
+    return backend.cat_is_concat_kernel and node.target is CAT and isinstance(node.meta.get("val"), torch.Tensor)
 
 
 def realized_when_lowered(node: fx.Node) -> bool:
@@ -94,25 +93,25 @@ def column_reduction(node: fx.Node) -> tuple[int, int] | None:
     return kept, int(np.prod([shape[d] for d in reduced]))
 
 
-def inductor_class(node: fx.Node, cls: OpClass, graph: PhaseGraph | None = None) -> OpClass:
+def inductor_class(node: fx.Node, cls: OpClass, graph: PhaseGraph | None = None, *, backend) -> OpClass:
     """The op class as Inductor's code generation sees it, where that differs from ours: gathers are loads fused
     into their readers, scatters are kernels their values' producers fuse into, and on CPU a ``bmm`` with one row or
     one column per batch (``kernel/bmm.py``: M == 1 or N == 1, e.g. MoE experts applied one token at a time) is
     lowered to a multiply and a sum, a reduction kernel into which its operands' producers fuse (a recomputed gather
-    of expert weights never exists whole; on a GPU see ``_bmm_is_reduction``; Mixtral, docs/DESIGN.md §6)."""
+    of expert weights never exists whole; ``SchedulingRules.bmm_is_reduction`` of the ``backend``; Mixtral, docs/DESIGN.md §6)."""
     target = getattr(node, "target", None)
     packet = getattr(target, "overloadpacket", None)
     if cls is OpClass.GATHER:
         # a load fuses into its reader; a scatter is a kernel that reads its values through a loader, so the
         # pointwise producer of those values (an outer product of MoE weight gradients) never exists whole
         return OpClass.POINTWISE if packet in FUSED_LOADS or packet in POINTWISE_SCATTERS else OpClass.REDUCTION
-    if cls is OpClass.POINTWISE and addmm_matmul(node, graph) is not None:
+    if cls is OpClass.POINTWISE and addmm_matmul(node, graph, backend=backend) is not None:
         return OpClass.MATMUL
     if cls is OpClass.REDUCTION and unrolled_reduction(node):
         return OpClass.POINTWISE
     if cls is OpClass.MATMUL and packet is BMM and len(node.args) >= 2:
         a, b = (arg.meta.get("val") if isinstance(arg, fx.Node) else None for arg in node.args[:2])
-        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == 3 and _bmm_is_reduction(a, b):
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == 3 and backend.bmm_is_reduction(a, b):
             return OpClass.REDUCTION
     return cls
 
@@ -151,27 +150,6 @@ def unrolled_elements(node: fx.Node) -> int:
     return max(1, src_numel // out_numel)
 
 
-# Inductor's bmm lowering (``tuned_bmm``, torch 2.13 on): a dot-shaped bmm on a GPU, of these dtypes and a short
-# enough K, becomes a multiply and a sum, "so surrounding operations can fuse instead of dispatching a tiny extern
-# bmm".
-_GPU_DOT_BMM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_GPU_DOT_BMM_MAX_K = 32
-
-
-def _bmm_is_reduction(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether Inductor lowers ``bmm(a, b)`` to a multiply and a sum: on CPU when M or N is 1 (every release we
-    support); on a GPU from torch 2.13 when both are 1 (by their hints), the dtypes agree and K is not known to
-    exceed 32 (a symbolic K counts as not known)."""
-    m, n, k = a.shape[1], b.shape[2], a.shape[2]
-    if a.device.type == "cpu":
-        return m == 1 or n == 1
-    if not tp.GPU_DOT_BMM_IS_REDUCTION or a.device.type not in ("cuda", "xpu") or b.device.type != a.device.type:
-        return False
-    dot_shaped = tp.size_hint(m) == 1 and tp.size_hint(n) == 1
-    short = isinstance(k, torch.SymInt) or k <= _GPU_DOT_BMM_MAX_K
-    return dot_shaped and a.dtype == b.dtype and a.dtype in _GPU_DOT_BMM_DTYPES and short
-
-
 def _hinted_layout(val: torch.Tensor) -> list[int]:
     return [*hinted_shape(val), *(tp.size_hint(s) for s in val.stride())]
 
@@ -198,7 +176,7 @@ def _noop_view_source(node: fx.Node, graph: PhaseGraph | None = None) -> fx.Node
     return src if same and _hinted_layout(val) == _hinted_layout(found) else node
 
 
-def addmm_matmul(node: fx.Node, graph: PhaseGraph | None = None) -> fx.Node | None:
+def addmm_matmul(node: fx.Node, graph: PhaseGraph | None = None, *, backend) -> fx.Node | None:
     """The ``mm`` Inductor folds into this ``add``, or None.  Its post-grad pass rewrites ``add(mm(a, b), c)`` (either
     order, the mm read by nothing else, ``c`` a tensor of their dtype that broadcasts to the product) into one
     ``addmm(c, a, b)``: an extern kernel whose output is the sum, so the product never exists alone and the sum
@@ -224,8 +202,8 @@ def addmm_matmul(node: fx.Node, graph: PhaseGraph | None = None) -> fx.Node | No
         shape = hinted_shape(c)
         if len(shape) > 2 or any(s not in (1, p) for s, p in zip(reversed(shape), reversed(product))):
             continue
-        if a.device.type != "cpu" and _only_pointwise_readers(node, graph):
-            continue  # Inductor keeps mm + a pointwise add on a GPU (``should_prefer_unfused_addmm``)
+        if backend.keeps_mm_before_pointwise_readers and _only_pointwise_readers(node, graph):
+            continue  # Inductor keeps mm + a pointwise add (``should_prefer_unfused_addmm``)
         return mm
     return None
 
@@ -235,11 +213,11 @@ def _only_pointwise_readers(node: fx.Node, graph: PhaseGraph | None = None) -> b
     return all(op_class(u) is OpClass.POINTWISE for u in readers_in(node, graph=graph))
 
 
-def _folded_into_addmm(node: fx.Node, classes: dict[fx.Node, OpClass], graph: PhaseGraph | None = None) -> bool:
+def folded_into_addmm(node: fx.Node, classes: dict[fx.Node, OpClass], graph: PhaseGraph | None, backend) -> bool:
     if node.target is not MM:
         return False
     readers = readers_in(node, classes, graph)
-    return len(readers) == 1 and addmm_matmul(next(iter(readers)), graph) is node
+    return len(readers) == 1 and addmm_matmul(next(iter(readers)), graph, backend=backend) is node
 
 
 def scatter_values(node: fx.Node) -> fx.Node | None:
@@ -261,5 +239,3 @@ def scatter_values(node: fx.Node) -> fx.Node | None:
 # A value computing one of ``ops.HEAVY_OPS`` is stored, not recomputed, when several nodes read it on CPU
 # (``_realized_on_reuse``), past this many reads:
 REALIZE_READS_THRESHOLD = 4  # torch._inductor.config.realize_reads_threshold
-# any pointwise value reading more buffers than this is realized (``IRNode.has_exceeded_max_reads``)
-MAX_READS_CPU, MAX_READS = 12, 8

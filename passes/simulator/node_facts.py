@@ -24,39 +24,43 @@ from ..graph.ops import FUSED_LOADS, HEAVY_OPS, OpClass, op_class
 from ..graph.ops import MM as _MM
 from .access import op_path, step
 from .lowering import column_reduction, concat_kernel, inductor_class, scatter_values
-from .phase_graph import PhaseGraph, _tensor_storage_bytes, allocated_bytes
+from .phase_graph import PhaseGraph, storage_bytes
 
 _MISSING = object()
 
 
-def joint_tables(graph: GraphFacts) -> tuple[dict[fx.Node, int], dict[fx.Node, OpClass]]:
-    """(the bytes the simulator counts for every node of the joint graph: a tensor's hinted bytes as its device's
-    allocator counts them, 0 for anything else; Inductor's class of every node, read on the joint graph: an
-    ``add``'s may differ in a split), derived once per graph and kept with its facts (``GraphFacts.derived``)."""
-    found = graph.derived.get(__name__)
+def joint_tables(graph: GraphFacts, backend) -> tuple[dict[fx.Node, int], dict[fx.Node, OpClass]]:
+    """(the bytes the simulator counts for every node of the joint graph: a tensor's hinted bytes as the
+    ``backend``'s allocator counts them, 0 for anything else; Inductor's class of every node, read on the joint
+    graph: an ``add``'s may differ in a split), derived once per graph and backend and kept with its facts
+    (``GraphFacts.derived``)."""
+    key = (__name__, backend.name, backend.torch_version)
+    found = graph.derived.get(key)
     if found is None:
         nbytes = {}
         for node in graph.nodes:
-            val = node.meta.get("val")
-            nbytes[node] = allocated_bytes(graph.nbytes[node], val.device.type) if isinstance(val, torch.Tensor) else 0
-        classes = {n: inductor_class(n, c) for n, c in graph.op_class.items()}
-        found = graph.derived[__name__] = (nbytes, classes)
+            is_tensor = isinstance(node.meta.get("val"), torch.Tensor)
+            nbytes[node] = backend.allocated_bytes(graph.nbytes[node]) if is_tensor else 0
+        classes = {n: inductor_class(n, c, backend=backend) for n, c in graph.op_class.items()}
+        found = graph.derived[key] = (nbytes, classes)
     return found
 
 
 class NodeFacts:
-    """``graph``: the joint graph's ``GraphFacts``, whose simulated bytes and op classes (and Inductor's, but an
-    ``add``'s) are these nodes' own: they start the tables rather than being computed again."""
+    """``backend``: the ``SchedulingRules`` of the Inductor backend simulated (``backends/``), which the lowering
+    facts depend on; ``graph``: the joint graph's ``GraphFacts``, whose simulated bytes and op classes (and
+    Inductor's, but an ``add``'s) are these nodes' own: they start the tables rather than being computed again."""
 
-    def __init__(self, graph: GraphFacts | None = None) -> None:
-        self._nbytes: dict[fx.Node, int] = Memo(_tensor_storage_bytes)
+    def __init__(self, backend, graph: GraphFacts | None = None) -> None:
+        self.backend = backend
+        self._nbytes: dict[fx.Node, int] = Memo(lambda node: storage_bytes(node, backend))
         self._numel: dict[fx.Node, int] = {}
-        self._value: dict[fx.Node, tuple] = {}  # (is a tensor, is a tuple or list, on the CPU)
+        self._value: dict[fx.Node, tuple] = {}  # (is a tensor, is a tuple or list)
         self._class: dict[fx.Node, OpClass] = Memo(op_class)
         self._inductor: dict[fx.Node, OpClass] = {}
         self._reads: dict[fx.Node, tuple] = {}  # (has a costly op, the table a fused load picks rows from)
         self._loop: dict[fx.Node, object] = {}  # column_reduction, or the scatter's values (``phase._Phase._loop``)
-        self._concat: dict[fx.Node, bool] = Memo(concat_kernel)
+        self._concat: dict[fx.Node, bool] = Memo(lambda node: concat_kernel(node, backend))
         self._kind: dict[fx.Node, int] = {}
         self._step: dict[tuple[fx.Node, fx.Node], tuple] = {}  # (read, its storage's root) -> ``access.step``
         self._op_path: dict[fx.Node, tuple] = Memo(op_path)  # ``access.op_path``
@@ -66,7 +70,7 @@ class NodeFacts:
         # alive here, so the ``id`` of one in a key stays its own
         self.computations: dict[tuple, tuple] = {}
         if graph is not None:
-            nbytes, inductor_classes = joint_tables(graph)
+            nbytes, inductor_classes = joint_tables(graph, backend)
             self._nbytes.update(nbytes)
             self._class.update(graph.op_class)
             self._inductor.update((n, c) for n, c in inductor_classes.items() if n.target is not _ADD)
@@ -117,8 +121,7 @@ class NodeFacts:
         found = self._value.get(node)
         if found is None:
             val = node.meta.get("val")
-            tensor = isinstance(val, torch.Tensor)
-            found = self._value[node] = (tensor, isinstance(val, (tuple, list)), tensor and val.device.type == "cpu")
+            found = self._value[node] = (isinstance(val, torch.Tensor), isinstance(val, (tuple, list)))
         return found
 
     def is_tensor(self, node: fx.Node) -> bool:
@@ -128,9 +131,6 @@ class NodeFacts:
     def is_tuple(self, node: fx.Node) -> bool:
         return self._value_facts(node)[1]
 
-    def on_cpu(self, node: fx.Node) -> bool:
-        return self._value_facts(node)[2]
-
     def op_class(self, node: fx.Node) -> OpClass:
         return self._class[node]
 
@@ -138,7 +138,7 @@ class NodeFacts:
         """``lowering.inductor_class`` in ``graph``: only an ``add`` (a possible addmm) depends on the graph."""
         found = self._inductor.get(node)
         if found is None:
-            found = inductor_class(node, self.op_class(node), graph)
+            found = inductor_class(node, self.op_class(node), graph, backend=self.backend)
             if node.target is not _ADD:
                 self._inductor[node] = found
         return found
@@ -149,7 +149,7 @@ class NodeFacts:
         addmm may fold it) and an ``add`` (which may be that addmm)."""
         found = self._kind.get(node)
         if found is None:
-            found = storage_kind(node, classes, graph)
+            found = storage_kind(node, classes, graph, backend=self.backend)
             target = node.target
             if target is not operator.getitem and target is not _MM and target is not _ADD:
                 self._kind[node] = found

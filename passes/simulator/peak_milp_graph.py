@@ -49,8 +49,8 @@ import torch.fx as fx
 from ..graph.flow_problem import FlowProblem
 from ..graph.roles import GraphRoles, Role
 from ..solver.peak_milp import ScheduleGraph
-from .phase import NEVER
 from .plan_memory import JointMemory, build_joint_memory
+from .storage import NEVER
 
 DEFAULT_MAX_NODES = 60
 DEFAULT_MAX_STAGES = 24

@@ -6,93 +6,36 @@ built graph's or a plan's that was never built (``plan_memory.py``).
 
 from __future__ import annotations
 
-import torch
 import torch.fx as fx
 
 from .. import _torch_private as tp
 from ..graph.costs import alias_root, hinted_numel
-from ..graph.ops import CONVOLUTION, FUSIBLE, OpClass, op_class
+from ..graph.ops import CONVOLUTION, OpClass, op_class
 from .access import add_loads, add_paths, another_index
-from .cpu_loops import loop_sizes
+from .backends import device_type_of
 from .fusion import Fusion, fusion_order
-from .layout import depthwise_buffer_bytes, workspace_bytes
+from .inputs import SimulatorInputs
 from .lowering import (
     KERNEL_CLASSES,
-    MAX_READS,
-    MAX_READS_CPU,
     REALIZE_READS_THRESHOLD,
-    _folded_into_addmm,
-    concat_kernel,
-    readers_in,
-    realized_when_lowered,
     unrolled_elements,
 )
 from .node_facts import NodeFacts
 from .phase_graph import PhaseGraph, graph_view
 from .phase_reorder import peak_reordered
+from .storage import FUSIBLE_VALUE, NEVER, materialises, storage_kind
 from .walk import Walk
-
-# Readers a fusible producer folds into (Inductor's pointwise fusion, reduction prologues); views are looked through.
-FUSES_INTO = (FUSIBLE - {OpClass.VIEW, OpClass.GETITEM}) | {OpClass.REDUCTION, OpClass.NORM}
 
 # Classes whose nodes no kernel produces (``_Phase._unit_of``).
 _NO_UNIT = frozenset({OpClass.PLACEHOLDER, OpClass.OUTPUT, OpClass.VIEW, OpClass.SYMBOLIC})
 _UNKNOWN = object()
 
-# How a node's output is held: never (views, tuples, placeholders, in-place mutations), always, or only when some
-# reader does not fuse it away (``materialises``).
-NEVER, ALWAYS, FUSIBLE_VALUE = 0, 1, 2
-
-
-def storage_kind(node: fx.Node, classes: dict[fx.Node, OpClass], graph: PhaseGraph | None = None) -> int:
-    cls = classes[node]
-    if cls is OpClass.GETITEM:
-        # an item of a multi-output op (SDPA, var_mean) owns its storage; an item of a view tuple (split) does not
-        parent = node.args[0]
-        owns = classes.get(parent) is not OpClass.VIEW and isinstance(node.meta.get("val"), torch.Tensor)
-        return ALWAYS if owns else NEVER
-    if isinstance(node.meta.get("val"), (tuple, list)):
-        return NEVER  # the tuple itself holds nothing: its items are allocated (above)
-    if cls in (OpClass.VIEW, OpClass.SYMBOLIC, OpClass.PLACEHOLDER, OpClass.OUTPUT):
-        return NEVER
-    if cls is OpClass.MUTATION:
-        return NEVER  # writes into an existing storage (e.g. BatchNorm's running stats)
-    if cls is OpClass.MATMUL and _folded_into_addmm(node, classes, graph):
-        return NEVER  # the addmm that reads it writes the product and the sum at once (``addmm_matmul``)
-    if cls is OpClass.POINTWISE and realized_when_lowered(node):
-        return ALWAYS
-    if concat_kernel(node):
-        return ALWAYS  # a ConcatKernel's buffer is stored whatever reads it (``lowering.concat_kernel``)
-    return FUSIBLE_VALUE if cls in FUSIBLE else ALWAYS
-
-
-def materialises(
-    node: fx.Node,
-    classes: dict[fx.Node, OpClass],
-    outputs: set[fx.Node],
-    graph: PhaseGraph | None = None,
-    kind: int | None = None,
-) -> bool:
-    """Whether ``node``'s value is stored (``kind``: its ``storage_kind``, where the caller has it)."""
-    if kind is None:
-        kind = storage_kind(node, classes, graph)
-    if kind != FUSIBLE_VALUE:
-        return kind == ALWAYS
-    if node in outputs:
-        return True
-    # A returned reader fuses it like any other: Inductor computes a value inside each kernel that reads it, whether
-    # or not that kernel's result is returned (the zeros a gradient's index_put starts from never exist alone).
-    readers = readers_in(node, classes, graph)
-    return not (readers and all(classes[u] in FUSES_INTO for u in readers))
-
-
 def _numel(node: fx.Node) -> int:
     return hinted_numel(node.meta.get("val"))
 
 
-def phase_classes(view: PhaseGraph, facts: NodeFacts | None = None) -> dict[fx.Node, OpClass]:
+def phase_classes(view: PhaseGraph, facts: NodeFacts) -> dict[fx.Node, OpClass]:
     """Every node's class as Inductor's code generation sees it, in this graph (its inputs are placeholders)."""
-    facts = facts or NodeFacts()
     classes = {n: OpClass.PLACEHOLDER for n in view.inputs}
     for n in view.nodes:
         if n not in classes:
@@ -149,9 +92,13 @@ class _Phase:
         donated: frozenset | None = None,
         never_freed: frozenset = frozenset(),
         arrivals: dict[str, int] | None = None,
+        inputs: SimulatorInputs | None = None,
     ):
         self.view = view = graph if isinstance(graph, PhaseGraph) else graph_view(graph)
-        self.facts = facts = view.facts or NodeFacts()  # shared by the views of one joint graph's nodes
+        # what the simulation assumes (``inputs.py``); by default what the config in force implies for its nodes
+        self.inputs = inputs = inputs if inputs is not None else SimulatorInputs.now(device_type_of(view.nodes))
+        self.backend = backend = inputs.backend
+        self.facts = facts = view.facts or NodeFacts(backend)  # shared by the views of one joint graph's nodes
         self.nodes = view.nodes
         self.index = {n: i for i, n in enumerate(self.nodes)}
         self.classes = phase_classes(view, facts)
@@ -180,10 +127,10 @@ class _Phase:
         self.activation_peak = 0
         self._load_orders: dict[fx.Node, list[fx.Node]] = {}  # unit -> storages in load order
         self._find_units()
-        self.workspace = {u: workspace_bytes(u, channels_last) for u in self.units}
+        self.workspace = {u: backend.workspace_bytes(u, channels_last) for u in self.units}
         if channels_last and any(n.target is CONVOLUTION for n in self.nodes):  # Inductor lays this graph out too
             for unit in self.units:
-                self.workspace[unit] += depthwise_buffer_bytes(unit)
+                self.workspace[unit] += backend.depthwise_buffer_bytes(unit)
         # head -> units (graph order), and the kernels' successors, predecessors and earliest place
         self.kernels, self.kernel_succ, self.kernel_pred, self.kernel_lo = self._fused()
 
@@ -200,7 +147,8 @@ class _Phase:
             if key in known:
                 return known[key]
         fusion = Fusion(self.units, self.unit_reads, self.unit, self.index, self.access, self.view.segmented)
-        kernels = fusion.fuse(self.classes, self._loop, self.facts.nbytes, self._cpu_reduction, lambda u: loop_sizes(self, u))
+        loops = self.backend.loop_sizes
+        kernels = fusion.fuse(self.classes, self._loop, self.facts.nbytes, self._reduction_first, lambda u: loops(self, u))
         found = (kernels, fusion.succ, fusion.pred, fusion.lo)
         if known is not None:
             known[key] = found
@@ -221,7 +169,7 @@ class _Phase:
             return self._unit_of(parent) if known is _UNKNOWN else known
         if cls is OpClass.MUTATION or self.facts.is_tuple(node):
             return node
-        return node if materialises(node, self.classes, self.returned, self.view, self.kinds[node]) else None
+        return node if materialises(node, self.classes, self.returned, self.view, self.kinds[node], self.backend) else None
 
     def _find_units(self) -> None:
         self.unit = unit = {}
@@ -296,7 +244,7 @@ class _Phase:
         costly, table = facts.reads(node)
         paths: dict[fx.Node, set] = {}
         cls = self.classes[node]
-        far = another_index(node) if cls is OpClass.REDUCTION and self._cpu_reduction(node) else {}
+        far = another_index(node) if cls is OpClass.REDUCTION and self._reduction_first(node) else {}
         for arg in self.view.inputs_of[node]:
             if not facts.is_tensor(arg):
                 continue  # an item of a multi-output op: its kernel is the op's
@@ -337,8 +285,7 @@ class _Phase:
         reads, costly, loads = computed[0], computed[2], computed[4]
         if self.kinds[node] != FUSIBLE_VALUE or not self.facts.is_tensor(node):
             return False
-        cpu = self.facts.on_cpu(node)
-        if len(reads) > (MAX_READS_CPU if cpu else MAX_READS):
+        if len(reads) > self.backend.max_reads:
             return True  # ``has_exceeded_max_reads``: any value, read once or more (a recomputed residual stream)
         users = self.view.users(node)
         if len(users) < 2:
@@ -349,7 +296,7 @@ class _Phase:
             # more than one buffer (``StorageBox.realize_hint``, ir.py).  Mixtral's batched_mm experts: a gather of
             # expert weights recomputed for both the forward bmm and the input gradient (docs/DESIGN.md §6)
             return True
-        return (costly and cpu) or len(loads) > REALIZE_READS_THRESHOLD
+        return (costly and self.backend.realizes_costly_on_reuse) or len(loads) > REALIZE_READS_THRESHOLD
 
     def _allocates(self, node: fx.Node) -> bool:
         return self.roots[node] is node and self.facts.is_tensor(node) and self.classes[node] is not OpClass.MUTATION
@@ -363,12 +310,13 @@ class _Phase:
             return numel(values)
         return max((numel(n) for n in (*self.owned[unit], *self.loop_reads[unit])), default=0)
 
-    def _cpu_reduction(self, unit: fx.Node) -> bool:
-        """Whether Inductor's C++ backend schedules the unit as a reduction (``fusion.Fusion.cpu_reduction_first``):
+    def _reduction_first(self, unit: fx.Node) -> bool:
+        """Whether the backend schedules the unit as a reduction that fuses only with the reduction first (the C++
+        backend's rule, ``fusion.Fusion.cpu_reduction_first``):
         a reduction or a norm, not a scatter (a pointwise loop over its values, ``scatter_values``)."""
         cls = self.classes[unit]
         reduces = cls is OpClass.NORM or (cls is OpClass.REDUCTION and self.facts.loop_facts(unit)[1] is None)
-        return reduces and self.facts.on_cpu(unit)
+        return reduces and self.backend.reduction_fuses_first
 
     def _loop(self, unit: fx.Node) -> tuple:
         """What must match for two units to share a kernel: the loop's size (``_numel``); for a column reduction
@@ -385,7 +333,7 @@ class _Phase:
         found = known.get(key) or known.setdefault(key, fusion_order(self.kernels, self.kernel_pred, self.kernel_lo))
         # the reordering also reads what outlives the graph, which inputs it may free, and the config in force
         key = (key, frozenset(self.keep), frozenset(self.returned), frozenset(self.estimated_inputs.items()))
-        key += (tp.inductor_reorders_for_peak_memory(),)
+        key += (self.inputs.reorders_for_peak,)
         reordered = known.get(key)
         if reordered is None:
             reordered = known[key] = peak_reordered(self, found)

@@ -19,10 +19,6 @@ import torch.fx as fx
 from ..graph.costs import value_nbytes
 from ..graph.ops import OpClass
 
-# The CUDA caching allocator hands out blocks in multiples of 512 bytes (PyTorch's c10/cuda/CUDACachingAllocator.cpp:
-# ``kMinBlockSize``, ``round_size``), and ``torch.cuda.max_memory_allocated`` counts the rounded blocks.  The CPU
-# allocator's sizes are the tensors' own, as the profiler's memory events show them.
-CUDA_BLOCK_BYTES = 512
 # A backward GraphModule's ``meta`` key: its forward is recomputed segment by segment (``split.SplitRecipe`` with
 # backward checkpoints, ``segments.py``), and fxremat's compiles refuse horizontal fusions dragging work across
 # segments (``fusion.HORIZONTAL_DRAG_FACTOR``); the simulator and Inductor's scheduler hook read it alike.
@@ -34,19 +30,13 @@ def is_segmented_backward(module) -> bool:
     return bool(getattr(module, "meta", {}).get(SEGMENTED_BACKWARD_KEY, False))
 
 
-def allocated_bytes(nbytes: int, device_type: str) -> int:
-    """What the device's allocator counts for a tensor of ``nbytes``: rounded up to the block size on CUDA."""
-    if device_type == "cuda" and nbytes > 0:
-        return -(-nbytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES
-    return nbytes
-
-
-def _tensor_storage_bytes(node: fx.Node) -> int:
-    """The bytes the simulator counts for ``node``'s value: as its device's allocator counts them."""
+def storage_bytes(node: fx.Node, backend) -> int:
+    """The bytes the simulator counts for ``node``'s value: as the device's allocator counts them
+    (``SchedulingRules.allocated_bytes`` of the ``backend`` simulated)."""
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):
         return 0
-    return allocated_bytes(value_nbytes(val), val.device.type)
+    return backend.allocated_bytes(value_nbytes(val))
 
 
 @dataclass(eq=False)

@@ -46,6 +46,6 @@ def order_problem(phase, order: list[fx.Node]) -> OrderProblem:
 
 def peak_reordered(phase, order: list[fx.Node]) -> list[fx.Node]:
     """``order`` as Inductor's scheduler leaves it: reordered for its estimated peak where its config says so."""
-    if len(order) < 2 or not tp.inductor_reorders_for_peak_memory():
+    if len(order) < 2 or not phase.inputs.reorders_for_peak:
         return order
     return [order[k] for k in reordered(order_problem(phase, order), REORDER_MARGIN)]

@@ -27,11 +27,12 @@ from ..graph.graph_facts import graph_facts
 from ..graph.ops import CONVOLUTION, OpClass
 from ..graph.roles import GraphRoles
 from ..rewrite.split import UnsupportedSplit, joint_facts, split_recipe
+from .inputs import SimulatorInputs, inputs_for
 from .layout import channels_last_copies, layout_optimised
 from .liveness import PeakEstimate, simulate_phases, simulate_step
 from .node_facts import NodeFacts, joint_tables
-from .phase import storage_kind
 from .phase_graph import virtual_phase
+from .storage import storage_kind
 
 
 @dataclass(frozen=True)
@@ -56,14 +57,19 @@ class JointMemory:
     static_inputs: object = field(default=None, compare=False)
     channels_last: bool = False
     layout_copies: tuple[tuple[str, int], ...] = ()
-    node_facts: NodeFacts = field(default_factory=NodeFacts, compare=False)  # every plan's simulation reads these
+    node_facts: NodeFacts | None = field(default=None, compare=False)  # every plan's simulation reads these
+    simulator: SimulatorInputs | None = field(default=None, compare=False)  # what every plan's simulation assumes
 
 
-def build_joint_memory(joint: fx.GraphModule, roles: GraphRoles, num_fwd_outputs: int) -> JointMemory:
-    """``joint`` as plain integers, read off its facts (``roles.facts``, or ``graph_facts`` for roles without)."""
+def build_joint_memory(
+    joint: fx.GraphModule, roles: GraphRoles, num_fwd_outputs: int, inputs: SimulatorInputs | None = None
+) -> JointMemory:
+    """``joint`` as plain integers, read off its facts (``roles.facts``, or ``graph_facts`` for roles without);
+    ``inputs``: what its plans' simulations assume (by default, what the config in force implies for ``joint``)."""
+    inputs = inputs_for(joint, inputs)
     graph = roles.facts if roles.facts is not None else graph_facts(joint, num_fwd_outputs)
     nodes, index, root = graph.nodes, graph.index, graph.alias_root
-    storage_bytes, classes = joint_tables(graph)
+    storage_bytes, classes = joint_tables(graph, inputs.backend)
     try:
         facts = joint_facts(joint, num_fwd_outputs)
     except UnsupportedSplit:
@@ -75,7 +81,7 @@ def build_joint_memory(joint: fx.GraphModule, roles: GraphRoles, num_fwd_outputs
         # the root under Inductor's classes is the root under ours: neither makes a view, nor unmakes one
         root=tuple(index[root[n]] for n in nodes),
         nbytes=tuple(storage_bytes[n] for n in nodes),
-        hold=tuple(storage_kind(n, classes) for n in nodes),
+        hold=tuple(storage_kind(n, classes, backend=inputs.backend) for n in nodes),
         view_like=tuple(classes[n] in (OpClass.VIEW, OpClass.GETITEM) for n in nodes),
         placeholder=tuple(n.op == "placeholder" for n in nodes),
         forward_outputs=tuple(index[a] for a in graph.fwd_outputs if isinstance(a, fx.Node)),
@@ -87,7 +93,8 @@ def build_joint_memory(joint: fx.GraphModule, roles: GraphRoles, num_fwd_outputs
         static_inputs=roles.static_inputs,
         channels_last=channels_last,
         layout_copies=tuple(sorted(channels_last_copies(joint).items())) if channels_last else (),
-        node_facts=NodeFacts(graph),
+        node_facts=NodeFacts(inputs.backend, graph),
+        simulator=inputs,
     )
 
 
@@ -110,7 +117,7 @@ def estimate_peak(memory: JointMemory, saved: set[int]) -> PeakEstimate:
     if memory.layout_copies:  # those forward's convolutions read (``channels_last_copies`` of its graph)
         read = {p for n in recipe.fw_order if n.target is CONVOLUTION for p in forward.inputs_of[n][:2]}
         copies = {name: b for name, b in memory.layout_copies if any(p.name == name for p in read)}
-    return simulate_phases(forward, backward, memory.num_fwd_outputs, memory.channels_last, copies)
+    return simulate_phases(forward, backward, memory.num_fwd_outputs, memory.channels_last, copies, memory.simulator)
 
 
 def _simulate_pytorch_split(memory: JointMemory, values: list[fx.Node], symbols: list[fx.Node]) -> PeakEstimate:
@@ -121,4 +128,4 @@ def _simulate_pytorch_split(memory: JointMemory, values: list[fx.Node], symbols:
         num_fwd_outputs=memory.num_fwd_outputs,
         static_lifetime_input_nodes=memory.static_inputs,
     )
-    return simulate_step(fw, bw, memory.num_fwd_outputs)
+    return simulate_step(fw, bw, memory.num_fwd_outputs, inputs=memory.simulator)

@@ -64,7 +64,7 @@ class Walk:
         peak = self.total
         for name in [n for n in self.live if last_use.get(n, -1) < 0 and n not in phase.keep]:
             self.free(name)  # carried in, never read here
-        self.reuse = tp.inductor_buffer_reuse()
+        self.reuse = phase.inputs.buffer_reuse
         # fxremat's compiles leave saved views of forward inputs out of the estimate (_torch_private/buffer_reuse.py)
         never_freed = phase.never_freed if self.reuse == tp.ALLOCATED else frozenset()
         self.counted.update(
@@ -184,7 +184,7 @@ class Walk:
         if k >= len(self.order):
             return False
         head = self.order[k]
-        return self.phase.classes[head] in KERNEL_CLASSES and self.phase.facts.on_cpu(head)
+        return self.phase.classes[head] in KERNEL_CLASSES and self.phase.backend.groups_generated_kernels
 
     def release(self, k: int, names: list[str]) -> None:
         """Free ``names`` (storages that died at or before kernel ``k``) after kernel ``k``; a pooled buffer enters

@@ -144,7 +144,7 @@ def test_settings_stay_ordered_when_the_reorder_for_cpp_units_lowers_the_peak(mo
     block's default plan has no such reorder."""
     from helpers import split_as_compiled
 
-    from fxremat_passes.simulator import kernel_runs
+    from fxremat_passes.simulator.backends import kernel_runs
 
     torch.manual_seed(0)
     model, (x,) = example("block_sdpa", batch=2, seq=128, dim=256)

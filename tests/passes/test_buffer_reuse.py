@@ -145,7 +145,10 @@ def test_a_cpu_kernel_groups_reads_are_freed_when_the_group_is_flushed():
     template, or at the end); an extern kernel frees its reads after itself, a kernel on another device too."""
     nodes = [_Node("kernel"), _Node("kernel"), _Node("nop", None), _Node("extern"), _Node("kernel"), _Node("template")]
     nodes += [_Node("kernel", "cuda"), _Node("kernel")]
-    assert buffer_reuse._flushed_after(nodes) == [2, 2, 2, 3, 4, 5, 6, 7]
+    from fxremat_passes.simulator.backends import backend_for_device
+
+    groups = lambda device_type: backend_for_device(device_type).groups_generated_kernels  # noqa: E731
+    assert buffer_reuse._flushed_after(nodes, groups) == [2, 2, 2, 3, 4, 5, 6, 7]
 
 
 class _Info:

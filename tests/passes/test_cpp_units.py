@@ -1,5 +1,5 @@
 """Issue #16: the backward reordered for fewer C++ units on Inductor's CPU backend where its simulated peak does not
-rise (``passes/rewrite/cpp_units.py``, ``passes/simulator/kernel_runs.py``); issue #15: the planner judges plans in that order
+rise (``passes/rewrite/cpp_units.py``, ``passes/simulator/backends/kernel_runs.py``); issue #15: the planner judges plans in that order
 (``liveness.cpp_units_joined``).  The split is what fxremat hands Inductor (``as_inductor=True``), run here by no-op
 compilers; one test compiles with real Inductor and counts its C++ sources."""
 
@@ -16,7 +16,8 @@ from fxremat.examples import MLP, LlamaStack
 from fxremat.options import Options
 from fxremat_passes.rewrite import cpp_units
 from fxremat_passes.rewrite.cpp_units import join_kernel_runs
-from fxremat_passes.simulator import kernel_runs, liveness
+from fxremat_passes.simulator import liveness
+from fxremat_passes.simulator.backends import kernel_runs
 from fxremat_passes.simulator.liveness import simulate_step, simulated_backward
 from fxremat_passes.simulator.phase_graph import graph_view
 

@@ -16,9 +16,10 @@ from fxremat_passes.graph.cse import prepare_joint_graph
 from fxremat_passes.graph.ops import op_class
 from fxremat_passes.graph.roles import classify
 from fxremat_passes.rewrite.split import joint_facts
+from fxremat_passes.simulator.backends import backend_rules
 from fxremat_passes.simulator.lowering import inductor_class
 from fxremat_passes.simulator.node_facts import joint_tables
-from fxremat_passes.simulator.phase_graph import _tensor_storage_bytes
+from fxremat_passes.simulator.phase_graph import storage_bytes as value_storage_bytes
 
 
 def _joint():
@@ -36,15 +37,16 @@ def test_each_fact_is_the_graphs_own():
     assert facts.fwd_outputs == fwd and facts.bwd_outputs == bwd
     assert facts.primals == [v for v in nodes if tp.is_primal(v)]
     assert facts.tangents == [v for v in nodes if tp.is_tangent(v)]
-    storage_bytes, inductor_classes = joint_tables(facts)  # the simulator's tables, derived from the facts
+    cpp = backend_rules("cpp")
+    storage_bytes, inductor_classes = joint_tables(facts, cpp)  # the simulator's tables, derived from the facts
     for v in nodes:
         assert facts.inputs_of[v] == v.all_input_nodes
         assert facts.users_of[v] == tuple(v.users)
         assert facts.op_class[v] is op_class(v)
         assert facts.alias_root[v] is alias_root(v)
-        assert inductor_classes[v] is inductor_class(v, op_class(v))
+        assert inductor_classes[v] is inductor_class(v, op_class(v), backend=cpp)
         assert facts.nbytes[v] == value_nbytes(v.meta.get("val"))
-        assert storage_bytes[v] == _tensor_storage_bytes(v)
+        assert storage_bytes[v] == value_storage_bytes(v, cpp)
     assert any(facts.alias_root[v] is not v for v in nodes)  # the stack has views
 
 

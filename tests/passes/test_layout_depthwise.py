@@ -12,7 +12,7 @@ from helpers import split_as_compiled
 
 from fxremat.options import Options
 from fxremat_passes.graph.ops import CONVOLUTION, CONVOLUTION_BACKWARD
-from fxremat_passes.simulator.layout import depthwise_buffer_bytes
+from fxremat_passes.simulator.backends.mkldnn import depthwise_buffer_bytes
 from fxremat_passes.simulator.phase import _Phase as Phase
 
 

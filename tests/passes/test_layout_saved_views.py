@@ -21,7 +21,7 @@ from fxremat.measure import max_relative_error, measure_saved
 from fxremat.options import Options
 from fxremat_passes import _torch_private as tp
 from fxremat_passes.graph.ops import CONVOLUTION
-from fxremat_passes.simulator.layout import saved_inputs_as_views
+from fxremat_passes.rewrite.layout_pins import saved_inputs_as_views
 
 
 def _conv_read_placeholders(gm) -> set:

@@ -140,7 +140,8 @@ def test_convnet_simulated_peak_counts_inductors_channels_last_copies(layout, to
 
 
 def test_channels_last_copies_are_the_placeholders_a_2d_convolution_reads():
-    from fxremat_passes.simulator.layout import channels_last_copies, workspace_bytes
+    from fxremat_passes.simulator.backends.mkldnn import workspace_bytes
+    from fxremat_passes.simulator.layout import channels_last_copies
 
     captured = {}
 
@@ -300,8 +301,10 @@ class AddToProduct(nn.Module):
 
 
 def test_an_add_of_a_matmul_is_one_addmm_whose_product_never_exists_alone():
+    from fxremat_passes.simulator.backends import backend_rules
     from fxremat_passes.simulator.lowering import addmm_matmul
 
+    cpp = backend_rules("cpp")
     for share in (False, True):
         torch.manual_seed(0)
         fw, _, _ = _inductor_split(AddToProduct(share), (torch.randn(16, 32), torch.randn(16, 48)))
@@ -309,9 +312,9 @@ def test_an_add_of_a_matmul_is_one_addmm_whose_product_never_exists_alone():
         add = next(u for u in mm.users if u.target is torch.ops.aten.add.Tensor)
         units = _simulated_units(fw)
         if share:
-            assert addmm_matmul(add) is None and mm.name in units
+            assert addmm_matmul(add, backend=cpp) is None and mm.name in units
         else:
-            assert addmm_matmul(add) is mm
+            assert addmm_matmul(add, backend=cpp) is mm
             # the addmm writes the sum, which the relu reads rather than computing it in its own loop
             assert mm.name not in units and add.name in units
 
@@ -323,6 +326,7 @@ def test_of_two_products_summed_inductor_folds_the_second_into_the_addmm():
     traversal's backward (issue #22's model B, simulated 40.6 MiB where Inductor measured 23.6)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    from fxremat_passes.simulator.backends import backend_rules
     from fxremat_passes.simulator.lowering import addmm_matmul
 
     def two_products(a, b, c, d):
@@ -331,7 +335,7 @@ def test_of_two_products_summed_inductor_folds_the_second_into_the_addmm():
     graph = make_fx(two_products)(*(torch.randn(8, 8) for _ in range(4))).graph
     first, second = [n for n in graph.nodes if n.target is torch.ops.aten.mm.default]
     (add,) = [n for n in graph.nodes if n.target is torch.ops.aten.add.Tensor]
-    assert add.args == (first, second) and addmm_matmul(add) is second
+    assert add.args == (first, second) and addmm_matmul(add, backend=backend_rules("cpp")) is second
 
 
 class EmbedNorm(nn.Module):
@@ -631,7 +635,7 @@ def test_buffer_reuse_pool_holds_a_freed_buffer_within_inductors_estimate():
     """Inductor's wrapper pools a freed buffer and hands it to the next allocation of the same size and dtype when
     the estimated memory in between plus the buffer stays within the graph's estimated peak (should_reuse_buffer),
     holding it meanwhile; the most recently freed goes first, and each reuse raises the estimate it holds over."""
-    from fxremat_passes.simulator.liveness import _pool_held
+    from fxremat_passes.simulator.buffer_pool import _pool_held
 
     estimate = [10, 4, 4, 10]  # per kernel; the peak is 10
     key = (3, torch.float32)
@@ -735,17 +739,19 @@ def test_cuda_values_are_counted_as_the_caching_allocator_rounds_them():
     import torch.fx as fx
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fxremat_passes.simulator.phase_graph import _tensor_storage_bytes, allocated_bytes
+    from fxremat_passes.simulator.backends import backend_for_device
+    from fxremat_passes.simulator.phase_graph import storage_bytes
 
-    assert [allocated_bytes(n, "cuda") for n in (0, 40, 512, 1000)] == [0, 512, 512, 1024]
-    assert allocated_bytes(40, "cpu") == 40
+    cuda, cpu = backend_for_device("cuda"), backend_for_device("cpu")
+    assert [cuda.allocated_bytes(n) for n in (0, 40, 512, 1000)] == [0, 512, 512, 1024]
+    assert cpu.allocated_bytes(40) == 40
     graph = fx.Graph()
     node = graph.placeholder("x")
     with FakeTensorMode():
         node.meta["val"] = torch.empty(10, device="cuda")
-        assert _tensor_storage_bytes(node) == 512
+        assert storage_bytes(node, cuda) == 512
         node.meta["val"] = torch.empty(10)
-        assert _tensor_storage_bytes(node) == 40
+        assert storage_bytes(node, cpu) == 40
 
 
 def test_cuda_buffers_of_one_allocator_block_are_still_two_reuse_keys():

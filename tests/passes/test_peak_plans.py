@@ -15,7 +15,8 @@ from fxremat_passes.graph.costs import PROFILES, annotate_costs
 from fxremat_passes.graph.flow_problem import build_flow_problem
 from fxremat_passes.graph.roles import classify
 from fxremat_passes.rewrite.cpp_units import join_kernel_runs
-from fxremat_passes.simulator.liveness import cpp_units_joined, simulate_step
+from fxremat_passes.simulator.inputs import kernel_runs_joined
+from fxremat_passes.simulator.liveness import simulate_step
 from fxremat_passes.simulator.plan_memory import build_joint_memory, estimate_peak
 from fxremat_passes.solver.budget import frontier
 
@@ -86,7 +87,7 @@ def test_plan_estimate_in_the_order_inductor_gets_is_the_simulation_of_the_reord
         saved = [flow.nodes[v] for v in plan.saved]
         fw, bw = _split(joint, roles, saved, num_fwd_outputs)
         own = estimate_peak(memory, {index[n] for n in saved})
-        with cpp_units_joined():
+        with kernel_runs_joined():
             estimated = estimate_peak(memory, {index[n] for n in saved})
         reordered += join_kernel_runs(fw, bw, num_fwd_outputs).reordered
         simulated = simulate_step(fw, bw, num_fwd_outputs)  # the graph as it now is, never reordered again

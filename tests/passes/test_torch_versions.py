@@ -19,6 +19,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from fxremat_passes import _torch_private as tp
 from fxremat_passes.graph.ops import OpClass, op_class
 from fxremat_passes.simulator import lowering
+from fxremat_passes.simulator.backends import backend_rules
 
 
 def test_version_keys_match_the_installed_torch():
@@ -150,23 +151,26 @@ def _bmm(a_shape, b_shape, device="cuda", dtype=torch.float32):
 
 
 @pytest.mark.parametrize("since_2_13", [False, True])
-def test_gpu_dot_bmm_is_a_reduction_from_2_13(monkeypatch, since_2_13):
-    """Simulator rule keyed on ``GPU_DOT_BMM_IS_REDUCTION``: on a GPU only a dot-shaped bmm (M = N = 1, K <= 32,
-    one float dtype) becomes a multiply and a sum, and only from torch 2.13; on CPU M or N = 1 in every release."""
-    monkeypatch.setattr(tp, "GPU_DOT_BMM_IS_REDUCTION", since_2_13)
-    assert lowering._bmm_is_reduction(*_bmm((8, 1, 16), (8, 16, 1))) == since_2_13
-    assert lowering._bmm_is_reduction(*_bmm((8, 1, 16), (8, 16, 1), device="xpu")) == since_2_13
-    assert not lowering._bmm_is_reduction(*_bmm((8, 1, 64), (8, 64, 1)))  # K over 32
-    assert not lowering._bmm_is_reduction(*_bmm((8, 1, 16), (8, 16, 4)))  # N = 4: an extern bmm on a GPU
-    assert not lowering._bmm_is_reduction(*_bmm((8, 1, 16), (8, 16, 1), dtype=torch.float64))
-    assert lowering._bmm_is_reduction(*_bmm((8, 1, 64), (8, 64, 4), device="cpu"))
-    assert not lowering._bmm_is_reduction(*_bmm((8, 2, 64), (8, 64, 4), device="cpu"))
+def test_gpu_dot_bmm_is_a_reduction_from_2_13(since_2_13):
+    """The Triton backend's rule, by the torch release it describes: only a dot-shaped bmm (M = N = 1, K <= 32, one
+    float dtype) becomes a multiply and a sum, and only from torch 2.13; the C++ backend's: M or N = 1 in every
+    release.  The rules follow the release they are given, not the running one (a recorded graph's own)."""
+    triton = backend_rules("triton", (2, 13) if since_2_13 else (2, 12))
+    assert triton.bmm_is_reduction(*_bmm((8, 1, 16), (8, 16, 1))) == since_2_13
+    assert triton.bmm_is_reduction(*_bmm((8, 1, 16), (8, 16, 1), device="xpu")) == since_2_13
+    assert not triton.bmm_is_reduction(*_bmm((8, 1, 64), (8, 64, 1)))  # K over 32
+    assert not triton.bmm_is_reduction(*_bmm((8, 1, 16), (8, 16, 4)))  # N = 4: an extern bmm on a GPU
+    assert not triton.bmm_is_reduction(*_bmm((8, 1, 16), (8, 16, 1), dtype=torch.float64))
+    cpp = backend_rules("cpp", (2, 13) if since_2_13 else (2, 12))
+    assert cpp.bmm_is_reduction(*_bmm((8, 1, 64), (8, 64, 4), device="cpu"))
+    assert not cpp.bmm_is_reduction(*_bmm((8, 2, 64), (8, 64, 4), device="cpu"))
+    assert backend_rules("triton").dot_bmm_is_reduction == tp.GPU_DOT_BMM_IS_REDUCTION  # the running release
 
 
 def test_cpu_bmm_with_one_row_is_a_reduction():
     gm = make_fx(torch.bmm)(torch.randn(4, 1, 8), torch.randn(4, 8, 5))
     (node,) = [n for n in gm.graph.nodes if n.op == "call_function"]
-    assert lowering.inductor_class(node, op_class(node)) is OpClass.REDUCTION
+    assert lowering.inductor_class(node, op_class(node), backend=backend_rules("cpp")) is OpClass.REDUCTION
 
 
 def _embedding_backward_graph() -> fx.GraphModule:
@@ -186,7 +190,7 @@ def test_embedding_gradient_scatter_in_both_decompositions():
     gm = _embedding_backward_graph()
     (scatter,) = [n for n in gm.graph.nodes if op_class(n) is OpClass.GATHER]
     assert scatter.target.overloadpacket is tp.EMBEDDING_GRAD_SCATTER.overloadpacket
-    assert lowering.inductor_class(scatter, OpClass.GATHER) is OpClass.REDUCTION
+    assert lowering.inductor_class(scatter, OpClass.GATHER, backend=backend_rules("cpp")) is OpClass.REDUCTION
     values = lowering.scatter_values(scatter)
     assert list(values.meta["val"].shape) == [4, 12, 16]
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from .. import _torch_private as tp
-from ..graph.ops import has_tag
-from .lowering import KERNEL_CLASSES
+from ... import _torch_private as tp
+from ...graph.ops import has_tag
+from ..lowering import KERNEL_CLASSES
 
 # What a joined step may cost, in graph nodes simulated (forward once, backward twice; about 0.06 ms a node here). A
 # larger graph keeps its order: a deep model's repeated blocks compile to the same few sources whatever their number,
@@ -52,7 +52,7 @@ class _Move:
 def _generated(phase, unit: fx.Node) -> bool:
     """Whether ``unit`` is a generated CPU kernel, part of a kernel group (``walk.Walk.grouped``'s rule), rather
     than an extern one."""
-    return phase.classes[unit] in KERNEL_CLASSES and phase.facts.on_cpu(unit)
+    return phase.classes[unit] in KERNEL_CLASSES and phase.backend.groups_generated_kernels
 
 
 def _schedule(phase) -> tuple[list[fx.Node], list[bool]]:

@@ -136,3 +136,54 @@ def test_private_torch_apis_only_under_torch_private():
                 names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
                 found += [f"{module}:{node.lineno} {n}" for n in names if PRIVATE.search(n) or n.startswith("functorch")]
     assert not found
+
+
+# A device test: comparing a device or its type, or asking a tensor which device it is on.
+DEVICE_TEST = re.compile(
+    r"""device(\.type)?\s*(==|!=|\bin\b|\bnot in\b)|(==|!=)\s*["'](cpu|cuda|xpu|mps)["']|\.is_(cuda|cpu)\b|on_cpu\(|\bis_cpu\b"""
+)
+
+
+def _code_lines(path: Path) -> list[tuple[int, str]]:
+    """``path``'s lines with comments and docstrings blanked (a device named in prose is no test)."""
+    source = path.read_text()
+    lines = source.split("\n")
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            for k in range(body[0].lineno - 1, body[0].end_lineno):
+                lines[k] = ""
+    return [(k + 1, line.split("#")[0]) for k, line in enumerate(lines)]
+
+
+def test_no_device_test_in_the_passes_outside_the_backend_rules():
+    """The simulator's backend is an input (``simulator/inputs.py``): only ``simulator/backends/`` maps a device to
+    Inductor's rules for it.  ``fxremat/``'s measuring and routing code may test devices."""
+    backends = ROOT / "passes" / "simulator" / "backends"
+    found = [
+        f"{path.relative_to(ROOT)}:{k}: {line.strip()}"
+        for path in sorted((ROOT / "passes").rglob("*.py"))
+        if backends not in path.parents
+        for k, line in _code_lines(path)
+        if DEVICE_TEST.search(line)
+    ]
+    assert not found
+
+
+def test_the_device_test_pattern_finds_device_tests():
+    for line in ('if val.device.type == "cpu":', "x.is_cuda", "a.device != b.device", 'kind != "cuda"'):
+        assert DEVICE_TEST.search(line), line
+    assert not DEVICE_TEST.search("backend_for_device(device_type)")
+
+
+def test_small_modules_and_short_functions():
+    """One job per module: at most 500 lines a module, 60 a function (docs/ARCHITECTURE.md)."""
+    sizes = {m: len(p.read_text().splitlines()) for m, p in MODULES.items()}
+    long_modules = [f"{m}: {n}" for m, n in sizes.items() if n > 500]
+    long_functions = [
+        f"{m}.{node.name}: {node.end_lineno - node.lineno + 1}"
+        for m, p in MODULES.items()
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60
+    ]
+    assert not long_modules and not long_functions, (long_modules, long_functions)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from fxremat_passes.simulator import cpu_loops
+from fxremat_passes.simulator.backends import cpp_loops as cpu_loops
 from fxremat_passes.simulator.liveness import _Phase
 
 B, S, D = 2, 12, 32

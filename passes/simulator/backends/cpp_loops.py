@@ -22,14 +22,10 @@ import math
 
 import torch.fx as fx
 
-from ..graph.ops import OpClass
-from .access import reduced_dims, sizes_strides
+from ...graph.ops import OpClass
+from ..access import reduced_dims, sizes_strides
+from .rules import NO_LOOP
 
-# The sizes of a ``ConcatKernel``: a NopKernel (``lowering.concat_kernel``), between the kernels that write its slices
-# and those that read it (``Scheduler.can_fuse``: "node1 is nop", "node2 is extern or nop"), so a kernel that reads
-# it never fuses with one that writes it (``fusion.Fusion.loops_differ``).  ViT's class token and patch embeddings:
-# fused with the first block's norm backward in the simulation, three kernels in Inductor's.
-NO_LOOP = ("no loop",)
 # A read's stride in a dim where it does not line up with the loop: it merges with no neighbour (``_merged``).  Its own
 # object, so that it is never taken for ``_read_strides``' None (sizes not known) nor for a stride.
 BLOCKED = "blocked"
@@ -82,9 +78,9 @@ def loop_sizes(phase, unit: fx.Node) -> tuple | None:
     facts = phase.facts
     if facts.concat_kernel(unit):
         return NO_LOOP
-    if not facts.on_cpu(unit) or facts.loop_facts(unit)[1] is not None:
+    if facts.loop_facts(unit)[1] is not None:
         return None  # a scatter loops over its values, not its output
-    reducing = phase._cpu_reduction(unit)
+    reducing = phase._reduction_first(unit)
     if reducing and phase.classes[unit] is not OpClass.REDUCTION:
         return None
     reduced: tuple = ()

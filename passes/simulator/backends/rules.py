@@ -1,0 +1,85 @@
+"""The seam between the simulator and Inductor's code-generation backends: ``SchedulingRules``, what one backend
+does differently from another where the step's memory depends on it.  The simulator's stages (``lowering.py``,
+``fusion.py``, ``phase.py``, ``walk.py``, ``layout.py``) read a node's facts and the graph, and ask the rules of
+the backend they simulate (``SimulatorInputs.backend``, ``simulator/inputs.py``) whatever depends on the backend;
+none of them tests a device.  One module per backend: ``cpp.py`` (Inductor's C++ backend, checked against real
+compiles) and ``triton.py`` (its Triton backend for GPUs, not yet checked against a recorded GPU compile); a backend
+is registered by name in ``backends/__init__.py`` (``BACKENDS``), as ``solver/solvers.py`` registers solvers.
+docs/DESIGN.md §6 (the simulator) says what each rule models; docs/ARCHITECTURE.md where a new rule goes.
+
+What the seam is shaped for, not built yet (docs/DESIGN.md §6, "The schedule's seam"): the simulated schedule is an
+ordered list of kernels on one stream; an offload's device-to-host copies run on a second stream and free their
+bytes at their completion, so a backend will also say how long a copy takes (``transfer_seconds``) and the schedule
+will carry each kernel's stream; a subgraph node (``invoke_subgraph``, PyTorch's chunking) is one extern-like unit
+whose own schedule the rules simulate as a nested phase.  Both add methods here; none of today's changes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+# The most reads any backend's realization rule compares a count of loads with (the C++ backend's
+# ``max_reads``): ``access.add_loads`` keeps one more than that.
+MOST_READS_COMPARED = 12
+
+# The loop sizes ``SchedulingRules.loop_sizes`` gives a ``ConcatKernel``: a NopKernel (``lowering.concat_kernel``),
+# between the kernels that write its slices and those that read it (``Scheduler.can_fuse``: "node1 is nop", "node2
+# is extern or nop"), so a kernel that reads it never fuses with one that writes it (``fusion.Fusion.loops_differ``).
+# ViT's class token and patch embeddings: fused with the first block's norm backward in the simulation, three
+# kernels in Inductor's.
+NO_LOOP = ("no loop",)
+
+
+class SchedulingRules:
+    """One backend's rules.  Attributes are facts of the backend; methods answer for one node or kernel."""
+
+    name: str = ""
+    # checked against that backend's real compiles (tests and benchmarks say which); False: a model from its source
+    validated: bool = False
+    # ``IRNode.has_exceeded_max_reads``: a pointwise value reading more buffers than this is stored (realized)
+    max_reads: int = 8
+    # ``StorageBox.should_realize_on_reuse``: a value read by several nodes whose computation is costly (exp, log,
+    # sigmoid, tanh) is stored rather than computed in each reader
+    realizes_costly_on_reuse: bool = False
+    # ``lowering.cat``: every ``cat`` lowers to a ConcatKernel, a buffer its inputs' kernels write into
+    cat_is_concat_kernel: bool = False
+    # ``should_prefer_unfused_addmm``: ``add(mm, c)`` whose readers are all pointwise stays an mm and a fused add
+    keeps_mm_before_pointwise_readers: bool = False
+    # a reduction and a pointwise loop fuse only with the reduction first (``fusion.Fusion.cpu_reduction_first``)
+    reduction_fuses_first: bool = False
+    # generated kernels run in groups that free what they read only when the group is flushed (``walk.Walk``)
+    groups_generated_kernels: bool = False
+    # fxremat hands this backend a backward reordered for fewer compile units (``rewrite/cpp_units.py``)
+    joins_kernel_runs: bool = False
+
+    def __init__(self, torch_version: tuple[int, int]) -> None:
+        self.torch_version = torch_version  # the release whose Inductor the rules describe
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(torch {self.torch_version[0]}.{self.torch_version[1]})"
+
+    def allocated_bytes(self, nbytes: int) -> int:
+        """What the device's allocator counts for a tensor of ``nbytes``."""
+        return nbytes
+
+    def bmm_is_reduction(self, a: torch.Tensor, b: torch.Tensor) -> bool:
+        """Whether Inductor lowers ``bmm(a, b)`` to a multiply and a sum (a reduction kernel)."""
+        return False
+
+    def loop_sizes(self, phase, unit: fx.Node) -> tuple | None:
+        """(loop sizes, reduction sizes) of a unit's kernel where they decide whether two kernels fuse, or None
+        where the backend's fusion does not compare them."""
+        return None
+
+    def workspace_bytes(self, node: fx.Node, channels_last: bool) -> int:
+        """Bytes an extern kernel allocates and frees inside itself, above its outputs, while it runs."""
+        return 0
+
+    def depthwise_buffer_bytes(self, node: fx.Node) -> int:
+        """A buffer a depthwise convolution's weight gradient allocates inside itself from a channels-last input."""
+        return 0
+
+    def convolutions_kept(self, joint: fx.GraphModule, candidates) -> dict[fx.Node, str]:
+        """Forward convolutions no plan may recompute on this backend, each with the reason."""
+        return {}
