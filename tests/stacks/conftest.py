@@ -22,6 +22,16 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 sys.path.insert(0, str(EXAMPLES))
 
 
+@pytest.fixture(autouse=True)
+def torch_compile_as_found():
+    """Importing Lightning replaces ``torch.compile`` for the rest of the process (lightning/fabric/wrappers.py
+    wraps it to keep a deep copy of the compile arguments).  A test that imports Lightning must not leave the rest
+    of the suite running under that wrapper: the ``torch.compile`` found is put back after each test."""
+    found = torch.compile
+    yield
+    torch.compile = found
+
+
 @pytest.fixture
 def fresh_dynamo():
     """Dynamo's caches emptied before and after: the examples' models share code objects across tests, and a graph
