@@ -175,10 +175,12 @@ def stored_report_json(report: CutReport, options: Options) -> str:
 
 class _ReportSink:
     """Where a backend's reports go: the reports, those not yet written out, and the lock that guards both (Inductor
-    may compile on several threads).  Shared by a backend and its deep copies."""
+    may compile on several threads).  Shared by a backend and its deep copies.  ``mirror``: a list that also gets
+    every report (the string form's backends share one, ``string_backend_reports``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, mirror: list[CutReport] | None = None) -> None:
         self.reports: list[CutReport] = []
+        self.mirror = mirror
         self.unwritten: list[tuple[CutReport, str | None, int]] = []  # (report, store key, number): _write_reports
         self.lock = threading.Lock()
 
@@ -187,6 +189,8 @@ class _ReportSink:
         ``FxrematBackend._write_reports``.  Returns its number (1-based)."""
         with self.lock:
             self.reports.append(report)
+            if self.mirror is not None:
+                self.mirror.append(report)
             if to_write:
                 self.unwritten.append((report, key, len(self.reports)))
             return len(self.reports)
@@ -364,6 +368,7 @@ def backend(inductor_options: dict[str, Any] | None = None, **options: Any) -> F
 
 
 _string_backends: dict[str, FxrematBackend] = {}
+_string_reports: list[CutReport] = []  # every string-form backend's reports, in compile order
 
 
 def _inductor_config_names() -> set[str]:
@@ -394,7 +399,7 @@ def backend_from_compile_args(mode: str | None = None, options: dict[str, Any] |
         inductor = {**list_mode_options(mode), **inductor}
     key = repr((mode, sorted(options.items(), key=lambda kv: kv[0])))
     if key not in _string_backends:
-        _string_backends[key] = FxrematBackend(Options.create(**fx_opts), inductor)
+        _string_backends[key] = FxrematBackend(Options.create(**fx_opts), inductor, _ReportSink(_string_reports))
     return _string_backends[key]
 
 
@@ -404,5 +409,6 @@ def fxremat_backend(gm: fx.GraphModule, example_inputs, mode: str | None = None,
 
 
 def string_backend_reports() -> list[CutReport]:
-    """Reports of every graph compiled through ``backend="fxremat"`` in this process."""
-    return [r for b in _string_backends.values() for r in b.reports]
+    """Reports of every graph compiled through ``backend="fxremat"`` in this process, whatever its ``options=``, in
+    compile order (a run's reports are the list's end)."""
+    return list(_string_reports)  # the sinks append to it under their own locks; list.append is atomic

@@ -33,11 +33,11 @@ def test_compiled_wrapper_needs_remove_unused_columns(eager_losses):
     model's signature: the Trainer drops every column unless told not to."""
     with pytest.raises(ValueError, match="batch received was empty"):
         hf_trainer.train(torch.compile(hf_trainer.tiny_llama(), backend="fxremat"), STEPS)
-    before = {id(r) for r in fxremat.string_backend_reports()}  # its order is by backend, not by time
+    before = len(fxremat.string_backend_reports())
     compiled = torch.compile(hf_trainer.tiny_llama(), backend="fxremat")
     losses = hf_trainer.train(compiled, STEPS, remove_unused_columns=False)
     torch.testing.assert_close(losses, eager_losses)
-    assert any(id(r) not in before for r in fxremat.string_backend_reports())
+    assert len(fxremat.string_backend_reports()) > before
 
 
 def test_torch_compile_backend_argument_is_refused_by_accelerate():
