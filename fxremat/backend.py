@@ -8,6 +8,7 @@ Dynamo graph and our uuid, and re-emitted on a cache hit.
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import itertools
@@ -76,7 +77,7 @@ class FxrematPartitioner(tp.CustomPartitionerFn):
     def __reduce__(self):
         # AOTAutograd pickles the Inductor config to build its cache key (and compile workers may unpickle it):
         # pickle only the options, never the backend that collects reports (it holds a lock).
-        return (_rebuild_partitioner, (self.options,))
+        return (_rebuild_partitioner, (self.options, self.as_inductor))
 
     def uuid(self) -> str:
         # a compile whose layout the partitioner chooses must not share cache entries with one whose layout the
@@ -118,19 +119,44 @@ def _groups_generated_kernels(device_type: str) -> bool:
     return backend_for_device(device_type).groups_generated_kernels
 
 
-def _rebuild_partitioner(options: Options) -> FxrematPartitioner:
-    return FxrematPartitioner(options, lambda report, key: None)
+def _rebuild_partitioner(options: Options, as_inductor: bool = False) -> FxrematPartitioner:
+    return FxrematPartitioner(options, _discard_report, as_inductor)
 
 
-def make_partition_fn(options: Options, sink: list[CutReport], as_inductor: bool = False):
+def _discard_report(report: CutReport, key: str | None) -> None:
+    """Where an unpickled partitioner reports: the backend that collected its reports stayed in the other process."""
+
+
+class PartitionFn:
     """A plain ``partition_fn`` for ``aot_function``/``aot_module`` (tests, tools): no Inductor involved, unless
-    ``as_inductor`` (the split Inductor would get, for compilers that emulate it)."""
-    partitioner = FxrematPartitioner(options, lambda report, key: sink.append(report), as_inductor)
+    ``as_inductor`` (the split Inductor would get, for compilers that emulate it).  Each report is appended to
+    ``reports`` (the caller's list).
 
-    def partition_fn(gm, joint_inputs, **kwargs):
-        return partitioner(gm, joint_inputs, **kwargs)
+    Copies, as ``FxrematBackend``'s: ``copy.deepcopy`` shares ``reports`` (a framework that copies its compile
+    arguments still fills the caller's list); ``pickle`` keeps the options and starts an empty list of its own."""
 
-    return partition_fn
+    def __init__(self, options: Options, reports: list[CutReport], as_inductor: bool = False) -> None:
+        self.options = options
+        self.reports = reports
+        self.as_inductor = as_inductor
+        self._partitioner = FxrematPartitioner(options, self._record, as_inductor)
+
+    def _record(self, report: CutReport, key: str | None) -> None:
+        self.reports.append(report)
+
+    def __call__(self, gm: fx.GraphModule, joint_inputs, **kwargs: Any):
+        return self._partitioner(gm, joint_inputs, **kwargs)
+
+    def __deepcopy__(self, memo) -> PartitionFn:
+        return PartitionFn(self.options, self.reports, self.as_inductor)
+
+    def __reduce__(self):
+        return (PartitionFn, (self.options, [], self.as_inductor))
+
+
+def make_partition_fn(options: Options, sink: list[CutReport], as_inductor: bool = False) -> PartitionFn:
+    """A ``partition_fn`` that appends each report to ``sink`` (``PartitionFn``)."""
+    return PartitionFn(options, sink, as_inductor)
 
 
 def _dynamo_graph_key(gm: fx.GraphModule, example_inputs, uuid: str) -> str:
@@ -153,15 +179,50 @@ def stored_report_json(report: CutReport, options: Options) -> str:
     return report.to_json(compute_deferred=options.compare_default or options.report_dir is not None, indent=None)
 
 
-class FxrematBackend:
-    """``torch.compile(model, backend=fxremat.backend(...))``.  ``.reports``: one CutReport per joint graph."""
+class _ReportSink:
+    """Where a backend's reports go: the reports, those not yet written out, and the lock that guards both (Inductor
+    may compile on several threads).  Shared by a backend and its deep copies.  ``mirror``: a list that also gets
+    every report (the string form's backends share one, ``string_backend_reports``)."""
 
-    def __init__(self, options: Options, inductor_config: dict[str, Any] | None = None) -> None:
+    def __init__(self, mirror: list[CutReport] | None = None) -> None:
+        self.reports: list[CutReport] = []
+        self.mirror = mirror
+        self.unwritten: list[tuple[CutReport, str | None, int]] = []  # (report, store key, number): _write_reports
+        self.lock = threading.Lock()
+
+    def record(self, report: CutReport, key: str | None, to_write: bool = True) -> int:
+        """Append ``report``; unless ``to_write`` is False (a report read back from the store), also queue it for
+        ``FxrematBackend._write_reports``.  Returns its number (1-based)."""
+        with self.lock:
+            self.reports.append(report)
+            if self.mirror is not None:
+                self.mirror.append(report)
+            if to_write:
+                self.unwritten.append((report, key, len(self.reports)))
+            return len(self.reports)
+
+    def take_unwritten(self) -> list[tuple[CutReport, str | None, int]]:
+        with self.lock:
+            unwritten, self.unwritten = self.unwritten, []
+            return unwritten
+
+
+class FxrematBackend:
+    """``torch.compile(model, backend=fxremat.backend(...))``.  ``.reports``: one CutReport per joint graph.
+
+    A backend can be copied and pickled, so that frameworks that copy or re-apply compile arguments (Lightning
+    deep-copies them) accept it.  ``copy.copy`` and ``copy.deepcopy`` give a backend with the same options that
+    reports to the same place: its reports land in this backend's ``.reports``, so the object you hold sees every
+    compile, whichever copy a framework compiled with.  ``pickle`` keeps the options and Inductor patches only: an
+    unpickled backend (another process's, say) starts with no reports of its own.
+    """
+
+    def __init__(
+        self, options: Options, inductor_config: dict[str, Any] | None = None, sink: _ReportSink | None = None
+    ) -> None:
         self.options = options
         self.inductor_config = dict(inductor_config or {})
-        self.reports: list[CutReport] = []
-        self._unwritten: list[tuple[CutReport, str | None, int]] = []  # (report, store key, number): _write_reports
-        self._lock = threading.Lock()
+        self._sink = sink if sink is not None else _ReportSink()
         self._partitioner = FxrematPartitioner(options, self._record)
         # looked up at each call, so that a test can tell the fix which compiles to mend
         inductor_scheduler.inductor_keeps_mutation_order(lambda: _compiling_for_fxremat())
@@ -169,21 +230,31 @@ class FxrematBackend:
         tp.inductor_bounds_reuse_by_allocated_buffers(lambda: _compiling_for_fxremat(), _groups_generated_kernels)
         self._verifier: Verifier | None = None  # made on the first verified graph (options.verify)
 
+    @property
+    def reports(self) -> list[CutReport]:
+        """One CutReport per joint graph compiled through this backend or a copy of it, in compile order."""
+        return self._sink.reports
+
     def __repr__(self) -> str:
         return f"fxremat.backend({self.options})"
 
+    def __copy__(self) -> FxrematBackend:
+        return FxrematBackend(self.options, self.inductor_config, self._sink)
+
+    def __deepcopy__(self, memo) -> FxrematBackend:
+        return FxrematBackend(self.options, copy.deepcopy(self.inductor_config, memo), self._sink)
+
+    def __reduce__(self):
+        return (FxrematBackend, (self.options, self.inductor_config))
+
     def _record(self, report: CutReport, key: str | None) -> None:
-        with self._lock:
-            self.reports.append(report)
-            self._unwritten.append((report, key, len(self.reports)))
+        self._sink.record(report, key)
 
     def _write_reports(self) -> None:
         """Write the reports of this compile's partitions to the report store (``stored_report_json``: deferred
         fields only when asked for) and ``report_dir`` (full reports), once Inductor is done, so that whatever
         they compute runs outside the partition."""
-        with self._lock:
-            unwritten, self._unwritten = self._unwritten, []
-        for report, key, number in unwritten:
+        for report, key, number in self._sink.take_unwritten():
             if key is not None:
                 try:
                     path = report_store_dir() / f"{key}.json"
@@ -280,10 +351,7 @@ class FxrematBackend:
         except (OSError, ValueError, TypeError) as error:
             log.warning("fxremat: stored report %s unreadable: %s", path, error)
             return
-        with self._lock:
-            self.reports.append(report)
-            number = len(self.reports)
-        self._write_report_dir(report, number)
+        self._write_report_dir(report, self._sink.record(report, key, to_write=False))
 
 
 def backend(inductor_options: dict[str, Any] | None = None, **options: Any) -> FxrematBackend:
@@ -303,6 +371,7 @@ def backend(inductor_options: dict[str, Any] | None = None, **options: Any) -> F
 
 
 _string_backends: dict[str, FxrematBackend] = {}
+_string_reports: list[CutReport] = []  # every string-form backend's reports, in compile order
 
 
 def _inductor_config_names() -> set[str]:
@@ -329,7 +398,7 @@ def backend_from_compile_args(mode: str | None = None, options: dict[str, Any] |
         inductor = {**inductor_entry.inductor_mode_options(mode), **inductor}
     key = repr((mode, sorted(options.items(), key=lambda kv: kv[0])))
     if key not in _string_backends:
-        _string_backends[key] = FxrematBackend(Options.create(**fx_opts), inductor)
+        _string_backends[key] = FxrematBackend(Options.create(**fx_opts), inductor, _ReportSink(_string_reports))
     return _string_backends[key]
 
 
@@ -339,5 +408,6 @@ def fxremat_backend(gm: fx.GraphModule, example_inputs, mode: str | None = None,
 
 
 def string_backend_reports() -> list[CutReport]:
-    """Reports of every graph compiled through ``backend="fxremat"`` in this process."""
-    return [r for b in _string_backends.values() for r in b.reports]
+    """Reports of every graph compiled through ``backend="fxremat"`` in this process, whatever its ``options=``, in
+    compile order (a run's reports are the list's end)."""
+    return list(_string_reports)  # the sinks append to it under their own locks; list.append is atomic
