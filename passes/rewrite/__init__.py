@@ -1,1 +1,1 @@
-"""rewrite: see docs/ARCHITECTURE.md."""
+"""The graphs fxremat hands Inductor: the split, segments, layout pins and choice, C++ units (docs/ARCHITECTURE.md)."""

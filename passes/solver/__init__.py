@@ -1,1 +1,1 @@
-"""solver: see docs/ARCHITECTURE.md."""
+"""The solver tier: plain numbers, no torch (min-cut, MILP, budgets, shortlists; docs/ARCHITECTURE.md)."""
