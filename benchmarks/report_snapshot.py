@@ -37,11 +37,18 @@ EXAMPLES = ("mlp", "block_sdpa", "block_softmax", "stack", "llama_stack", "convn
 HF = ("gpt2", "llama", "bert", "t5", "vit", "mixtral")
 
 
+REPOSITORY = str(Path(__file__).resolve().parents[1]) + "/"
+
+
 def _without_timings(value: Any) -> Any:
+    """``value`` without wall-clock timings, and with source paths relative to the repository (two checkouts
+    compare)."""
     if isinstance(value, dict):
         return {k: _without_timings(v) for k, v in value.items() if not k.endswith("_seconds")}
     if isinstance(value, list):
         return [_without_timings(v) for v in value]
+    if isinstance(value, str):
+        return value.replace(REPOSITORY, "")
     return value
 
 

@@ -316,7 +316,7 @@ class _Phase:
         a reduction or a norm, not a scatter (a pointwise loop over its values, ``scatter_values``)."""
         cls = self.classes[unit]
         reduces = cls is OpClass.NORM or (cls is OpClass.REDUCTION and self.facts.loop_facts(unit)[1] is None)
-        return reduces and self.backend.reduction_fuses_first
+        return reduces and self.backend.reduction_fuses_first and self.facts.is_tensor(unit)
 
     def _loop(self, unit: fx.Node) -> tuple:
         """What must match for two units to share a kernel: the loop's size (``_numel``); for a column reduction

@@ -184,7 +184,10 @@ class Walk:
         if k >= len(self.order):
             return False
         head = self.order[k]
-        return self.phase.classes[head] in KERNEL_CLASSES and self.phase.backend.groups_generated_kernels
+        phase = self.phase
+        # a head whose value is a tuple (a norm's backward) is not taken as grouped (DESIGN §6.0)
+        grouped = phase.backend.groups_generated_kernels and phase.facts.is_tensor(head)
+        return phase.classes[head] in KERNEL_CLASSES and grouped
 
     def release(self, k: int, names: list[str]) -> None:
         """Free ``names`` (storages that died at or before kernel ``k``) after kernel ``k``; a pooled buffer enters

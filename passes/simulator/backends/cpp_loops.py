@@ -78,7 +78,7 @@ def loop_sizes(phase, unit: fx.Node) -> tuple | None:
     facts = phase.facts
     if facts.concat_kernel(unit):
         return NO_LOOP
-    if facts.loop_facts(unit)[1] is not None:
+    if not facts.is_tensor(unit) or facts.loop_facts(unit)[1] is not None:
         return None  # a scatter loops over its values, not its output
     reducing = phase._reduction_first(unit)
     if reducing and phase.classes[unit] is not OpClass.REDUCTION:

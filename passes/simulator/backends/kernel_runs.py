@@ -52,7 +52,8 @@ class _Move:
 def _generated(phase, unit: fx.Node) -> bool:
     """Whether ``unit`` is a generated CPU kernel, part of a kernel group (``walk.Walk.grouped``'s rule), rather
     than an extern one."""
-    return phase.classes[unit] in KERNEL_CLASSES and phase.backend.groups_generated_kernels
+    grouped = phase.backend.groups_generated_kernels and phase.facts.is_tensor(unit)  # as ``walk.Walk.grouped``
+    return phase.classes[unit] in KERNEL_CLASSES and grouped
 
 
 def _schedule(phase) -> tuple[list[fx.Node], list[bool]]:
