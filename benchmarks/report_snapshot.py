@@ -45,7 +45,7 @@ def _without_timings(value: Any) -> Any:
     compare)."""
     if isinstance(value, dict):
         return {k: _without_timings(v) for k, v in value.items() if not k.endswith("_seconds")}
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return [_without_timings(v) for v in value]
     if isinstance(value, str):
         return value.replace(REPOSITORY, "")
