@@ -38,7 +38,7 @@ from fxremat_passes.rewrite.layout_choice import LayoutChoice, decide_layout
 from fxremat_passes.rewrite.layout_pins import pin_as_strided_inputs, saved_inputs_as_views
 from fxremat_passes.rewrite.split import SplitRecipe, split_with_recipe
 from fxremat_passes.simulator.backends import backend_for_device
-from fxremat_passes.simulator.inputs import kernel_runs_joined
+from fxremat_passes.simulator.inputs import SimulatorInputs
 from fxremat_passes.simulator.layout import has_convolution
 from fxremat_passes.simulator.liveness import PeakEstimate, saved_views_of_inputs
 from fxremat_passes.solver.budget import Plan
@@ -107,6 +107,22 @@ class PartitionRequest:
     inductor: bool = False  # Inductor compiles the split (not aot_eager, not no-op compilers): its layout rules apply
     # the compile's layout decision, where fxremat may choose it (a CPU graph, no layout switch of the user's)
     layout: LayoutChoice | None = None
+    # what every simulation of this partition assumes (``simulator_inputs``), set as the partition starts
+    simulator: SimulatorInputs | None = None
+
+
+def simulator_inputs(request: PartitionRequest, stock: bool = False) -> SimulatorInputs:
+    """What the simulation of this compile's splits assumes (``passes/simulator/inputs.py``), read once from the
+    compile: the backend Inductor generates code with for the graph's device, the compile's buffer reuse
+    (``stock``: the one stock Inductor would use, for PyTorch's split), whether Inductor reorders for peak memory
+    under the config in force, and whether fxremat hands the backward over reordered for fewer C++ units."""
+    backend = backend_for_device(graph_device(request.joint)[0] or "cpu")
+    return SimulatorInputs(
+        backend=backend,
+        buffer_reuse=tp.stock_buffer_reuse() if stock else tp.inductor_buffer_reuse(),
+        reorders_for_peak=tp.inductor_reorders_for_peak_memory(),
+        joins_kernel_runs=not stock and request.inductor and backend.joins_kernel_runs,
+    )
 
 
 def graph_device(joint: fx.GraphModule) -> tuple[str | None, str | None]:
@@ -163,20 +179,19 @@ def _baseline(request: PartitionRequest, profile: DeviceProfile, compare_budgets
         return Baseline(baseline_error=f"{type(error).__name__}: {error}"), 0.0  # its time counted as ours, as before
     default_seconds = time.perf_counter() - start
     # PyTorch's split is ours alone (nobody compiles it): simulated on the first read of its fields
+    # as stock Inductor compiles it: its buffer reuse, saved inputs kept as its channels-last copies (``recopy=False``)
+    stock = simulator_inputs(request, stock=True)
     if simulated.can_simulate_later(fw.graph.nodes):
         baseline_peak = simulated.later(
-            # as stock Inductor compiles it: saved inputs stay its channels-last copies (``recopy=False``)
             lambda: simulated.baseline_peak_fields(
-                simulated.simulate_step(fw, bw, request.num_fwd_outputs, recopy=False)
+                simulated.simulate_step(fw, bw, request.num_fwd_outputs, recopy=False, inputs=stock)
             ),
             BASELINE_PEAK_FIELDS,
-            stock=True,
         )
     else:
-        with tp.buffer_reuse_as_now(stock=True)():
-            baseline_peak = simulated.baseline_peak_fields(
-                simulated.simulate_or_none(fw, bw, request.num_fwd_outputs, recopy=False)
-            )
+        baseline_peak = simulated.baseline_peak_fields(
+            simulated.simulate_or_none(fw, bw, request.num_fwd_outputs, recopy=False, inputs=stock)
+        )
     budget_points = []
     for budget in PYTORCH_BUDGETS if compare_budgets else ():
         try:
@@ -214,11 +229,10 @@ class _Split:
     peak: PeakEstimate | None = None  # the split's simulation, where choosing the plan ran it already
 
 
-def _keep_convolutions_for_depthwise(joint: fx.GraphModule, roles) -> None:
+def _keep_convolutions_for_depthwise(joint: fx.GraphModule, roles, backend) -> None:
     """Under Inductor, a convolution recomputed in backward can cost mkldnn's depthwise buffer (docs/DESIGN.md §7): such
     convolutions join the never-recomputed nodes; a user's recompute tag is honoured."""
     untagged = [n for n, r in roles.role.items() if r is Role.FORWARD and recompute_tag(n) is None]
-    backend = backend_for_device(graph_device(joint)[0] or "cpu")  # the backend Inductor compiles the graph with
     for node, why in backend.convolutions_kept(joint, untagged).items():
         roles.no_recompute.setdefault(node, why)
 
@@ -237,7 +251,7 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
         static_lifetime_input_indices=request.static_lifetime_input_indices,
     )
     if request.inductor:
-        _keep_convolutions_for_depthwise(joint, roles)
+        _keep_convolutions_for_depthwise(joint, roles, request.simulator.backend)
     reasons = Counter(r for n, r in roles.no_recompute.items() if roles.role[n] is not Role.INPUT)
     classified = Classified(
         never_recomputed=tuple(sorted(reasons.items())),
@@ -262,7 +276,9 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
     _enter("solve_min_cut")
     solve_start = time.perf_counter()
     split = _splitter(joint, flow, roles, request.num_fwd_outputs)
-    chosen = choose(flow, roles, joint, ChoiceSettings.of(options), profile, request, split, regions)
+    chosen = choose(
+        flow, roles, joint, ChoiceSettings.of(options), profile, request, split, regions, request.simulator
+    )
     plan, split_done, peak = chosen.plan, chosen.split, chosen.peak
     choice = Choice(**chosen.fields, solve_seconds=time.perf_counter() - solve_start)  # the choice modules' dict
     for node in (flow.nodes[i] for i in plan.recomputed):
@@ -272,7 +288,9 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
     _enter("split")
     fw, bw, recipe = split_done if split_done is not None else split(plan)
     if options.backward_segments and recipe is not None and not recipe.bw_checkpoints:  # asked for every plan
-        (fw, bw, recipe), peak, segment_fields = segmented_split(recipe, request.num_fwd_outputs, profile)
+        (fw, bw, recipe), peak, segment_fields = segmented_split(
+            recipe, request.num_fwd_outputs, profile, request.simulator
+        )
         choice = dataclasses.replace(choice, **segment_fields)  # this split's segments, not the choice's
     return _Split(fw, bw, [classified, choice, recomputation], recipe, peak)
 
@@ -318,8 +336,8 @@ def _fallback(request: PartitionRequest, profile: DeviceProfile, reason: str, to
         activation_memory_budget=torch_budget,
     )
     described = describe_split(fw, bw, request.num_fwd_outputs, profile)
-    peak = SimulatedPeak(**simulated.peak_fields(simulated.simulate_or_none(fw, bw, request.num_fwd_outputs)))
-    return fw, bw, [Described.of(described), peak]
+    peak = simulated.simulate_or_none(fw, bw, request.num_fwd_outputs, inputs=request.simulator)
+    return fw, bw, [Described.of(described), SimulatedPeak(**simulated.peak_fields(peak))]
 
 
 def _choose_layout(request: PartitionRequest, fw: fx.GraphModule, bw: fx.GraphModule, peak: SimulatedPeak):
@@ -329,7 +347,7 @@ def _choose_layout(request: PartitionRequest, fw: fx.GraphModule, bw: fx.GraphMo
     if not isinstance(contiguous, int):  # the simulation failed (or is deferred)
         return peak, Layout()
     try:
-        channels_last = decide_layout(request.layout, fw, bw, request.num_fwd_outputs, contiguous)
+        channels_last = decide_layout(request.layout, fw, bw, request.num_fwd_outputs, contiguous, request.simulator)
     except Exception as error:
         log.debug("channels-last simulation failed, the layout stays contiguous: %s", error, exc_info=True)
         request.layout.channels_last, request.layout.peaks = None, None
@@ -353,6 +371,7 @@ def _ready_for_compiler(request: PartitionRequest, fw: fx.GraphModule, bw: fx.Gr
 
 def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModule, fx.GraphModule, CutReport]:
     start = time.perf_counter()
+    request = dataclasses.replace(request, simulator=simulator_inputs(request))
     # a user's setting, not a fault of ours: bad region annotations raise here, outside the fallback
     options, budget_source, regions = effective_options(options, request.joint, request.num_fwd_outputs)
     device_type, device_name = graph_device(request.joint)
@@ -395,21 +414,20 @@ def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphMod
 def _ours_described(request: PartitionRequest, options: Options, profile: DeviceProfile, regions):
     """fxremat's split and every report record it makes: (fw, bw, records).  Under Inductor on CPU every step is
     simulated with the backward in the order ``_fewer_cpp_units`` will give it (``SimulatorInputs.joins_kernel_runs``)."""
-    with kernel_runs_joined(_joins_cpp_units(request)):
-        ours = _fxremat_partition(request, options, profile, regions)
-        fw, bw = ours.fw, ours.bw
-        _enter("describe")
-        described = describe_split(fw, bw, request.num_fwd_outputs, profile)
-        peak = simulated.report_peak(fw, bw, request.num_fwd_outputs, ours.recipe, ours.peak)
-        layout = Layout()
-        if request.layout is not None and has_convolution(fw):
-            peak, layout = _choose_layout(request, fw, bw, peak)
+    ours = _fxremat_partition(request, options, profile, regions)
+    fw, bw = ours.fw, ours.bw
+    _enter("describe")
+    described = describe_split(fw, bw, request.num_fwd_outputs, profile)
+    peak = simulated.report_peak(fw, bw, request.num_fwd_outputs, ours.recipe, ours.peak, request.simulator)
+    layout = Layout()
+    if request.layout is not None and has_convolution(fw):
+        peak, layout = _choose_layout(request, fw, bw, peak)
     peak = _fewer_cpp_units(request, fw, bw, peak)
     return fw, bw, [Described.of(described), peak, *ours.records, layout]
 
 
 def _joins_cpp_units(request: PartitionRequest) -> bool:
-    return request.inductor and graph_device(request.joint)[0] == "cpu"
+    return request.simulator.joins_kernel_runs
 
 
 def _fewer_cpp_units(request: PartitionRequest, fw: fx.GraphModule, bw: fx.GraphModule, peak: SimulatedPeak):
@@ -420,5 +438,5 @@ def _fewer_cpp_units(request: PartitionRequest, fw: fx.GraphModule, bw: fx.Graph
     if not _joins_cpp_units(request):
         return peak
     with tp.inductor_config_patched(request.layout.inductor_patch() if request.layout else {}):
-        joined = join_kernel_runs(fw, bw, request.num_fwd_outputs)
+        joined = join_kernel_runs(fw, bw, request.num_fwd_outputs, request.simulator)
     return SimulatedPeak(**simulated.peak_fields(joined.estimate)) if joined.reordered else peak

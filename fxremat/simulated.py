@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator
 
 import torch.fx as fx
 
-from fxremat_passes import _torch_private as tp
 from fxremat_passes.graph.ops import CONVOLUTION
 from fxremat_passes.rewrite.split import SplitRecipe
 from fxremat_passes.simulator.liveness import PeakEstimate, simulate_step
@@ -26,11 +25,12 @@ TIMELINE_POINTS = 400
 
 
 def simulate_or_none(
-    fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, recopy: bool = True
+    fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, recopy: bool = True, inputs=None
 ) -> PeakEstimate | None:
-    """The liveness simulation of a split; informative, so a failure is logged, never raised."""
+    """The liveness simulation of a split (``inputs``: the partition's ``SimulatorInputs``); informative, so a
+    failure is logged, never raised."""
     try:
-        return simulate_step(fw, bw, num_fwd_outputs, recopy)
+        return simulate_step(fw, bw, num_fwd_outputs, recopy, inputs=inputs)
     except Exception as error:
         log.debug("memory simulation failed: %s", error, exc_info=True)
         return None
@@ -74,16 +74,13 @@ def can_simulate_later(fw_nodes) -> bool:
     return not any(n.target is CONVOLUTION for n in fw_nodes)
 
 
-def later(compute: Callable[[], dict], names: tuple[str, ...], stock: bool = False) -> dict[str, Deferred]:
+def later(compute: Callable[[], dict], names: tuple[str, ...]) -> dict[str, Deferred]:
     """The report fields ``names``, all filled by one ``compute()`` on the first read of any of them (informative:
-    a failure is logged and leaves them at their defaults).  ``stock``: they simulate PyTorch's split, which stock
-    Inductor would compile (its buffer reuse, not fxremat's)."""
-
-    # the simulation models the compile's buffer reuse, read now, inside its config patch
-    reuse_as_now = tp.buffer_reuse_as_now(stock)
+    a failure is logged and leaves them at their defaults).  ``compute`` simulates with the partition's
+    ``SimulatorInputs``, read during the compile: nothing of the compile's context is needed later."""
 
     def run() -> dict:
-        with gc_paused(), reuse_as_now():
+        with gc_paused():
             try:
                 return compute()
             except Exception as error:
@@ -93,15 +90,22 @@ def later(compute: Callable[[], dict], names: tuple[str, ...], stock: bool = Fal
     return dict.fromkeys(names, Deferred(run))
 
 
-def report_peak(fw, bw, num_fwd_outputs: int, recipe: SplitRecipe | None, peak: PeakEstimate | None) -> SimulatedPeak:
+def report_peak(
+    fw, bw, num_fwd_outputs: int, recipe: SplitRecipe | None, peak: PeakEstimate | None, inputs=None
+) -> SimulatedPeak:
     """The simulated-peak fields of our split: the simulation the peak budget already ran, or one deferred to the
-    first read of the fields (from the recipe's own copy of the split), or, where neither applies, one run now."""
+    first read of the fields (from the recipe's own copy of the split, in the order it was split: a reordered
+    backward's peak is ``cpp_units.join_kernel_runs``'s), or, where neither applies, one run now."""
     if peak is not None:
         return SimulatedPeak(**peak_fields(peak))
     if recipe is not None and can_simulate_later(recipe.fw_order):
-        deferred = later(lambda: peak_fields(simulate_step(*recipe.build(lazy=True), num_fwd_outputs)), PEAK_FIELDS)
-        return SimulatedPeak(**deferred)
-    return SimulatedPeak(**peak_fields(simulate_or_none(fw, bw, num_fwd_outputs)))
+        unjoined = inputs.with_changes(joins_kernel_runs=False) if inputs is not None else None
+
+        def compute() -> dict:
+            return peak_fields(simulate_step(*recipe.build(lazy=True), num_fwd_outputs, inputs=unjoined))
+
+        return SimulatedPeak(**later(compute, PEAK_FIELDS))
+    return SimulatedPeak(**peak_fields(simulate_or_none(fw, bw, num_fwd_outputs, inputs=inputs)))
 
 
 @contextlib.contextmanager

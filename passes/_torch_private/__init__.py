@@ -91,7 +91,7 @@ __all__ = [
     "inductor_reorders_for_peak_memory", "inductor_estimate_counts_outputs", "inner_compile_with_layout",
     "functorch_knob_default", "fx_graph_cse", "get_hash_for_files", "has_free_unbacked_symbols",
     "inductor_layout_optimisation",
-    "buffer_reuse_as_now", "fxremat_buffer_reuse", "inductor_buffer_reuse", "simulating_buffer_reuse",
+    "default_buffer_reuse", "inductor_default", "fxremat_buffer_reuse", "inductor_buffer_reuse",
     "inductor_bounds_reuse_by_allocated_buffers", "stock_buffer_reuse", "mark_inputs_never_freed",
     "ALLOCATED", "ESTIMATED",
     "is_backward_state", "is_bwd_seed_offset",
@@ -446,12 +446,11 @@ def fresh_inductor_cache():
 from .buffer_reuse import (  # noqa: E402
     ALLOCATED,
     ESTIMATED,
-    buffer_reuse_as_now,
+    default_buffer_reuse,
     fxremat_buffer_reuse,
     inductor_bounds_reuse_by_allocated_buffers,
     inductor_buffer_reuse,
     mark_inputs_never_freed,
-    simulating_buffer_reuse,
     stock_buffer_reuse,
 )
 
@@ -461,6 +460,7 @@ from .knobs import (  # noqa: E402
     functorch_knob,
     functorch_knob_default,
     inductor_config_patched,
+    inductor_default,
     inductor_estimate_counts_outputs,
     inductor_layout_switches_at_default,
     inductor_reorders_for_peak_memory,

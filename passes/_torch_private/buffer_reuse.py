@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 import operator
 import threading
 
@@ -28,8 +27,8 @@ CONFIG_NAME = "allow_buffer_reuse"
 # What the wrapper of the graph being simulated does with a dead buffer: frees it (None), or pools it within
 # an estimate of the buffers really allocated (fxremat's compiles) or within stock Inductor's estimate.
 ALLOCATED, ESTIMATED = "allocated", "estimated"
-# (the compile's mode, stock Inductor's mode): set around fxremat's compiles and by ``simulating_buffer_reuse``;
-# unset, the simulator models fxremat's compile under the global config
+# (the compile's mode, stock Inductor's mode): set around fxremat's compiles, read by the partition once
+# (``fxremat/partition.py`` ``simulator_inputs``); unset, fxremat's compile under the global config
 _REUSE = contextvars.ContextVar("fxremat_buffer_reuse", default=None)
 # The estimate fxremat's compiles bound the reuse by (``ESTIMATED``: stock Inductor's; benchmarks compare the two)
 FXREMAT_ESTIMATE = ALLOCATED
@@ -56,16 +55,10 @@ def fxremat_buffer_reuse(options: dict):
         _REUSE.reset(token)
 
 
-@contextlib.contextmanager
-def simulating_buffer_reuse(mode: str | None):
-    """The simulator models Inductor's wrapper with ``mode`` (None: no reuse, ``ALLOCATED``, ``ESTIMATED``)."""
-    if mode not in (None, ALLOCATED, ESTIMATED):
-        raise ValueError(f"buffer reuse mode {mode!r}: expected None, {ALLOCATED!r} or {ESTIMATED!r}")
-    token = _REUSE.set((mode, mode))
-    try:
-        yield
-    finally:
-        _REUSE.reset(token)
+def default_buffer_reuse() -> str | None:
+    """fxremat's compile's buffer reuse under Inductor's default config (``allow_buffer_reuse``'s default)."""
+    entry = getattr(inductor_config, "_config", {}).get(CONFIG_NAME)
+    return FXREMAT_ESTIMATE if (entry.default if entry is not None else True) else None
 
 
 def inductor_buffer_reuse() -> str | None:
@@ -80,12 +73,6 @@ def stock_buffer_reuse() -> str | None:
     fxremat's compile began."""
     now = _REUSE.get()
     return (ESTIMATED if _reuses({}) else None) if now is None else now[1]
-
-
-def buffer_reuse_as_now(stock: bool = False):
-    """A context factory that puts back, later, the buffer reuse of the compile running now (``stock``: the one
-    stock Inductor would use): for what fxremat computes after the compile (a report's deferred simulation)."""
-    return functools.partial(simulating_buffer_reuse, stock_buffer_reuse() if stock else inductor_buffer_reuse())
 
 
 # backward graph module meta: the names of its inputs whose storage outlives it (``mark_inputs_never_freed``)

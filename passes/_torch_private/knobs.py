@@ -74,6 +74,14 @@ def inner_compile_with_layout(choice):
     return inner_compile
 
 
+def inductor_default(name: str):
+    """The default of ``torch._inductor.config.<name>`` in the running torch (not what a patch sets now)."""
+    from torch._inductor import config as inductor_config
+
+    entry = getattr(inductor_config, "_config", {}).get(name)
+    return entry.default if entry is not None else getattr(inductor_config, name, None)
+
+
 def inductor_reorders_for_peak_memory() -> bool:
     """Whether Inductor, under the config in force (a compile's patches included), reorders each graph's kernels
     for its estimated peak (``config.reorder_for_peak_memory``; ``Scheduler._init`` ->

@@ -23,10 +23,13 @@ CHOOSERS: tuple[Chooser, ...] = (
 )
 
 
-def choose(flow, roles, joint, settings: ChoiceSettings, profile, request, split, regions=None) -> PlanChoice:
+def choose(
+    flow, roles, joint, settings: ChoiceSettings, profile, request, split, regions=None, simulator=None
+) -> PlanChoice:
     """The plan for these settings (``CHOOSERS``).  ``split(plan)`` makes a plan's split; ``regions``: per-region
-    budgets (``regions.py``, chosen by saved bytes alone).  Otherwise, with checkpoint tags in the graph (and
+    budgets (``regions.py``, chosen by saved bytes alone); ``simulator``: the ``SimulatorInputs`` plans are judged
+    under.  Otherwise, with checkpoint tags in the graph (and
     ``checkpoints="honour"``), every choice also keeps within the user's plan (``contract.py``)."""
-    choosing = Choosing(settings, flow, roles, joint, profile, request, split, regions)
+    choosing = Choosing(settings, flow, roles, joint, profile, request, split, regions, simulator)
     chooser = next(c for c in CHOOSERS if c.applies(choosing))
     return chooser.choose(choosing)

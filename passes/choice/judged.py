@@ -37,6 +37,7 @@ class JudgedPlans:
     num_fwd_outputs: int
     required: set = field(default_factory=set)  # plan keys whose simulation must not fail (the default plan)
     exact: bool = True
+    inputs: object = None  # the ``SimulatorInputs`` of every simulation (None: the defaults for the graph)
     splits: dict = field(default_factory=dict)
     simulations: dict = field(default_factory=dict)
 
@@ -66,9 +67,9 @@ class JudgedPlans:
     def _simulate_split(self, plan: Plan) -> PeakEstimate | None:
         fw_bw = self._split(plan)[:2]
         if plan_key(plan) in self.required:
-            return simulate_step(*fw_bw, self.num_fwd_outputs)
+            return simulate_step(*fw_bw, self.num_fwd_outputs, inputs=self.inputs)
         try:
-            return simulate_step(*fw_bw, self.num_fwd_outputs)
+            return simulate_step(*fw_bw, self.num_fwd_outputs, inputs=self.inputs)
         except Exception as error:  # a candidate that cannot be simulated is dropped
             log.debug("simulation of a candidate plan failed: %s", error, exc_info=True)
             return None
@@ -78,14 +79,14 @@ class JudgedPlans:
         key, known = plan_key(plan), plan_key(plan) in self.splits
         split = self._split(plan)
         if not self.exact and not known:
-            self.simulations[key] = simulate_step(*split[:2], self.num_fwd_outputs)
+            self.simulations[key] = simulate_step(*split[:2], self.num_fwd_outputs, inputs=self.inputs)
         return split, self.simulations[key]
 
 
 def plan_estimator(c: Choosing):
     """(the plan-level estimate of a plan's step (``estimate_peak``), whether that estimate is exactly the
     simulation of the plan's split: ``JudgedPlans.exact``)."""
-    memory = build_joint_memory(c.joint, c.roles, c.request.num_fwd_outputs)
+    memory = build_joint_memory(c.joint, c.roles, c.request.num_fwd_outputs, c.simulator)
     index = {n: i for i, n in enumerate(c.joint.graph.nodes)}
     value_node = [index[n] for n in c.flow.nodes]
     estimates: dict = {}
@@ -113,7 +114,9 @@ def judged_plans(c: Choosing, required: set, estimator=None) -> JudgedPlans:
     """The ``JudgedPlans`` of this graph's plans (``estimator``: ``plan_estimator``'s, by default the graph's own,
     ``graph_estimator``)."""
     estimate, exact = estimator or graph_estimator(c)
-    return JudgedPlans(c.split, estimate, c.request.num_fwd_outputs, required=required, exact=exact)
+    return JudgedPlans(
+        c.split, estimate, c.request.num_fwd_outputs, required=required, exact=exact, inputs=c.simulator
+    )
 
 
 def ranked_candidates(c: Choosing, budget_bytes: int | None, cache: SolveCache | None = None):

@@ -13,6 +13,7 @@ from .settings import ChoiceSettings
 if TYPE_CHECKING:
     from ..graph.costs import DeviceProfile
     from ..graph.region_budget import RegionAnnotations
+    from ..simulator.inputs import SimulatorInputs
     from ..simulator.liveness import PeakEstimate
 
 
@@ -40,6 +41,7 @@ class Choosing:
     request: object  # the partition request: graph_id, num_fwd_outputs
     split: Callable[[Plan], tuple]
     regions: RegionAnnotations | None = None
+    simulator: SimulatorInputs | None = None  # what every simulation of this choice assumes (None: the defaults)
 
     # what the choice makes of the graph on first demand, once per graph (``judged.graph_estimator``,
     # ``contract.contract_of``): the choosers of one graph share it

@@ -61,24 +61,24 @@ def _segmentation(simulated: JudgedPlans, plan: Plan, request, profile):
         (_, _, recipe), simulation = simulated.handed_on(plan)
         if recipe is None or simulation is None:  # a plan that cannot be simulated is not judged
             return None
-        return lowest_segmentation(recipe, request.num_fwd_outputs, profile, simulation)
+        return lowest_segmentation(recipe, request.num_fwd_outputs, profile, simulation, simulated.inputs)
     except Exception as error:
         log.debug("segmenting a raised budget choice failed: %s", error, exc_info=True)
         return None
 
 
-def segmented_split(recipe, num_fwd_outputs: int, profile):
+def segmented_split(recipe, num_fwd_outputs: int, profile, inputs=None):
     """The lowest-peak segmentation of a split's backward, built: ((fw, bw, recipe), its simulation, report fields)."""
-    segmented, peak, fields = lowest_segmentation(recipe, num_fwd_outputs, profile)
+    segmented, peak, fields = lowest_segmentation(recipe, num_fwd_outputs, profile, inputs=inputs)
     return built(segmented), peak, fields
 
 
-def lowest_segmentation(recipe, num_fwd_outputs: int, profile, simulation=None):
+def lowest_segmentation(recipe, num_fwd_outputs: int, profile, simulation=None, inputs=None):
     """The recipe or its lowest-peak segmentation (``segments.lowest_peak_segments``, at most
     ``SEGMENTATIONS_SIMULATED`` tried; ``simulation``: the recipe's own, where known), its simulation and its
     report fields: (recipe, simulation, fields)."""
     segmented, peak = lowest_peak_segments(
-        recipe, num_fwd_outputs, profile, limit=SEGMENTATIONS_SIMULATED, simulation=simulation
+        recipe, num_fwd_outputs, profile, limit=SEGMENTATIONS_SIMULATED, simulation=simulation, inputs=inputs
     )
     fields = dict(
         segment_recompute_flops=segment_recompute_flops(recipe, segmented, profile),

@@ -5,7 +5,7 @@ recompute read by an extern weight-gradient matmul can split what would be one r
 ``join_kernel_runs`` reorders the built backward into one of ``kernel_runs.joined_orders`` where the simulation
 keeps it (``liveness._ForwardRun.joined``): no more simulated runs and a simulated step peak no higher than before,
 and fewer of one (``liveness._better``).
-The planner judged every plan by the same simulation (``liveness.cpp_units_joined``, around fxremat's partition
+The planner judged every plan by the same simulation (``SimulatorInputs.joins_kernel_runs``, throughout fxremat's partition
 under Inductor on CPU), so the peak a plan was compared by is the peak of the order it runs in: a reorder that
 lowers the peak is taken (docs/DESIGN.md §8), and cannot lift one setting's plan over another's (§5.3's monotone
 budgets).
@@ -32,10 +32,11 @@ class Joined:
     estimate: PeakEstimate | None
 
 
-def join_kernel_runs(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) -> Joined:
+def join_kernel_runs(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, inputs=None) -> Joined:
     """Reorder ``bw`` in place (recompiled where changed) into the order the simulation keeps (module docstring);
-    nothing is simulated for a graph beyond ``kernel_runs.SIMULATED_NODES``."""
-    joined = joined_step(fw, bw, num_fwd_outputs)
+    nothing is simulated for a graph beyond ``kernel_runs.SIMULATED_NODES``.  ``inputs``: the partition's
+    ``SimulatorInputs``."""
+    joined = joined_step(fw, bw, num_fwd_outputs, inputs)
     if joined is None:
         return Joined(False, None)
     estimate, order = joined

@@ -47,15 +47,20 @@ class LayoutChoice:
 
 
 def decide_layout(
-    choice: LayoutChoice, fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, contiguous_peak: int
+    choice: LayoutChoice,
+    fw: fx.GraphModule,
+    bw: fx.GraphModule,
+    num_fwd_outputs: int,
+    contiguous_peak: int,
+    inputs=None,
 ) -> PeakEstimate | None:
     """Simulate the split laid out channels-last and record the decision in ``choice``; returns that simulation
     where it wins (the report's peak is then its), else None.  Called with the contiguous layout in force, on a
-    forward with a convolution."""
+    forward with a convolution; ``inputs``: the partition's ``SimulatorInputs``."""
     from ..simulator.liveness import simulate_step
 
     with tp.inductor_config_patched({"layout_optimization": True}):
-        channels_last = simulate_step(fw, bw, num_fwd_outputs)
+        channels_last = simulate_step(fw, bw, num_fwd_outputs, inputs=inputs)
     choice.peaks = (contiguous_peak, channels_last.peak_bytes)
     choice.channels_last = channels_last.peak_bytes < contiguous_peak * (1 - CHANNELS_LAST_MIN_GAIN)
     return channels_last if choice.channels_last else None

@@ -337,6 +337,7 @@ def lowest_peak_segments(
     profile: DeviceProfile,
     limit: int | None = None,
     simulation: PeakEstimate | None = None,
+    inputs=None,
 ) -> tuple[SplitRecipe, PeakEstimate]:
     """The recipe itself or one of its segmentations (one per ``checkpoint_grid`` entry; ``limit``: only that many,
     lowest estimates first), whichever has the lowest simulated step peak (``liveness.simulate_backwards`` on
@@ -350,7 +351,7 @@ def lowest_peak_segments(
     simulated = [simulation] if simulation is not None else []
     if len(candidates) > len(simulated):
         backwards = (c.build_backward(lazy=True) for c in candidates[len(simulated) :])
-        simulated += simulate_backwards(recipe.build_forward(lazy=True), backwards, num_fwd_outputs)
+        simulated += simulate_backwards(recipe.build_forward(lazy=True), backwards, num_fwd_outputs, inputs=inputs)
     lowest = min(p.peak_bytes for p in simulated)
     good = [i for i, p in enumerate(simulated) if p.peak_bytes <= PEAK_TOLERANCE * lowest]
     best = min(good, key=lambda i: (segment_recompute_flops(recipe, candidates[i], profile), i))

@@ -95,8 +95,8 @@ class _Phase:
         inputs: SimulatorInputs | None = None,
     ):
         self.view = view = graph if isinstance(graph, PhaseGraph) else graph_view(graph)
-        # what the simulation assumes (``inputs.py``); by default what the config in force implies for its nodes
-        self.inputs = inputs = inputs if inputs is not None else SimulatorInputs.now(device_type_of(view.nodes))
+        # what the simulation assumes (``inputs.py``); by default Inductor's defaults for its nodes' device
+        self.inputs = inputs = inputs if inputs is not None else SimulatorInputs.default(device_type_of(view.nodes))
         self.backend = backend = inputs.backend
         self.facts = facts = view.facts or NodeFacts(backend)  # shared by the views of one joint graph's nodes
         self.nodes = view.nodes

@@ -137,7 +137,7 @@ def test_simulated_peak_is_monotone_over_a_20_budget_sweep():
 
 def test_settings_stay_ordered_when_the_reorder_for_cpp_units_lowers_the_peak(monkeypatch):
     """Under Inductor on CPU the backward is reordered for fewer C++ units where that keeps or lowers its simulated
-    peak (passes/rewrite/cpp_units.py), and every plan is judged in that order (``liveness.cpp_units_joined``): the lower
+    peak (passes/rewrite/cpp_units.py), and every plan is judged in that order (``SimulatorInputs.joins_kernel_runs``): the lower
     peaks are taken, and the settings stay ordered (``memory_budget``'s peaks within ``BUDGET_TIE`` of the default
     plan's, ``peak_budget=0.0`` the lowest).  Judged in the order before (session 26), the default plan fell 14%
     here and nothing else did.  Inductor's joint-graph passes run first, as in a real compile: without them this

@@ -14,6 +14,7 @@ from fxremat.backend import backend_from_compile_args
 from fxremat.options import Options
 from fxremat_passes import _torch_private as tp
 from fxremat_passes._torch_private import buffer_reuse
+from fxremat_passes.simulator.inputs import SimulatorInputs
 from fxremat_passes.simulator.liveness import simulate_step
 
 
@@ -51,14 +52,12 @@ def _split(**options):
 def test_the_simulated_pool_holds_fewer_bytes_under_fxremats_bound():
     (fw, bw, n), report = _split(memory_budget=0.0)
     peaks = {}
+    default = SimulatorInputs.default("cpu")
     for mode in (tp.ESTIMATED, tp.ALLOCATED, None):
-        with tp.simulating_buffer_reuse(mode):
-            peaks[mode] = simulate_step(fw, bw, n).peak_bytes
+        peaks[mode] = simulate_step(fw, bw, n, inputs=default.with_changes(buffer_reuse=mode)).peak_bytes
     assert peaks[tp.ESTIMATED] > peaks[tp.ALLOCATED] >= peaks[None]
-    # outside a compile, the simulator models fxremat's compile under the global config (reuse on), the report too
+    # given no inputs, the simulator models fxremat's compile under Inductor's defaults (reuse on), the report too
     assert simulate_step(fw, bw, n).peak_bytes == peaks[tp.ALLOCATED] == report.simulated_peak_bytes
-    with pytest.raises(ValueError, match="buffer reuse mode"):
-        tp.simulating_buffer_reuse(True).__enter__()
 
 
 def test_the_reports_baseline_is_simulated_with_stock_inductors_reuse(monkeypatch):
@@ -70,9 +69,9 @@ def test_the_reports_baseline_is_simulated_with_stock_inductors_reuse(monkeypatc
     seen = []
     real = simulated.simulate_step
 
-    def recording(*args, **kwargs):
-        seen.append(tp.inductor_buffer_reuse())
-        return real(*args, **kwargs)
+    def recording(*args, inputs, **kwargs):
+        seen.append(inputs.buffer_reuse)
+        return real(*args, inputs=inputs, **kwargs)
 
     monkeypatch.setattr(simulated, "simulate_step", recording)
     _, report = _split()

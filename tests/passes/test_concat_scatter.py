@@ -13,6 +13,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from fxremat_passes import _torch_private as tp
+from fxremat_passes.simulator.inputs import SimulatorInputs
 from fxremat_passes.simulator.liveness import simulate_step
 from fxremat_passes.simulator.phase import _Phase
 from fxremat_passes.simulator.walk import Walk
@@ -55,10 +56,10 @@ def test_inductor_estimate_counts_a_cat_twice_until_its_kernel_group_is_done():
 
     x, w = torch.randn(16, 8), torch.randn(16, 16)
     gm = make_fx(backward, tracing_mode="fake")(x, w, torch.tensor(1.0))
-    phase = _Phase(gm.graph, keep=set(), carried={"s_1": 512, "w_1": 1024})
-    with tp.simulating_buffer_reuse(tp.ALLOCATED):
-        walk = Walk(phase, phase.fusion_order())
-        walk.run("backward", [])
+    inputs = SimulatorInputs.default("cpu").with_changes(buffer_reuse=tp.ALLOCATED)
+    phase = _Phase(gm.graph, keep=set(), carried={"s_1": 512, "w_1": 1024}, inputs=inputs)
+    walk = Walk(phase, phase.fusion_order())
+    walk.run("backward", [])
     assert walk.estimated == [512 + 1024 + 2 * 1024, 1024 + 1024 + 1024]
 
 

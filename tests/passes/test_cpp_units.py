@@ -1,6 +1,6 @@
 """Issue #16: the backward reordered for fewer C++ units on Inductor's CPU backend where its simulated peak does not
 rise (``passes/rewrite/cpp_units.py``, ``passes/simulator/backends/kernel_runs.py``); issue #15: the planner judges plans in that order
-(``liveness.cpp_units_joined``).  The split is what fxremat hands Inductor (``as_inductor=True``), run here by no-op
+(``SimulatorInputs.joins_kernel_runs``).  The split is what fxremat hands Inductor (``as_inductor=True``), run here by no-op
 compilers; one test compiles with real Inductor and counts its C++ sources."""
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ peak budget finds checkpointed plans whose activation peak grows like sqrt(N) on
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -15,7 +16,6 @@ from fxremat_passes.graph.costs import PROFILES, annotate_costs
 from fxremat_passes.graph.flow_problem import build_flow_problem
 from fxremat_passes.graph.roles import classify
 from fxremat_passes.rewrite.cpp_units import join_kernel_runs
-from fxremat_passes.simulator.inputs import kernel_runs_joined
 from fxremat_passes.simulator.liveness import simulate_step
 from fxremat_passes.simulator.plan_memory import build_joint_memory, estimate_peak
 from fxremat_passes.solver.budget import frontier
@@ -77,18 +77,18 @@ def test_plan_estimate_is_the_simulation_of_the_split(name):
 
 @pytest.mark.parametrize("name", ["block_sdpa", "llama_stack"])
 def test_plan_estimate_in_the_order_inductor_gets_is_the_simulation_of_the_reordered_split(name):
-    """Within ``liveness.cpp_units_joined`` (fxremat's partition under Inductor on CPU) a plan's estimate is the step
+    """With ``SimulatorInputs.joins_kernel_runs`` (fxremat's partition under Inductor on CPU) a plan's estimate is the step
     of its backward as ``cpp_units.join_kernel_runs`` will reorder it: equal to the simulation of the real split
     once reordered, on every candidate plan, and never above the estimate in the split's own order."""
     joint, roles, flow, plans, memory, num_fwd_outputs = _candidates_and_memory(name)
     index = {n: i for i, n in enumerate(joint.graph.nodes)}
     reordered = 0
+    joined = dataclasses.replace(memory, simulator=memory.simulator.with_changes(joins_kernel_runs=True))
     for plan in plans:
         saved = [flow.nodes[v] for v in plan.saved]
         fw, bw = _split(joint, roles, saved, num_fwd_outputs)
         own = estimate_peak(memory, {index[n] for n in saved})
-        with kernel_runs_joined():
-            estimated = estimate_peak(memory, {index[n] for n in saved})
+        estimated = estimate_peak(joined, {index[n] for n in saved})
         reordered += join_kernel_runs(fw, bw, num_fwd_outputs).reordered
         simulated = simulate_step(fw, bw, num_fwd_outputs)  # the graph as it now is, never reordered again
         assert estimated.timeline == simulated.timeline, (name, plan.saved_bytes)

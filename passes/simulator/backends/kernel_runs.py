@@ -1,5 +1,5 @@
 """The backward's order with fewer runs of generated kernels: what ``cpp_units.py`` hands Inductor's CPU backend, and
-what the simulation of a plan's step assumes it will get (``liveness.cpp_units_joined``).
+what the simulation of a plan's step assumes it will get (``SimulatorInputs.joins_kernel_runs``).
 
 Inductor's CPU backend emits the generated kernels that run between two extern kernels (matmuls, attention,
 fallbacks) as one kernel group: one C++ source, so one g++ process on a cold compile and one module loaded on a warm
