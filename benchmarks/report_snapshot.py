@@ -6,8 +6,9 @@
 Each model runs one training step through AOTAutograd with fxremat's partitioner and no-op compilers (no Inductor:
 seconds, not minutes) at the default setting, ``memory_budget`` 0.5 and 0.0 and ``peak_budget`` 0.0, with
 ``compare_default=True`` so that every report field is filled.  A report is kept as ``to_dict()`` without its
-``*_seconds`` fields (wall-clock timings: they differ run to run).  ``--compare`` prints each (model, setting)
-whose reports differ from the file's, with the first differing keys, and exits 1 if any does.
+``*_seconds`` fields at any depth (wall-clock timings differ run to run; time estimates are checked through the
+plans they decide), with source paths relative to the repository (two checkouts compare).  ``--compare`` prints
+each (model, setting) whose reports differ from the file's, with the first differing keys, and exits 1 if any does.
 
 ``--gpu-shaped``: the same graphs as a GPU would hand fxremat, partitioned on this CPU: each joint graph's tensor
 metadata is rewritten to fake ``cuda`` tensors of the same shape, stride and dtype before fxremat partitions it
