@@ -16,7 +16,8 @@ import dataclasses
 import logging
 
 from ..budget import Plan, SolveCache, solve_at
-from ..roles import Policy, Role, recompute_tag
+from ..flow_problem import RECOMPUTE_TAGS
+from ..roles import Role, recompute_tag
 from ..shortlists import fastest_first, plan_key
 from ..solvers import cheapest_within
 from ..user_plan import ForcedProblem, force_recompute
@@ -27,7 +28,6 @@ from .settings import ChoiceSettings, prices
 
 log = logging.getLogger(__name__)
 
-RECOMPUTE_TAGS = (Policy.PREFER_RECOMPUTE, Policy.MUST_RECOMPUTE)
 # The report fields a contract adds (the user's plan's figures).
 CONTRACT_FIELDS = ("user_plan_saved_bytes", "user_plan_simulated_peak_bytes")
 # Candidates of the price search judged by simulated peak before the user's plan itself is taken (each judgement is
