@@ -4,12 +4,12 @@
                                     [--option memory_budget=0.5 ...] [--json OUT]
 
 Each model is built on ``meta``, given storage-free parameters by ``to_empty(device="cpu")`` under a
-``FakeTensorMode``, and traced once through ``aot_function`` (parameters and buffers passed as inputs through
-``torch.func.functional_call``, the loss inside the model through ``labels=``, no-op compilers): nothing is computed,
-so GPT-2 124M at batch 8 x 1024 partitions in seconds.  Before the partitioner sees the joint graph every node's
-``meta["val"]`` is rewritten to a fake ``cuda`` tensor of the same shape, stride and dtype (``as_cuda_metadata``),
-and fxremat prices it with the ``h100`` profile (``device="h100"``): the plan fxremat would choose on that GPU.
-The partition happens at the first forward call; backward is not run.
+``FakeTensorMode``, and traced once through ``aot_function`` with Inductor's decompositions (parameters and buffers
+passed as inputs through ``torch.func.functional_call``, the loss inside the model through ``labels=``, no-op
+compilers): nothing is computed, so GPT-2 124M at batch 8 x 1024 partitions in seconds.  Before the partitioner
+sees the joint graph every node's ``meta["val"]`` is rewritten to a fake ``cuda`` tensor of the same shape, stride
+and dtype (``as_cuda_metadata``), and fxremat prices it with the ``h100`` profile (``device="h100"``): the plan
+fxremat would choose on that GPU.  The partition happens at the first forward call; backward is not run.
 
 Models (bf16, ``bench_models.hf_model``, the GPU check's ``gpu_check.SHAPES``): ``gpt2``, transformers'
 ``GPT2LMHeadModel`` at its default sizes (124M: 12 layers, n_embd 768, vocab 50257), batch 8 x 1024; ``llama``, the
@@ -122,11 +122,16 @@ def _partition_fn(partitioner: str, options: dict, reports: list, seconds: list)
     return partition_fn
 
 
-def partition(name: str, partitioner: str = "fxremat", options: dict | None = None, small: bool = False):
+def partition(
+    name: str, partitioner: str = "fxremat", options: dict | None = None, small: bool = False, decompose: bool = True
+):
     """(the reports: fxremat's ``CutReport``s or PyTorch's ``SplitDescription``s, the partition's wall seconds) of
-    ``name`` traced at GPU shapes with cuda metadata."""
+    ``name`` traced at GPU shapes with cuda metadata; ``decompose=False``: without Inductor's decompositions (as a
+    plain ``aot_function`` user traces: ``native_layer_norm`` stays one op)."""
     from functorch.compile import aot_function, make_boxed_func
     from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fxremat_passes import _torch_private as tp
 
     model, (batch, seq) = _on_meta(name, small)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -147,7 +152,14 @@ def partition(name: str, partitioner: str = "fxremat", options: dict | None = No
     reports: list = []
     seconds: list = []
     fn = _partition_fn(partitioner, options or {}, reports, seconds)
-    compiled = aot_function(step, fw_compiler=noop, bw_compiler=noop, partition_fn=fn)
+    compiled = aot_function(
+        step,
+        fw_compiler=noop,
+        bw_compiler=noop,
+        partition_fn=fn,
+        decompositions=tp.inductor_decompositions() if decompose else None,  # the joint graph Inductor would trace
+        keep_inference_input_mutations=True,
+    )
     with mode, _no_packed_sequence_check():
         compiled(*state.values(), ids)
     return reports, sum(seconds)
@@ -223,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitioners", nargs="+", default=["fxremat"], choices=PARTITIONERS)
     parser.add_argument("--option", action="append", default=[], help="a fxremat option, e.g. memory_budget=0.5")
     parser.add_argument("--small", action="store_true", help="the same structures at test sizes")
+    parser.add_argument("--no-decompositions", action="store_true", help="trace without Inductor's decompositions")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -230,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in args.models:
         for partitioner in args.partitioners:
-            reports, seconds = partition(name, partitioner, options, args.small)
+            reports, seconds = partition(name, partitioner, options, args.small, not args.no_decompositions)
             for report in reports:
                 rows.append(row(name, partitioner, report, seconds))
                 print(_format(rows[-1]), flush=True)

@@ -29,7 +29,7 @@ from fxremat_passes.choice import ChoiceSettings, choose, kept_tagged, segmented
 from fxremat_passes.costs import DeviceProfile, annotate_costs
 from fxremat_passes.cpp_units import join_kernel_runs
 from fxremat_passes.cse import MetaSnapshot, prepare_joint_graph
-from fxremat_passes.describe import describe_split
+from fxremat_passes.describe import describe_split, step_seconds
 from fxremat_passes.flow_problem import VALUE_ROLES, build_flow_problem
 from fxremat_passes.graph_facts import attach as attach_graph_facts
 from fxremat_passes.layout import (
@@ -46,6 +46,7 @@ from fxremat_passes.roles import Policy, Role, classify, recompute_tag
 from fxremat_passes.split import SplitRecipe, split_with_recipe
 
 from . import simulated
+from .deferred import Deferred
 from .knobs import TORCH_CONFIG_SOURCE, effective_options
 from .options import Options
 from .report import (
@@ -320,7 +321,7 @@ def _fallback(request: PartitionRequest, profile: DeviceProfile, reason: str, to
     )
     described = describe_split(fw, bw, request.num_fwd_outputs, profile)
     peak = SimulatedPeak(**simulated.peak_fields(simulated.simulate_or_none(fw, bw, request.num_fwd_outputs)))
-    return fw, bw, [Described.of(described), peak]
+    return fw, bw, [Described.of(described, _step_seconds(fw, bw, None, profile)), peak]
 
 
 def _choose_layout(request: PartitionRequest, fw: fx.GraphModule, bw: fx.GraphModule, peak: SimulatedPeak):
@@ -405,7 +406,17 @@ def _ours_described(request: PartitionRequest, options: Options, profile: Device
         if request.layout is not None and has_convolution(fw):
             peak, layout = _choose_layout(request, fw, bw, peak)
     peak = _fewer_cpp_units(request, fw, bw, peak)
-    return fw, bw, [Described.of(described), peak, *ours.records, layout]
+    step = _step_seconds(fw, bw, ours.recipe, profile)
+    return fw, bw, [Described.of(described, step), peak, *ours.records, layout]
+
+
+def _step_seconds(fw: fx.GraphModule, bw: fx.GraphModule, recipe: SplitRecipe | None, profile: DeviceProfile):
+    """The report's ``est_step_seconds``: deferred to its first read where the recipe keeps the split's nodes
+    (Inductor rewrites the graphs it gets), else priced now."""
+    if recipe is None:
+        return step_seconds([*fw.graph.nodes, *bw.graph.nodes], profile)
+    nodes = [*recipe.fw_order, *recipe.bw_order]
+    return Deferred(lambda: {"est_step_seconds": step_seconds(nodes, profile)})
 
 
 def _joins_cpp_units(request: PartitionRequest) -> bool:

@@ -55,12 +55,14 @@ class Described:
     saved: tuple[SavedValue, ...]
     recomputed: tuple[RecomputedNode, ...]
     saved_symbols: tuple[str, ...] = ()
+    # the step's estimate by the same model (``describe.step_seconds``): computed when first read
+    est_step_seconds: float | None = _DeferrableField(None)
 
     @classmethod
-    def of(cls, description: SplitDescription) -> Described:
+    def of(cls, description: SplitDescription, est_step_seconds=None) -> Described:
         # the description's fields under the same names, but its estimate, which the report calls est_*
         same = {f.name: getattr(description, f.name) for f in dataclasses.fields(cls) if hasattr(description, f.name)}
-        return cls(**same, est_recompute_seconds=description.recompute_seconds)
+        return cls(**same, est_recompute_seconds=description.recompute_seconds, est_step_seconds=est_step_seconds)
 
 
 @dataclass(**_RECORD)
