@@ -9,8 +9,9 @@ docs/DESIGN.md §2:
 
 ``ParametricProblem.at(price)`` then gives the integer ``CutProblem`` for one price.
 
-``FlowProblem.default_problem``: the same problem for the no-budget default plan, in which the matmul-class values
-(``ops.COMPUTE_BOUND``) cannot be recomputed, so that the default costs no compute-bound time (docs/DESIGN.md §4.5).
+``FlowProblem.default_problem``: the same problem for the no-budget default plan, in which the compute-bound
+matmul-class values (``ops.COMPUTE_BOUND``) cannot be recomputed, so that the default costs no compute-bound time
+(docs/DESIGN.md §4.5).
 """
 
 from __future__ import annotations
@@ -54,14 +55,16 @@ class FlowProblem:
         return dataclasses.replace(self.parametric, recompute_seconds=recompute)
 
 
-def compute_bound_values(roles: GraphRoles, nodes, costs, traffic, recompute) -> tuple[int, ...]:
+def compute_bound_values(roles: GraphRoles, nodes, costs, traffic, recompute, bandwidth: float) -> tuple[int, ...]:
     """The forward values the no-budget default keeps rather than recomputes (docs/DESIGN.md §4.5): matmul-class
-    (``ops.COMPUTE_BOUND``), recomputable, not tagged for recompute by the user (a MUST_/PREFER_RECOMPUTE tag wins),
-    and saveable, or a multi-output node (its items are saved instead), so that the default's cut stays finite."""
+    (``ops.COMPUTE_BOUND``) and compute-bound on the profile (its roofline's FLOP term above its bytes' at
+    ``bandwidth``), recomputable, not tagged for recompute by the user (a MUST_/PREFER_RECOMPUTE tag wins), and
+    saveable, or a multi-output node (its items are saved instead), so that the default's cut stays finite."""
     return tuple(
         v
         for v, node in enumerate(nodes)
         if costs[node].op_class in COMPUTE_BOUND
+        and costs[node].est_seconds > costs[node].bytes_moved / bandwidth
         and roles.role[node] is Role.FORWARD
         and recompute[v] is not None
         and recompute_tag(node) not in RECOMPUTE_TAGS
@@ -118,4 +121,5 @@ def build_flow_problem(roles: GraphRoles, costs: dict[fx.Node, NodeCost], profil
         len(parametric.needed),
         time.perf_counter() - start,
     )
-    return FlowProblem(parametric, nodes, compute_bound_values(roles, nodes, costs, traffic, recompute))
+    kept = compute_bound_values(roles, nodes, costs, traffic, recompute, profile.mem_bandwidth)
+    return FlowProblem(parametric, nodes, kept)
