@@ -411,12 +411,20 @@ def _ours_described(request: PartitionRequest, options: Options, profile: Device
 
 
 def _step_seconds(fw: fx.GraphModule, bw: fx.GraphModule, recipe: SplitRecipe | None, profile: DeviceProfile):
-    """The report's ``est_step_seconds``: deferred to its first read where the recipe keeps the split's nodes
-    (Inductor rewrites the graphs it gets), else priced now."""
+    """The report's ``est_step_seconds``: deferred to its first read where a recipe can build the split again
+    (Inductor rewrites the graphs it gets, as the simulated peaks' deferral says), else priced now."""
     if recipe is None:
         return step_seconds([*fw.graph.nodes, *bw.graph.nodes], profile)
-    nodes = [*recipe.fw_order, *recipe.bw_order]
-    return Deferred(lambda: {"est_step_seconds": step_seconds(nodes, profile)})
+
+    def compute() -> dict:
+        try:
+            fw_again, bw_again = recipe.build(lazy=True)
+            return {"est_step_seconds": step_seconds([*fw_again.graph.nodes, *bw_again.graph.nodes], profile)}
+        except Exception as error:  # informative: a failure leaves the field null, logged
+            log.debug("est_step_seconds failed: %s", error, exc_info=True)
+            return {}
+
+    return Deferred(compute)
 
 
 def _joins_cpp_units(request: PartitionRequest) -> bool:

@@ -293,6 +293,8 @@ DEFERRED_FIELDS = tuple(f.name for f in dataclasses.fields(CutReport) if _deferr
 # the deferred fields of our split's simulation, and of PyTorch's split's (fxremat/partition.py fills each in one go)
 PEAK_FIELDS = tuple(f.name for f in dataclasses.fields(SimulatedPeak))
 BASELINE_PEAK_FIELDS = tuple(f.name for f in dataclasses.fields(Baseline) if _deferrable(Baseline, f.name))
+# the deferred field that prices the step (fxremat/partition.py ``_step_seconds``): no simulation
+STEP_FIELDS = tuple(f.name for f in dataclasses.fields(Described) if _deferrable(Described, f.name))
 # (name, compute) of each ``derived`` field
 DERIVED_FIELDS = tuple((f.name, f.metadata["derive"]) for f in dataclasses.fields(CutReport) if "derive" in f.metadata)
 
