@@ -65,26 +65,9 @@ def _workload(name: str):
     return bench_models.Workload(model=model, args=tuple(inputs))
 
 
-def as_cuda_metadata(gm: torch.fx.GraphModule) -> None:
-    """Rewrites every node's ``meta["val"]`` tensor to a fake ``cuda`` tensor of the same shape, stride and dtype."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils._pytree import tree_map
-
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-
-    def to_cuda(value: Any) -> Any:
-        if not isinstance(value, torch.Tensor):
-            return value
-        with mode:
-            return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="cuda")
-
-    for node in gm.graph.nodes:
-        if "val" in node.meta:
-            node.meta["val"] = tree_map(to_cuda, node.meta["val"])
-
-
 def reports_of(name: str, options: dict, gpu_shaped: bool = False) -> list[dict]:
     from functorch.compile import make_boxed_func
+    from gpu_shaped import as_cuda_metadata
 
     import fxremat
     from fxremat.options import Options
@@ -149,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-shaped", action="store_true", help="graphs with cuda metadata, the h100 profile")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    result = json.loads(json.dumps(snapshot(args.models, args.gpu_shaped), sort_keys=True))  # tuples as lists, as the file has them
+    # tuples as lists, as the file has them
+    result = json.loads(json.dumps(snapshot(args.models, args.gpu_shaped), sort_keys=True))
     Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
     if args.compare:
         return compare(json.loads(Path(args.compare).read_text()), result)

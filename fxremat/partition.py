@@ -33,7 +33,7 @@ from fxremat_passes.graph.phase_copies import copy_gathers_per_phase
 from fxremat_passes.graph.region_budget import annotations_hidden
 from fxremat_passes.graph.roles import Policy, Role, classify, recompute_tag
 from fxremat_passes.rewrite.cpp_units import join_kernel_runs
-from fxremat_passes.rewrite.describe import describe_split
+from fxremat_passes.rewrite.describe import describe_split, step_seconds
 from fxremat_passes.rewrite.layout_choice import LayoutChoice, decide_layout
 from fxremat_passes.rewrite.layout_pins import pin_as_strided_inputs, saved_inputs_as_views
 from fxremat_passes.rewrite.split import SplitRecipe, split_with_recipe
@@ -44,6 +44,7 @@ from fxremat_passes.simulator.liveness import PeakEstimate, saved_views_of_input
 from fxremat_passes.solver.budget import Plan
 
 from . import simulated
+from .deferred import Deferred
 from .knobs import TORCH_CONFIG_SOURCE, effective_options
 from .options import Options
 from .report import (
@@ -337,7 +338,7 @@ def _fallback(request: PartitionRequest, profile: DeviceProfile, reason: str, to
     )
     described = describe_split(fw, bw, request.num_fwd_outputs, profile)
     peak = simulated.simulate_or_none(fw, bw, request.num_fwd_outputs, inputs=request.simulator)
-    return fw, bw, [Described.of(described), SimulatedPeak(**simulated.peak_fields(peak))]
+    return fw, bw, [Described.of(described, _step_seconds(fw, bw, None, profile)), SimulatedPeak(**simulated.peak_fields(peak))]
 
 
 def _choose_layout(request: PartitionRequest, fw: fx.GraphModule, bw: fx.GraphModule, peak: SimulatedPeak):
@@ -423,7 +424,25 @@ def _ours_described(request: PartitionRequest, options: Options, profile: Device
     if request.layout is not None and has_convolution(fw):
         peak, layout = _choose_layout(request, fw, bw, peak)
     peak = _fewer_cpp_units(request, fw, bw, peak)
-    return fw, bw, [Described.of(described), peak, *ours.records, layout]
+    step = _step_seconds(fw, bw, ours.recipe, profile)
+    return fw, bw, [Described.of(described, step), peak, *ours.records, layout]
+
+
+def _step_seconds(fw: fx.GraphModule, bw: fx.GraphModule, recipe: SplitRecipe | None, profile: DeviceProfile):
+    """The report's ``est_step_seconds``: deferred to its first read where a recipe can build the split again
+    (Inductor rewrites the graphs it gets, as the simulated peaks' deferral says), else priced now."""
+    if recipe is None:
+        return step_seconds([*fw.graph.nodes, *bw.graph.nodes], profile)
+
+    def compute() -> dict:
+        try:
+            fw_again, bw_again = recipe.build(lazy=True)
+            return {"est_step_seconds": step_seconds([*fw_again.graph.nodes, *bw_again.graph.nodes], profile)}
+        except Exception as error:  # informative: a failure leaves the field null, logged
+            log.debug("est_step_seconds failed: %s", error, exc_info=True)
+            return {}
+
+    return Deferred(compute)
 
 
 def _joins_cpp_units(request: PartitionRequest) -> bool:

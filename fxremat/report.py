@@ -56,12 +56,14 @@ class Described:
     saved: tuple[SavedValue, ...]
     recomputed: tuple[RecomputedNode, ...]
     saved_symbols: tuple[str, ...] = ()
+    # the step's estimate by the same model (``describe.step_seconds``): computed when first read
+    est_step_seconds: float | None = _DeferrableField(None)
 
     @classmethod
-    def of(cls, description: SplitDescription) -> Described:
+    def of(cls, description: SplitDescription, est_step_seconds=None) -> Described:
         # the description's fields under the same names, but its estimate, which the report calls est_*
         same = {f.name: getattr(description, f.name) for f in dataclasses.fields(cls) if hasattr(description, f.name)}
-        return cls(**same, est_recompute_seconds=description.recompute_seconds)
+        return cls(**same, est_recompute_seconds=description.recompute_seconds, est_step_seconds=est_step_seconds)
 
 
 @dataclass(**_RECORD)
@@ -292,6 +294,8 @@ DEFERRED_FIELDS = tuple(f.name for f in dataclasses.fields(CutReport) if _deferr
 # the deferred fields of our split's simulation, and of PyTorch's split's (fxremat/partition.py fills each in one go)
 PEAK_FIELDS = tuple(f.name for f in dataclasses.fields(SimulatedPeak))
 BASELINE_PEAK_FIELDS = tuple(f.name for f in dataclasses.fields(Baseline) if _deferrable(Baseline, f.name))
+# the deferred field that prices the step (fxremat/partition.py ``_step_seconds``): no simulation
+STEP_FIELDS = tuple(f.name for f in dataclasses.fields(Described) if _deferrable(Described, f.name))
 # (name, compute) of each ``derived`` field
 DERIVED_FIELDS = tuple((f.name, f.metadata["derive"]) for f in dataclasses.fields(CutReport) if "derive" in f.metadata)
 

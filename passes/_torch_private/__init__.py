@@ -84,7 +84,7 @@ __all__ = [
     "realizes_inputs",
     "CheckpointPolicy", "CustomPartitionerFn", "RANDOM_OP_PACKETS", "SUPPORTED_TORCH",
     "activation_quantization_enabled", "after_inductor_joint_passes", "aot_autograd", "aot_autograd_as_inductor",
-    "aten_target",
+    "aten_target", "inductor_decompositions",
     "copy_graph_module", "copy_node", "cse_enabled", "dce_impure_random", "default_partition",
     "extract_fwd_bwd_outputs", "extract_fwd_bwd_outputs_and_descs", "find_symbol_bindings", "fresh_inductor_cache",
     "functorch_knob", "inductor_layout_switches_at_default", "LAYOUT_SWITCHES", "inductor_config_patched",
@@ -412,6 +412,11 @@ def aot_autograd_as_inductor(partition_fn, compiler):
         decompositions=select_decomp_table(),
         keep_inference_input_mutations=True,
     )
+
+
+def inductor_decompositions() -> dict:
+    """The decompositions Inductor's ``compile_fx`` traces with (for tools that trace as Inductor would)."""
+    return select_decomp_table()
 
 
 def after_inductor_joint_passes(partitioner: CustomPartitionerFn):

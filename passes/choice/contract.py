@@ -15,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from ..graph.roles import Policy, Role, recompute_tag
+from ..graph.flow_problem import RECOMPUTE_TAGS
+from ..graph.roles import Role, recompute_tag
 from ..solver.budget import Plan, SolveCache, solve_at
 from ..solver.shortlists import fastest_first, plan_key
 from ..solver.solvers import cheapest_within
@@ -27,7 +28,6 @@ from .settings import ChoiceSettings, prices
 
 log = logging.getLogger(__name__)
 
-RECOMPUTE_TAGS = (Policy.PREFER_RECOMPUTE, Policy.MUST_RECOMPUTE)
 # The report fields a contract adds (the user's plan's figures).
 CONTRACT_FIELDS = ("user_plan_saved_bytes", "user_plan_simulated_peak_bytes")
 # Candidates of the price search judged by simulated peak before the user's plan itself is taken (each judgement is

@@ -9,15 +9,19 @@ An unreachable budget: one warning, the fewest-bytes plan, ``budget_met=False``.
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from ..graph.costs import DeviceProfile
 from ..solver.budget import Plan, SolveCache, budget_target, frontier
 from ..solver.checkpoints import checkpoint_grid
 from ..solver.milp import seconds_below
+from ..solver.mincut import InfeasibleCutError
 from ..solver.parametric import ParametricProblem
 from ..solver.shortlists import fastest_first
 from ..solver.solvers import SOLVERS, Budget, cheapest_within, cheapest_within_each
 from .settings import ChoiceSettings, prices, warn_unreachable
+
+log = logging.getLogger(__name__)
 
 
 def budget_target_bytes(budget: float | int, default: Plan, fewest: Plan) -> int:
@@ -25,27 +29,46 @@ def budget_target_bytes(budget: float | int, default: Plan, fewest: Plan) -> int
 
 
 def choose_plan(
-    problem: ParametricProblem, settings: ChoiceSettings, profile: DeviceProfile, graph_id: str
+    problem: ParametricProblem,
+    settings: ChoiceSettings,
+    profile: DeviceProfile,
+    graph_id: str,
+    default_problem: ParametricProblem | None = None,
 ) -> tuple[Plan, dict]:
+    """The plan (``memory_budget``'s, or without one the default plan) and its report fields.  ``default_problem``:
+    where given, the no-budget plan is solved on it (the default's rule, docs/DESIGN.md §4.5), a budget's ends and
+    the frontier still on ``problem``; a rule that leaves no finite cut is dropped."""
     price, max_price = prices(settings, profile)
     budget = settings.memory_budget
     fields: dict = {}
     cache = SolveCache(problem)  # the budget search and the frontier share their max-flows
     solver = SOLVERS[settings.solver]
-    default = solver.default(problem, price, cache)
-    plan = default
-    if budget is not None and budget != 1.0:
+    if budget is None or budget == 1.0:
+        plan = _default_plan(solver, problem, default_problem, price, cache)
+        fields["default_plan_saved_bytes"] = plan.saved_bytes
+    else:
+        default = solver.default(problem, price, cache)
         fewest = cache.at(max_price)
         target = budget_target_bytes(budget, default, fewest)
         plan, met = solver.within(problem, price, Budget(target, max_price, default, fewest), cache)
         if not met:
             warn_unreachable(graph_id, target, budget, fewest.saved_bytes)
         fields.update(budget_bytes=target, budget_met=met, fewest_saved_bytes=fewest.saved_bytes)
-    fields["default_plan_saved_bytes"] = default.saved_bytes
+        fields["default_plan_saved_bytes"] = default.saved_bytes
     fields["plan_method"] = plan.method
     if settings.compare_default:  # a report-oriented run: also show the frontier
         fields["frontier"] = frontier_field(problem, settings, profile, cache)
     return plan, fields
+
+
+def _default_plan(solver, problem: ParametricProblem, default_problem, price: float, cache: SolveCache) -> Plan:
+    if default_problem is None or default_problem is problem:
+        return solver.default(problem, price, cache)
+    try:
+        return solver.default(default_problem, price, SolveCache(default_problem))
+    except InfeasibleCutError:
+        log.debug("the default's rule leaves no finite cut: the plan without it")
+        return solver.default(problem, price, cache)
 
 
 def frontier_field(

@@ -27,7 +27,9 @@ import torch.fx as fx
 import torch.utils.flop_counter as flop_counter
 
 from .. import _torch_private as tp
+from .gemm_rates import GemmModel, GemmShape, gemm_shape
 from .ops import (
+    COMPUTE_BOUND,
     FLOP_FORMULAS,
     FUSIBLE,
     PARTIAL_READ_OPS,
@@ -51,11 +53,13 @@ SYMBOLIC_VALUE_BYTES = 8  # a SymInt/SymFloat kept for backward: tiny, but not f
 @dataclass(frozen=True)
 class DeviceProfile:
     """What one device can do: peak FLOP/s per dtype name (key "default" for the rest) and memory bandwidth
-    in bytes/s."""
+    in bytes/s; ``gemm``: the achieved throughput of matmul-class kernels by shape (``gemm_rates.GemmModel``), or
+    None to price them at ``peak_flops`` like every other op."""
 
     name: str
     peak_flops_by_dtype: tuple[tuple[str, float], ...]
     mem_bandwidth: float
+    gemm: GemmModel | None = None
 
     def __post_init__(self) -> None:
         if self.mem_bandwidth <= 0 or not math.isfinite(self.mem_bandwidth):
@@ -72,6 +76,15 @@ class DeviceProfile:
     def seconds(self, flops: float, bytes_moved: float, dtype: torch.dtype | None) -> float:
         return max(flops / self.peak_flops(dtype), bytes_moved / self.mem_bandwidth)
 
+    def kernel_seconds(
+        self, flops: float, bytes_moved: float, dtype: torch.dtype | None, shape: GemmShape | None, attention: bool
+    ) -> float:
+        """A matmul-class kernel's roofline: its FLOPs at ``gemm``'s achieved rate for its shape."""
+        if self.gemm is None:
+            return self.seconds(flops, bytes_moved, dtype)
+        name = str(dtype).removeprefix("torch.") if dtype is not None else None
+        return max(self.gemm.seconds(flops, name, shape, attention), bytes_moved / self.mem_bandwidth)
+
 
 @functools.lru_cache(maxsize=256)
 def _peak_flops(peak_flops_by_dtype: tuple, dtype: torch.dtype | None) -> float:
@@ -80,18 +93,56 @@ def _peak_flops(peak_flops_by_dtype: tuple, dtype: torch.dtype | None) -> float:
     return table.get(key, table["default"])
 
 
+# Hopper's matmul-class kernels (docs/DESIGN.md §4.2).  depth_half: fitted so that a 768-deep GEMM runs at 595/798
+# of the 8192-cube's rate (GPT-2's 768-deep bf16 addmms on the project's H100, benchmarks/RESULTS.md "GPU check"); 132
+# SMs (H100/H200 SXM), 128-wide output tiles; attention: cuDNN flash attention in the same kernel profile
+# (benchmarks/results/gpu_check_gpt2/prof_*.txt: GPT-2's head dim 64, causal) ran ~230 TFLOP/s forward and ~215
+# backward of the FLOPs counted (FlopCounterMode counts the masked half too), against 798: 0.28.
+HOPPER_DEPTH_HALF = 300.0
+HOPPER_ATTENTION_EFFICIENCY = 0.28
+
+
+def _hopper(bf16_rate: float, float32_rate: float) -> GemmModel:
+    rates = (("default", float32_rate), ("float32", float32_rate), ("bfloat16", bf16_rate), ("float16", bf16_rate))
+    return GemmModel(rates, HOPPER_DEPTH_HALF, units=132, tile=128, attention_efficiency=HOPPER_ATTENTION_EFFICIENCY)
+
+
 # Fixed constants, not measurements of this machine, so that the same graph gives the same cut everywhere.
-# CPU: the prototype's constants. GPUs: datasheet dense peaks (no sparsity), SXM parts.
+# CPU: the prototype's constants, no shape model.  GPUs: ``peak_flops_by_dtype`` the datasheet's dense peaks (the
+# FLOP term of everything but matmul-class kernels); ``gemm`` what a large bf16 GEMM achieved, measured (fp32: the
+# datasheet's non-tensor peak, not measured); ``mem_bandwidth`` a measured device-to-device copy (read + written)
+# where one was measured.
 PROFILES: dict[str, DeviceProfile] = {
     "cpu": DeviceProfile("cpu", (("default", 50e9),), 10e9),
+    # A100 SXM: bf16 GEMM 267.9 TFLOP/s measured (Maximum Achievable Matmul FLOPS table, stas00/ml-engineering
+    # compute/accelerator/README.md, CUDA 12.1, best shape 6912x16384x2048); 108 SMs; Hopper's depth_half and
+    # attention share assumed (not measured on an A100); bandwidth: the datasheet's 2.039 TB/s (not measured)
     "a100": DeviceProfile(
-        "a100", (("default", 19.5e12), ("float32", 19.5e12), ("bfloat16", 312e12), ("float16", 312e12)), 2.039e12
+        "a100",
+        (("default", 19.5e12), ("float32", 19.5e12), ("bfloat16", 312e12), ("float16", 312e12)),
+        2.039e12,
+        GemmModel(
+            (("default", 19.5e12), ("float32", 19.5e12), ("bfloat16", 267.9e12), ("float16", 267.9e12)),
+            HOPPER_DEPTH_HALF,
+            units=108,
+            tile=128,
+            attention_efficiency=HOPPER_ATTENTION_EFFICIENCY,
+        ),
     ),
+    # H100 80GB HBM3 (the project's GPU machine, GPU_NOTES): an 8192-cube bf16 matmul ~798 TFLOP/s, a device copy
+    # ~3.0 TB/s
     "h100": DeviceProfile(
-        "h100", (("default", 67e12), ("float32", 67e12), ("bfloat16", 989e12), ("float16", 989e12)), 3.35e12
+        "h100",
+        (("default", 67e12), ("float32", 67e12), ("bfloat16", 989e12), ("float16", 989e12)),
+        3.0e12,
+        _hopper(798e12, 67e12),
     ),
+    # H200 (the project's GPU machine, GPU_NOTES): ~788 TFLOP/s, a device copy ~4.3 TB/s
     "h200": DeviceProfile(
-        "h200", (("default", 67e12), ("float32", 67e12), ("bfloat16", 989e12), ("float16", 989e12)), 4.8e12
+        "h200",
+        (("default", 67e12), ("float32", 67e12), ("bfloat16", 989e12), ("float16", 989e12)),
+        4.3e12,
+        _hopper(788e12, 67e12),
     ),
 }
 
@@ -348,7 +399,11 @@ def compute_node_cost(node: fx.Node, profile: DeviceProfile, facts: GraphFacts |
             moved = 2 * nbytes + sum(nbytes_of(a) for a in inputs[1:])
         else:
             moved = nbytes + sum(nbytes_of(a) for a in inputs)
-        est = profile.seconds(flops, moved, dtype)
+        if cls in COMPUTE_BOUND:  # priced by shape at the device's achieved rate (gemm_rates.py)
+            shape = gemm_shape(node) if profile.gemm is not None else None
+            est = profile.kernel_seconds(flops, moved, dtype, shape, cls is OpClass.ATTENTION)
+        else:
+            est = profile.seconds(flops, moved, dtype)
     recompute = flops / profile.peak_flops(dtype) if cls in FUSIBLE else est
     root_cls = op_class(root) if facts is None else facts.op_class[root]
     if root.op == "placeholder":

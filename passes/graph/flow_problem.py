@@ -8,10 +8,16 @@ docs/DESIGN.md §2:
   (they run once either way), infinite for inputs and for what may never be recomputed (``roles.py``).
 
 ``ParametricProblem.at(price)`` then gives the integer ``CutProblem`` for one price.
+
+``FlowProblem.default_problem``: the same problem for the no-budget default plan, in which the compute-bound
+matmul-class values (``ops.COMPUTE_BOUND``) cannot be recomputed, so that the default costs no compute-bound time
+(docs/DESIGN.md §4.5).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -21,6 +27,7 @@ import torch.fx as fx
 
 from ..solver.parametric import ParametricProblem
 from .costs import DeviceProfile, NodeCost
+from .ops import COMPUTE_BOUND
 from .roles import GraphRoles, Policy, Role, recompute_tag
 
 log = logging.getLogger(__name__)
@@ -29,12 +36,40 @@ VALUE_ROLES = (Role.INPUT, Role.FORWARD, Role.BACKWARD_ONLY)
 # How much a PREFER_RECOMPUTE tag multiplies a save cost (and PREFER_SAVE a recompute cost): a strong bias that
 # a large enough difference in cost still overrides, unlike MUST_*.
 PREFER_FACTOR = 10.0
+RECOMPUTE_TAGS = (Policy.PREFER_RECOMPUTE, Policy.MUST_RECOMPUTE)
 
 
 @dataclass(frozen=True)
 class FlowProblem:
     parametric: ParametricProblem
     nodes: tuple[fx.Node, ...]  # value index -> node
+    compute_bound: tuple[int, ...] = ()  # values the no-budget default never recomputes (``compute_bound_values``)
+
+    @functools.cached_property
+    def default_problem(self) -> ParametricProblem:
+        """``parametric`` with the ``compute_bound`` values' recompute cost infinite (None)."""
+        if not self.compute_bound:
+            return self.parametric
+        banned = set(self.compute_bound)
+        recompute = tuple(None if v in banned else r for v, r in enumerate(self.parametric.recompute_seconds))
+        return dataclasses.replace(self.parametric, recompute_seconds=recompute)
+
+
+def compute_bound_values(roles: GraphRoles, nodes, costs, traffic, recompute, bandwidth: float) -> tuple[int, ...]:
+    """The forward values the no-budget default keeps rather than recomputes (docs/DESIGN.md §4.5): matmul-class
+    (``ops.COMPUTE_BOUND``) and compute-bound on the profile (its roofline's FLOP term above its bytes' at
+    ``bandwidth``), recomputable, not tagged for recompute by the user (a MUST_/PREFER_RECOMPUTE tag wins), and
+    saveable, or a multi-output node (its items are saved instead), so that the default's cut stays finite."""
+    return tuple(
+        v
+        for v, node in enumerate(nodes)
+        if costs[node].op_class in COMPUTE_BOUND
+        and costs[node].est_seconds > costs[node].bytes_moved / bandwidth
+        and roles.role[node] is Role.FORWARD
+        and recompute[v] is not None
+        and recompute_tag(node) not in RECOMPUTE_TAGS
+        and (traffic[v] is not None or isinstance(node.meta.get("val"), (tuple, list)))
+    )
 
 
 def build_flow_problem(roles: GraphRoles, costs: dict[fx.Node, NodeCost], profile: DeviceProfile) -> FlowProblem:
@@ -86,4 +121,5 @@ def build_flow_problem(roles: GraphRoles, costs: dict[fx.Node, NodeCost], profil
         len(parametric.needed),
         time.perf_counter() - start,
     )
-    return FlowProblem(parametric, nodes)
+    kept = compute_bound_values(roles, nodes, costs, traffic, recompute, profile.mem_bandwidth)
+    return FlowProblem(parametric, nodes, kept)

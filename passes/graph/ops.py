@@ -46,6 +46,13 @@ class OpClass(enum.Enum):
 
 MATMUL_OPS = _packets("mm", "addmm", "bmm", "baddbmm", "matmul", "_int_mm", "_scaled_mm", "_grouped_mm")
 CONVOLUTION_OPS = _packets("convolution", "_convolution", "convolution_backward", "cudnn_convolution")
+# gemm_rates.gemm_shape: the (a, b) operand positions of the matmuls that multiply an ``m x k`` by a ``k x n``
+# (batched where the operands have more dimensions).
+GEMM_OPERANDS = {
+    packet: operands
+    for name, operands in (("mm", (0, 1)), ("addmm", (1, 2)), ("bmm", (0, 1)), ("baddbmm", (1, 2)), ("_int_mm", (0, 1)))
+    if (packet := getattr(aten, name, None)) is not None
+}
 # The scaled-dot-product attention forwards, each with an optional dropout argument (DROPOUT_ARG_OPS).
 _SDPA_FORWARD_NAMES = (
     "scaled_dot_product_attention",
@@ -393,6 +400,19 @@ NEVER_RECOMPUTE_REASONS = {
     OpClass.OPAQUE: "opaque op (custom op or higher-order op): cost unknown",
 }
 NEVER_RECOMPUTE = frozenset(NEVER_RECOMPUTE_REASONS)
+# Matmul-class kernels (matmuls, convolutions, attention): compute-bound on a GPU, priced by shape at achieved
+# throughput (``gemm_rates.GemmModel``, docs/DESIGN.md §4.2) and never recomputed by the no-budget default plan (§4.5).
+COMPUTE_BOUND = frozenset({OpClass.MATMUL, OpClass.CONVOLUTION, OpClass.ATTENTION})
+COMPUTE_BOUND_OPS = MATMUL_OPS | CONVOLUTION_OPS | ATTENTION_OPS
+
+
+def is_compute_bound_name(qualified: str) -> bool:
+    """Whether the op named ``qualified`` (as ``qualified_name`` writes it: a report row's ``op``, "aten.addmm") is
+    matmul-class (``COMPUTE_BOUND_OPS``)."""
+    namespace, _, name = qualified.partition(".")
+    return getattr(getattr(torch.ops, namespace, None), name, None) in COMPUTE_BOUND_OPS
+
+
 # Classes that Inductor fuses into their consumer (so a recompute costs FLOPs, not a round trip to memory).
 FUSIBLE = frozenset({OpClass.VIEW, OpClass.POINTWISE, OpClass.COPY, OpClass.CREATION, OpClass.GETITEM})
 

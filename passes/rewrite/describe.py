@@ -132,6 +132,21 @@ def describe_split(
     )
 
 
+def step_seconds(nodes, profile: DeviceProfile) -> float:
+    """The step's estimated seconds: every call of ``nodes`` (a split's forward and backward nodes, or a recipe's
+    joint nodes in their orders) priced as the recomputation is, by the fusion rule (``NodeCost.recompute_seconds``,
+    docs/DESIGN.md §4.1), so that ``est_recompute_seconds`` is a share of it.  ``split.FirstPass`` entries count as
+    the node they copy."""
+    from .split import FirstPass  # here: the report's module loads this one on a warm compile, never a split
+
+    total = 0.0
+    for node in nodes:
+        node = node.node if type(node) is FirstPass else node
+        if node.op == "call_function":
+            total += node_cost(node, profile).recompute_seconds
+    return total
+
+
 def _recomputed(fw: fx.GraphModule, bw: fx.GraphModule, profile: DeviceProfile) -> list[RecomputedNode]:
     """The backward's nodes that compute a forward node again.  A per-phase copy (``phase_copies.py``) counts as a
     recomputation of its original; a first-pass copy of a segmented backward (``split.FIRST_PASS_OF``) counts only

@@ -28,3 +28,18 @@ def test_calibrated_profile_numbers_enter_the_cache_key(tmp_path, monkeypatch):
     assert options.device.name.startswith("calibrated:")
     assert repr(options.device.mem_bandwidth) in options.cache_key()
     assert options.profile_for("cpu") is options.device
+
+
+def test_calibrated_profile_carries_a_fitted_shape_model_through_its_cache(tmp_path):
+    first = calibrate_module.calibrate("cpu", directory=tmp_path)
+    assert first.gemm is not None and 0 <= first.gemm.depth_half <= calibrate_module.MATMUL_SIZE
+    assert calibrate_module.calibrate("cpu", directory=tmp_path) == first
+
+
+@pytest.mark.parametrize(
+    "shallow_share, expected",
+    [(1.0, 0.0), (1.2, 0.0), (0.1, 1024.0), (0.5, 1024 * 128 * 0.5 / (1024 * 0.5 - 128))],
+)
+def test_depth_half_fit(shallow_share, expected):
+    # a shallow GEMM (128 deep) at ``shallow_share`` of a deep one's (1024) rate
+    assert calibrate_module.fit_depth_half(1e12, shallow_share * 1e12, 1024, 128) == pytest.approx(expected)

@@ -77,7 +77,8 @@ def test_to_dict_can_leave_deferred_fields_uncomputed(monkeypatch):
     assert all(data[name] in (None, ()) for name in DEFERRED_FIELDS)
     assert data["saved_bytes"] == report.saved_bytes and data["baseline_saved_bytes"] == report.baseline_saved_bytes
     report.simulated_peak_at  # one read computes our split's fields, all of them, and only those
-    assert len(calls) == 1 and set(report.pending_fields()) == set(report_module.BASELINE_PEAK_FIELDS)
+    pending = set(report_module.BASELINE_PEAK_FIELDS) | set(report_module.STEP_FIELDS)
+    assert len(calls) == 1 and set(report.pending_fields()) == pending
     data = report.to_dict(compute_deferred=False)
     assert data["simulated_peak_bytes"] == returned["peak"].peak_bytes and data["memory_timeline"]
     assert data["baseline_simulated_peak_bytes"] is None and len(calls) == 1
@@ -163,8 +164,9 @@ def test_peak_budget_reports_the_simulation_it_chose_by(monkeypatch):
     assert during == 0 and report.peak_simulated >= 2
     assert report.simulated_activation_peak_bytes == returned["peak"].activation_peak_bytes
     assert len(calls) == during
-    # choosing the plan simulated it: the report store keeps that peak without asking for more
-    assert report.pending_fields() == ()
+    # choosing the plan simulated it: the report store keeps that peak without asking for more (the step's
+    # estimate, no simulation, stays deferred)
+    assert report.pending_fields() == report_module.STEP_FIELDS
     assert report.to_dict(compute_deferred=False)["simulated_peak_bytes"] == returned["peak"].peak_bytes
 
 
@@ -179,5 +181,23 @@ def test_pickled_and_copied_reports_carry_values(monkeypatch):
 def test_the_deferred_field_lists_name_every_deferrable_report_field():
     """The partition fills deferred fields by these two lists: a report field missing from both stays at its
     default forever."""
-    names = report_module.PEAK_FIELDS + report_module.BASELINE_PEAK_FIELDS
+    names = report_module.PEAK_FIELDS + report_module.BASELINE_PEAK_FIELDS + report_module.STEP_FIELDS
     assert sorted(names) == sorted(DEFERRED_FIELDS)
+
+
+@pytest.mark.parametrize("name", ["block_sdpa", "stack"])
+def test_the_step_estimate_is_deferred_and_prices_every_node_of_the_split(monkeypatch, name):
+    """``est_step_seconds`` is priced later on the recipe's own copy of the split: the same as pricing the returned
+    graphs now, however their computations are rewritten afterwards (the forward's graph inputs keep the joint
+    graph's meta, ``split._build``: their sizes are the compile's inputs'); the recomputation is part of it."""
+    from fxremat_passes.graph.costs import PROFILES
+    from fxremat_passes.rewrite.describe import step_seconds
+
+    report, _, returned, _ = _partition(name, monkeypatch, compare_default=False, memory_budget=0.0)
+    assert "est_step_seconds" in report.pending_fields()
+    expected = step_seconds([*returned["fw"].graph.nodes, *returned["bw"].graph.nodes], PROFILES["cpu"])
+    for node in [*returned["fw"].graph.nodes, *returned["bw"].graph.nodes]:
+        if node.op != "placeholder" or node.graph is returned["bw"].graph:
+            node.meta.pop("val", None)
+    assert report.est_step_seconds == pytest.approx(expected)
+    assert report.est_step_seconds > report.est_recompute_seconds > 0
