@@ -94,7 +94,7 @@ def _peak_flops(peak_flops_by_dtype: tuple, dtype: torch.dtype | None) -> float:
 
 
 # Hopper's matmul-class kernels (docs/DESIGN.md §4.2).  depth_half: fitted so that a 768-deep GEMM runs at 595/798
-# of the 8192-cube's rate (GPT-2's 768-deep bf16 addmms on the project's H100, benchmarks/RESULTS.md "GPU check"); 132
+# of the 8192-cube's rate (GPT-2's 768-deep bf16 addmms on the project's H100, benchmarks/gpu_check.py); 132
 # SMs (H100/H200 SXM), 128-wide output tiles; attention: cuDNN flash attention in the same kernel profile
 # (benchmarks/results/gpu_check_gpt2/prof_*.txt: GPT-2's head dim 64, causal) ran ~230 TFLOP/s forward and ~215
 # backward of the FLOPs counted (FlopCounterMode counts the masked half too), against 798: 0.28.
