@@ -89,6 +89,8 @@ def find_loss_regions(graph: fx.Graph) -> list[LossRegion]:
 
 
 def _region_of(nll: fx.Node) -> LossRegion | None:
+    if len(nll.args) < 5:
+        return None
     log_softmax, target, weight, reduction, ignore_index = nll.args[:5]
     loss = _getitem(nll, 0)
     if weight is not None or reduction not in REDUCTIONS or loss is None or not isinstance(log_softmax, fx.Node):
@@ -106,6 +108,8 @@ def _region_of(nll: fx.Node) -> LossRegion | None:
     if not isinstance(node, fx.Node) or node.target not in PROJECTIONS:
         return None
     projection = node
+    if projection.kwargs:  # addmm's beta or alpha
+        return None
     bias, hidden, weight_operand = projection.args if projection.target is not MM else (None, *projection.args)
     tokens, vocab = _shape(projection) or (0, 0)
     if _shape(log_softmax) != (tokens, vocab) or _shape(target) != (tokens,):

@@ -12,6 +12,7 @@ from helpers import assert_grads_close, capture_joint, eager_grads, run_aot
 from torch._functorch.partitioners import default_partition
 
 import fxremat
+from fxremat import partition as partition_module
 from fxremat.examples import EXAMPLES, example
 from fxremat.options import Options
 from fxremat_passes.graph.cse import prepare_joint_graph
@@ -138,6 +139,19 @@ def test_returned_logits_leave_the_graph_as_traced():
     grads, graphs = _chunked_step(model, inputs, 4)
     assert_grads_close(grads, expected)
     assert any(n.target is LOG_SOFTMAX for g in graphs for n in g.graph.nodes)
+
+
+def test_a_fault_after_the_rewrite_falls_back_with_correct_gradients():
+    """The rewrite works on the joint in place: a later pass's failure hands PyTorch's partitioner the chunked joint,
+    which computes the same function."""
+    model, inputs = LM(form="sum"), _inputs()
+    _, expected = eager_grads(model, inputs, loss=_loss)
+    reports = []
+    partition_fn = fxremat.make_partition_fn(Options.create(loss_chunks=3), reports)
+    with partition_module.inject_fault("classify"), pytest.warns(partition_module.FxrematFallbackWarning):
+        _, grads, _ = run_aot(model, inputs, partition_fn, loss=_loss)
+    assert reports[0].fallback_reason is not None
+    assert_grads_close(grads, expected)
 
 
 @pytest.mark.parametrize(("value", "error"), [(0, ValueError), (-2, ValueError), (True, TypeError), ("4", TypeError)])
