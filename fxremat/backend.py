@@ -358,7 +358,8 @@ def backend(inductor_options: dict[str, Any] | None = None, **options: Any) -> F
     """A configured fxremat backend: ``torch.compile(model, backend=fxremat.backend(memory_price=20))``.
 
     Options (see ``fxremat.Options``): memory_budget, peak_budget, memory_price, device, solver, compare_default,
-    compare_budgets, strict, report_dir, verify.  Bad values raise ValueError/TypeError here, naming what is allowed.
+    compare_budgets, strict, report_dir, verify, loss_chunks.  Bad values raise ValueError/TypeError here, naming
+    what is allowed.
     ``inductor_options``: Inductor config patches for fxremat's compiles, as ``torch.compile``'s ``options``
     (e.g. ``{"max_autotune": True}``; the simulator follows ``allow_buffer_reuse`` set here: DESIGN §6).
     """

@@ -94,6 +94,15 @@ def _check_solver(name: Any) -> None:
         raise ValueError(f"solver={name!r} is not known; use one of {list(SOLVERS)}")
 
 
+def _check_loss_chunks(value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"loss_chunks must be None or an int >= 1 (the number of chunks), got {value!r}")
+    if value < 1:
+        raise ValueError(f"loss_chunks={value!r}: the number of chunks must be >= 1 (None leaves the loss as traced)")
+
+
 def resolve_device(value: Any) -> DeviceProfile | str:
     if isinstance(value, DeviceProfile):
         return value
@@ -175,6 +184,9 @@ class Options:
     backward_segments  None (default): backward recomputes the forward segment by segment, from checkpoints it
                      recomputes first (passes/rewrite/segments.py), where a memory_budget leaves no plan as low as a
                      looser budget's (budget 0.0: the whole forward recomputed); True: for every plan; False: never.
+    loss_chunks      None (default): the loss is left as traced; an int k >= 1: each loss region (the LM head and its
+                     cross-entropy, the loss returned alone) runs in k chunks along the tokens, its gradients
+                     computed in forward (passes/rewrite/loss_chunks.py, docs/DESIGN.md §14).
     checkpoints      "honour" (default): with checkpoint tags in the graph, no plan saves more bytes or has a
                      higher simulated step peak than the user's plan (passes/choice/contract.py); "replan": fxremat's
                      costs decide inside the regions too (a PREFER_RECOMPUTE tag is a bias).
@@ -192,6 +204,7 @@ class Options:
     verify: bool = False
     backward_segments: bool | None = None
     checkpoints: str = "honour"
+    loss_chunks: int | None = None
 
     @classmethod
     def create(cls, **kwargs: Any) -> Options:
@@ -227,6 +240,7 @@ class Options:
                 raise TypeError(f"{flag} must be True or False, got {values[flag]!r}")
         if values.get("backward_segments") not in (None, True, False):
             raise TypeError(f"backward_segments must be None, True or False, got {values['backward_segments']!r}")
+        _check_loss_chunks(values.get("loss_chunks"))
         if "report_dir" not in values:
             values["report_dir"] = os.environ.get(ENV_REPORT_DIR) or None
         elif values["report_dir"] is not None and not isinstance(values["report_dir"], (str, os.PathLike)):

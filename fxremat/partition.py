@@ -36,6 +36,7 @@ from fxremat_passes.rewrite.cpp_units import join_kernel_runs
 from fxremat_passes.rewrite.describe import describe_split, step_seconds
 from fxremat_passes.rewrite.layout_choice import LayoutChoice, decide_layout
 from fxremat_passes.rewrite.layout_pins import pin_as_strided_inputs, saved_inputs_as_views
+from fxremat_passes.rewrite.loss_chunks import chunk_loss_regions
 from fxremat_passes.rewrite.split import SplitRecipe, split_with_recipe
 from fxremat_passes.simulator.backends import backend_for_device
 from fxremat_passes.simulator.inputs import SimulatorInputs
@@ -238,11 +239,24 @@ def _keep_convolutions_for_depthwise(joint: fx.GraphModule, roles, backend) -> N
         roles.no_recompute.setdefault(node, why)
 
 
+def _warn_unchunked(graph_id: str, chunks: int, done: list) -> None:
+    """``loss_chunks`` is the user's setting: where it chunks nothing in a graph, one warning says so and why."""
+    if any(d.rewritten for d in done):
+        return
+    why = "; ".join(sorted({d.why_not for d in done if d.why_not})) or (
+        "no LM head and cross-entropy recognised in it (after Inductor's decompositions the loss is not recognised "
+        "yet: loss_chunks applies through aot_function/aot_module; docs/DESIGN.md §14)"
+    )
+    warnings.warn(f"fxremat: loss_chunks={chunks} left {graph_id}'s loss as traced: {why}", UserWarning, stacklevel=4)
+
+
 def _fxremat_partition(request: PartitionRequest, options: Options, profile: DeviceProfile, regions=None) -> _Split:
     """Our passes, in order (``regions``: the graph's per-region budgets, ``knobs.effective_options``)."""
     joint = request.joint
     _enter("prepare")
     joint = prepare_joint_graph(joint)  # request.joint itself, cleaned up (see _partition's snapshot)
+    if options.loss_chunks is not None:  # before the cut, which then prices the chunked gradients (DESIGN §14)
+        _warn_unchunked(request.graph_id, options.loss_chunks, chunk_loss_regions(joint, options.loss_chunks))
     copy_gathers_per_phase(joint, request.num_fwd_outputs)  # so no plan makes Inductor store one for two readers
     attach_graph_facts(joint, request.num_fwd_outputs)  # the one view of the joint graph every pass reads (roles.facts)
     _enter("classify")

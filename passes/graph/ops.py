@@ -457,3 +457,42 @@ EMPTY = aten.empty
 # split.py: the in-place copy that PyTorch's autograd-order reordering of backward places before the first reader of
 # a tangent, where it stands (``reordering_to_mimic_autograd_engine``).
 COPY_INTO = aten.copy_.default
+# loss_region.py: the loss region (docs/DESIGN.md §14): the projection, the ops between it and the log-softmax that
+# change neither the values' order nor their count, the cross-entropy forward and backward, and the backward ops
+# between the logits' gradient and the projection's gradients.
+PROJECTIONS = (aten.mm.default, aten.addmm.default)
+LOGITS_PASSTHROUGH = frozenset(
+    {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.alias.default, aten.detach.default}
+)
+DTYPE_CASTS = frozenset({aten._to_copy.default, torch.ops.prims.convert_element_type.default})
+LOG_SOFTMAX = aten._log_softmax.default
+LOG_SOFTMAX_BACKWARD = aten._log_softmax_backward_data.default
+NLL_FORWARD = aten.nll_loss_forward.default
+NLL_BACKWARD = aten.nll_loss_backward.default
+TRANSPOSES = frozenset({aten.t.default, aten.permute.default, aten.transpose.int})
+SUM_DIMS = aten.sum.dim_IntList
+# loss_chunks.py: views, casts and transposes, erased where the old loss region was their only reader.
+PURE_RESHAPES = LOGITS_PASSTHROUGH | DTYPE_CASTS | TRANSPOSES
+# loss_chunks.py: the ops of the chunked loss it writes (docs/DESIGN.md §14).
+CHUNK_OPS = {
+    "slice": aten.slice.Tensor,
+    "mm": aten.mm.default,
+    "addmm": aten.addmm.default,
+    "to": aten._to_copy.default,
+    "logsumexp": aten.logsumexp.default,
+    "ne": aten.ne.Scalar,
+    "mul": aten.mul.Tensor,
+    "sub": aten.sub.Tensor,
+    "add": aten.add.Tensor,
+    "div": aten.div.Tensor,
+    "unsqueeze": aten.unsqueeze.default,
+    "gather": aten.gather.default,
+    "exp": aten.exp.default,
+    "scatter_add": aten.scatter_add.default,
+    "full": aten.full.default,
+    "sum": aten.sum.default,
+    "sum_dims": aten.sum.dim_IntList,
+    "t": aten.t.default,
+    "cat": aten.cat.default,
+    "view": aten.view.default,
+}

@@ -1,0 +1,190 @@
+"""The loss region run in chunks along the tokens, its gradients computed in forward (docs/DESIGN.md §14).
+
+For each chunk of ``c`` tokens the forward computes the chunk's logits (``c × vocabulary``), its loss, and the
+gradient of the loss with respect to the chunk's hidden states, the head's weight (accumulated) and its bias; the
+chunk's logits, softmax and logits' gradient die inside the chunk.  Backward only scales those gradients by the
+loss's incoming gradient: exact, since the cross-entropy's gradients are linear in it, and no matmul runs twice (the
+way fused linear-cross-entropy kernels avoid the extra matmul).  The joint graph is rewritten before the cut, so the
+cut prices what the chunked gradients cost to keep like any other value.
+
+Applies where the logits are read nowhere else (the compiled function returns the loss, not the logits) and the
+backward is the plain one ``loss_region`` knows; elsewhere the graph is left as it came.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch.fx as fx
+
+from ..graph.loss_region import LossRegion, find_loss_regions
+from ..graph.ops import CHUNK_OPS, PURE_RESHAPES
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ChunkedLoss:
+    """What the rewrite did to one loss region."""
+
+    tokens: int
+    vocab: int
+    chunks: int
+    rewritten: bool
+    why_not: str | None = None  # set where ``rewritten`` is False
+
+
+class _Emitter:
+    """Inserts nodes before one anchor, each with its fake value (the passes after this one read ``meta["val"]``)."""
+
+    def __init__(self, graph: fx.Graph, anchor: fx.Node, fake_mode):
+        self.graph, self.anchor, self.fake_mode, self.made = graph, anchor, fake_mode, []
+
+    def __call__(self, op: str, *args, **kwargs) -> fx.Node:
+        target = CHUNK_OPS[op]
+        with self.graph.inserting_before(self.anchor):
+            node = self.graph.call_function(target, args, kwargs)
+        self.made.append(node)
+
+        def val(a):
+            return a.meta["val"] if isinstance(a, fx.Node) else [val(x) for x in a] if isinstance(a, list) else a
+
+        with self.fake_mode:
+            node.meta["val"] = target(*(val(a) for a in args), **{k: val(v) for k, v in kwargs.items()})
+        return node
+
+
+def why_not_chunked(region: LossRegion) -> str | None:
+    """Why the rewrite does not apply to ``region``, or None where it does."""
+    if region.logits_returned:
+        return "the logits are read outside the loss region (returned, or used by another op)"
+    if region.backward is None:
+        return "its backward is not the plain cross-entropy backward"
+    if getattr(region.hidden.meta.get("val"), "fake_mode", None) is None:
+        return "its values carry no fake tensors"
+    if region.tokens < 2:
+        return "fewer than two tokens"
+    return None
+
+
+def chunk_loss_regions(joint: fx.GraphModule, chunks: int) -> list[ChunkedLoss]:
+    """Rewrite every loss region of ``joint`` that can be (``why_not_chunked``) into ``chunks`` chunks, in place."""
+    done = []
+    for region in find_loss_regions(joint.graph):
+        k = min(chunks, region.tokens)
+        why = why_not_chunked(region)
+        if why is None:
+            _rewrite(joint.graph, region, k)
+        done.append(ChunkedLoss(region.tokens, region.vocab, k, why is None, why))
+        log.debug("loss region %s: %d tokens x %d, %s", region.projection.name, region.tokens, region.vocab, why or k)
+    return done
+
+
+def _rewrite(graph: fx.Graph, region: LossRegion, chunks: int) -> None:
+    emit = _Emitter(graph, region.nll_forward, region.hidden.meta["val"].fake_mode)  # after every input
+    try:
+        loss, grads = _chunked_forward(emit, region, chunks)
+    except Exception:
+        for node in reversed(emit.made):  # the graph as it came: nothing reads the nodes made so far
+            graph.erase_node(node)
+        raise
+    _scale_in_backward(graph, region, grads)
+    region.loss.replace_all_uses_with(loss)
+    _erase_dead(graph, {*region.forward_nodes, *region.backward.nodes, *_exits(region)})
+
+
+def _erase_dead(graph: fx.Graph, old: set[fx.Node]) -> None:
+    """The old region, now read by nothing, and the views and transposes that only it read (pure: no random op or
+    mutation is erased, so the step draws the same random numbers)."""
+    todo, erased = [n for n in reversed(list(graph.nodes)) if n in old], set()
+    while todo:
+        node = todo.pop(0)
+        if node in erased or node.users or node.op != "call_function":
+            continue
+        inputs = [
+            a for a in node.all_input_nodes if a in old or (a.op == "call_function" and a.target in PURE_RESHAPES)
+        ]
+        graph.erase_node(node)
+        erased.add(node)
+        todo.extend(inputs)
+
+
+def _exits(region: LossRegion) -> tuple[fx.Node, ...]:
+    bw = region.backward
+    return tuple(n for n in (bw.grad_hidden, bw.grad_weight, bw.grad_bias) if n is not None)
+
+
+def _denominator(emit: _Emitter, region: LossRegion, valid: fx.Node) -> fx.Node | None:
+    """The mean's divisor, the tokens not ignored (nll_loss's ``total_weight``); None for a sum."""
+    if region.reduction == "sum":
+        return None
+    return emit("sum", valid, dtype=region.compute_dtype)
+
+
+def _chunked_forward(emit: _Emitter, region: LossRegion, chunks: int):
+    """(the loss, {gradient name: its value in forward}), the chunks one after another in graph order."""
+    dtype, size = region.compute_dtype, -(-region.tokens // chunks)
+    valid = emit("ne", region.target, region.ignore_index)
+    denominator = _denominator(emit, region, valid)
+    head = emit("t", region.weight)  # [vocab, hidden]
+    total, hidden_grads, weight_grad, bias_grad = None, [], None, None
+    for start in range(0, region.tokens, size):
+        stop = min(start + size, region.tokens)
+        part = _chunk(emit, region, head, valid, denominator, start, stop)
+        total = part["loss"] if total is None else emit("add", total, part["loss"])
+        hidden_grads.append(part["hidden"])
+        weight_grad = part["weight"] if weight_grad is None else emit("add", weight_grad, part["weight"])
+        if region.bias is not None:
+            bias_grad = part["bias"] if bias_grad is None else emit("add", bias_grad, part["bias"])
+    loss = total if denominator is None else emit("div", total, denominator)
+    if loss.meta["val"].dtype != dtype:
+        loss = emit("to", loss, dtype=dtype)
+    grads = {"hidden": emit("cat", hidden_grads), "weight": weight_grad, "bias": bias_grad}
+    return loss, grads
+
+
+def _chunk(emit: _Emitter, region: LossRegion, head, valid, denominator, start: int, stop: int) -> dict:
+    """One chunk's loss (the sum over its tokens) and its gradients, the mean's division folded in."""
+    dtype = region.compute_dtype
+    hidden = emit("slice", region.hidden, 0, start, stop)
+    valid = emit("slice", valid, 0, start, stop)
+    target = emit("unsqueeze", emit("mul", emit("slice", region.target, 0, start, stop), valid), 1)  # 0 where ignored
+    if region.bias is None:
+        logits = emit("mm", hidden, region.weight)
+    else:
+        logits = emit("addmm", region.bias, hidden, region.weight)
+    projected_dtype = logits.meta["val"].dtype
+    if projected_dtype != dtype:
+        logits = emit("to", logits, dtype=dtype)
+    lse = emit("logsumexp", logits, [1], True)
+    weight = emit("unsqueeze", emit("to", valid, dtype=dtype), 1)  # 0 where ignored
+    picked = emit("gather", logits, 1, target)
+    loss = emit("sum", emit("mul", emit("sub", lse, picked), weight))
+    if denominator is not None:
+        weight = emit("div", weight, denominator)
+    minus_one = emit("full", [stop - start, 1], -1.0, dtype=dtype, device=logits.meta["val"].device)
+    softmax = emit("exp", emit("sub", logits, lse))
+    grad = emit("mul", emit("scatter_add", softmax, 1, target, minus_one), weight)  # d loss / d logits
+    if grad.meta["val"].dtype != projected_dtype:
+        grad = emit("to", grad, dtype=projected_dtype)
+    part = {"loss": loss, "hidden": emit("mm", grad, head), "weight": emit("mm", emit("t", grad), hidden)}
+    if region.bias is not None:
+        part["bias"] = emit("sum_dims", grad, [0])
+    return part
+
+
+def _scale_in_backward(graph: fx.Graph, region: LossRegion, grads: dict) -> None:
+    """Each exit of the region's backward replaced by its gradient from forward times the loss's incoming gradient."""
+    bw = region.backward
+    for exit_node, name in ((bw.grad_hidden, "hidden"), (bw.grad_weight, "weight"), (bw.grad_bias, "bias")):
+        if exit_node is None:
+            continue
+        emit = _Emitter(graph, exit_node, region.hidden.meta["val"].fake_mode)
+        value = grads[name]
+        if name == "weight" and not bw.grad_weight_transposed:
+            value = emit("t", value)  # [hidden, vocab], the projection's right operand's own layout
+        scaled = emit("mul", value, bw.scale)
+        if tuple(scaled.meta["val"].shape) != tuple(exit_node.meta["val"].shape):
+            scaled = emit("view", scaled, list(exit_node.meta["val"].shape))
+        exit_node.replace_all_uses_with(scaled)
