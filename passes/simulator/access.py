@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch.fx as fx
 
 from ..graph.ops import BMM, REDUCTIONS_WITH_DIMS, OpClass
-from .backends.rules import MOST_READS_COMPARED
+from .rules import MOST_READS_COMPARED
 
 MAX_PATHS = 4  # per read storage; a computation reading one storage in more ways is rare (and scored as any other)
 MAX_DEPTH = 12  # descriptors kept per path

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch.fx as fx
 
 from .access import add_horizontal, at_another_index, priority
-from .backends.rules import NO_LOOP
 from .lowering import KERNEL_CLASSES
+from .rules import NO_LOOP
 
 # Scheduler nodes apart beyond which Inductor does not fuse horizontally (torch/_inductor/scheduler.py).
 FUSION_DISTANCE = 64

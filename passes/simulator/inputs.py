@@ -19,7 +19,7 @@ import torch.fx as fx
 
 from .. import _torch_private as tp
 from .backends import backend_for_device, device_type_of_graph
-from .backends.rules import SchedulingRules
+from .rules import SchedulingRules
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,20 @@ def imports_of(module: str) -> set[str]:
             target = _resolve(name)
             if target is not None and target != module:
                 found.add(target)
+                found |= _packages_run_first(module, target)
     return found
+
+
+def _packages_run_first(module: str, target: str) -> set[str]:
+    """Importing ``target`` first runs the ``__init__`` of each package above it that is not above ``module`` too
+    (those are being imported already): ``from .backends.rules import X`` runs ``backends/__init__.py``."""
+    ours = set()
+    parts = target.split(".")
+    for k in range(1, len(parts)):
+        package = ".".join(parts[:k])
+        if package in MODULES and not (module == package or module.startswith(package + ".")):
+            ours.add(package)
+    return ours
 
 
 def _running_imports(tree: ast.AST) -> list:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from ..rules import MOST_READS_COMPARED, SchedulingRules
 from .cpp_loops import loop_sizes
 from .mkldnn import convolutions_kept_for_depthwise, depthwise_buffer_bytes, workspace_bytes
-from .rules import MOST_READS_COMPARED, SchedulingRules
 
 
 class CppRules(SchedulingRules):

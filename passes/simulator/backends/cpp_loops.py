@@ -24,7 +24,7 @@ import torch.fx as fx
 
 from ...graph.ops import OpClass
 from ..access import reduced_dims, sizes_strides
-from .rules import NO_LOOP
+from ..rules import NO_LOOP
 
 # A read's stride in a dim where it does not line up with the loop: it merges with no neighbour (``_merged``).  Its own
 # object, so that it is never taken for ``_read_strides``' None (sizes not known) nor for a stride.

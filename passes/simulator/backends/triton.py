@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ... import _torch_private as tp
-from .rules import SchedulingRules
+from ..rules import SchedulingRules
 
 # The CUDA caching allocator hands out blocks in multiples of 512 bytes (c10/cuda/CUDACachingAllocator.cpp:
 # ``kMinBlockSize``, ``round_size``), and ``torch.cuda.max_memory_allocated`` counts the rounded blocks.
