@@ -11,7 +11,6 @@ import operator
 
 import torch
 import torch.fx as fx
-import torch.utils.flop_counter as flop_counter
 
 aten = torch.ops.aten
 
@@ -224,14 +223,31 @@ def grouped_mm_flops(a_shape, b_shape, out_shape) -> int:
     return 2 * math.prod(out_shape) * a_shape[-1]
 
 
+def sdpa_flops(q_shape, k_shape, v_shape) -> int:
+    """Attention's two products, 2 FLOPs per multiply-add, every query head counted: with grouped-query attention
+    (key and value with fewer heads) the kernel broadcasts their heads.  FlopCounterMode's count from torch 2.13; its
+    2.11 formula asserts on grouped-query shapes, so fxremat counts attention itself on every release."""
+    b, h, s_q, d_q = q_shape
+    s_k, d_v = k_shape[2], v_shape[3]
+    return 2 * b * h * s_q * s_k * (d_q + d_v)
+
+
+def sdpa_backward_flops(q_shape, k_shape, v_shape) -> int:
+    """Attention's backward (FlopCounterMode's five products from torch 2.13: the scores recomputed, the gradients of
+    the scores, of value, of query and of key), every query head counted."""
+    b, h, s_q, d_q = q_shape
+    s_k, d_v = k_shape[2], v_shape[3]
+    return 2 * b * h * s_q * s_k * (3 * d_q + 2 * d_v)
+
+
 def _sdpa_flops(node: fx.Node, shape) -> int:
     q, k, v = node.args[:3]
-    return int(flop_counter.sdpa_flop_count(shape(q), shape(k), shape(v)))
+    return sdpa_flops(shape(q), shape(k), shape(v))
 
 
 def _sdpa_backward_flops(node: fx.Node, shape) -> int:
-    grad_out, q, k, v = node.args[:4]
-    return int(flop_counter.sdpa_backward_flop_count(*(shape(a) for a in (grad_out, q, k, v))))
+    _grad_out, q, k, v = node.args[:4]
+    return sdpa_backward_flops(shape(q), shape(k), shape(v))
 
 
 def _grouped_mm_flops(node: fx.Node, shape) -> int:
@@ -240,7 +256,8 @@ def _grouped_mm_flops(node: fx.Node, shape) -> int:
 
 
 # FLOP formulas of the matmul, convolution and attention ops that FlopCounterMode does not count (the CPU SDPA
-# kernels, grouped_mm), by packet: ``formula(node, shape)``, where ``shape`` gives a node's shape in plain ints
+# kernels, grouped_mm) or counts differently across releases (the GPU SDPA kernels under grouped-query attention), by
+# packet: ``formula(node, shape)``, where ``shape`` gives a node's shape in plain ints
 # (costs.hinted_shape).  costs._kernel_flops asks here first, then FlopCounterMode's registry; an op in neither is
 # estimated from its output size.
 FLOP_FORMULAS = {
@@ -249,6 +266,12 @@ FLOP_FORMULAS = {
         ("_scaled_dot_product_flash_attention_for_cpu", _sdpa_flops),
         ("_scaled_dot_product_attention_math", _sdpa_flops),
         ("_scaled_dot_product_flash_attention_for_cpu_backward", _sdpa_backward_flops),
+        ("_scaled_dot_product_efficient_attention", _sdpa_flops),
+        ("_scaled_dot_product_flash_attention", _sdpa_flops),
+        ("_scaled_dot_product_cudnn_attention", _sdpa_flops),
+        ("_scaled_dot_product_efficient_attention_backward", _sdpa_backward_flops),
+        ("_scaled_dot_product_flash_attention_backward", _sdpa_backward_flops),
+        ("_scaled_dot_product_cudnn_attention_backward", _sdpa_backward_flops),
         ("_grouped_mm", _grouped_mm_flops),
     )
     if (packet := getattr(aten, name, None)) is not None

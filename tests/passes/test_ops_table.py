@@ -26,3 +26,18 @@ def test_no_module_outside_ops_names_an_op():
     assert len(paths) > 20  # the packages were found
     named = [where for p in sorted(paths) if p not in ALLOWED for where in _op_names(p)]
     assert not named, f"ops named outside passes/graph/ops.py (add them to ops.py and import them): {named}"
+
+
+def test_attention_flops_count_every_query_head_on_every_release():
+    """Grouped-query attention (key and value with fewer heads): torch 2.11's FlopCounterMode formula asserts on the
+    shapes (a GQA model fell back to PyTorch's partitioner there); fxremat's own count broadcasts the heads."""
+    import torch.utils.flop_counter as flop_counter
+
+    from fxremat_passes.graph.ops import sdpa_backward_flops, sdpa_flops
+
+    q, k, v = (2, 8, 16, 32), (2, 2, 24, 32), (2, 2, 24, 16)
+    assert sdpa_flops(q, k, v) == 2 * 2 * 8 * 16 * 24 * (32 + 16)
+    assert sdpa_backward_flops(q, k, v) == 2 * 2 * 8 * 16 * 24 * (3 * 32 + 2 * 16)
+    full_k, full_v, grad_out = (2, 8, 24, 32), (2, 8, 24, 16), (2, 8, 16, 16)
+    assert sdpa_flops(q, full_k, full_v) == flop_counter.sdpa_flop_count(q, full_k, full_v)
+    assert sdpa_backward_flops(q, full_k, full_v) == flop_counter.sdpa_backward_flop_count(grad_out, q, full_k, full_v)
