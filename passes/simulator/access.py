@@ -54,11 +54,14 @@ def layout(node: fx.Node) -> tuple:
     return (_merged(list(zip(sizes, strides))), offset)
 
 
-def step(arg: fx.Node, root: fx.Node) -> tuple:
+def step(arg: fx.Node, root: fx.Node, layout_of=layout) -> tuple:
     """The part of a path one read adds: nothing when it reads ``root``'s value as laid out (the value itself, or a
-    reshape of it), the read's layout otherwise (a slice, a transpose, a broadcast)."""
-    here = layout(arg)
-    return () if arg is root or here == layout(root) else (here,)
+    reshape of it), the read's layout otherwise (a slice, a transpose, a broadcast).  ``layout_of``: ``layout``,
+    or a memo of it (``NodeFacts``: a node's layout is fixed by its value)."""
+    if arg is root:
+        return ()
+    here = layout_of(arg)
+    return () if here == layout_of(root) else (here,)
 
 
 def through(node: fx.Node, classes: dict[fx.Node, OpClass]) -> tuple:

@@ -22,7 +22,7 @@ from ..graph.graph_facts import GraphFacts, Memo
 from ..graph.ops import ADD as _ADD
 from ..graph.ops import FUSED_LOADS, HEAVY_OPS, OpClass, op_class
 from ..graph.ops import MM as _MM
-from .access import op_path, step
+from .access import layout, op_path, step
 from .lowering import column_reduction, concat_kernel, inductor_class, scatter_values
 from .phase_graph import PhaseGraph, storage_bytes
 
@@ -64,6 +64,9 @@ class NodeFacts:
         self._kind: dict[fx.Node, int] = {}
         self._step: dict[tuple[fx.Node, fx.Node], tuple] = {}  # (read, its storage's root) -> ``access.step``
         self._op_path: dict[fx.Node, tuple] = Memo(op_path)  # ``access.op_path``
+        # ``access.layout``: every read of a storage compares the read's layout with its root's, so a root read by
+        # many nodes would compute its own layout once per read
+        self._layout: dict[fx.Node, tuple] = Memo(layout)
         self._tensor_reads: dict[fx.Node, tuple] = {}  # the tensors a computed node reads (``tensor_reads``)
         self._reuse: dict[fx.Node, tuple] = {}  # (bytes, dtype): ``phase._Phase._reuse_key``
         # a node's computation and a unit's summary in a phase, under what they depend on (``phase._Phase``): kept
@@ -80,7 +83,7 @@ class NodeFacts:
         key = (arg, root)
         found = self._step.get(key)
         if found is None:
-            found = self._step[key] = step(arg, root)
+            found = self._step[key] = step(arg, root, self._layout.__getitem__)
         return found
 
     def access_through(self, node: fx.Node, cls: OpClass) -> tuple:

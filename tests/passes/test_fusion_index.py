@@ -83,3 +83,20 @@ def test_inductor_stores_the_gather_and_fuses_it_into_no_bmm_reading_it_out_of_o
     _, (code,) = run_and_get_code(torch.compile(_gather_two_bmms, backend="inductor"), *_ARGS)
     gathered = (_ARGS[1].numel(), *_ARGS[0].shape[1:])
     assert "empty_strided_cpu(({}, {}, {})".format(*gathered) in code, code
+
+
+def test_the_memoised_layouts_give_every_read_the_unmemoised_step():
+    """``NodeFacts`` keeps each node's ``access.layout`` (a root read by many nodes is laid out once): every read's
+    step through the memo is ``access.step``'s own, on a graph of slices, transposes, reshapes and broadcasts."""
+    from fxremat_passes.graph.costs import alias_root
+
+    def f(a, b):
+        t = a.t().contiguous()
+        return (a[:, 8:] * 2).sum(0), (t.reshape(-1) + 1).view(16, 32), a + b.unsqueeze(0), a.permute(1, 0).sum(1)
+
+    phase, _ = _phase(f, torch.randn(32, 16), torch.randn(16))
+    reads = [(arg, alias_root(arg)) for n in phase.nodes for arg in n.all_input_nodes if "val" in arg.meta]
+    assert len({access.step(arg, root) for arg, root in reads}) > 1  # the graph reads through more than one layout
+    for arg, root in reads:
+        assert phase.facts.access_step(arg, root) == access.step(arg, root)
+        assert phase.facts._layout[arg] == access.layout(arg)
