@@ -33,7 +33,7 @@ def test_attention_flops_count_every_query_head_on_every_release():
     shapes (a GQA model fell back to PyTorch's partitioner there); fxremat's own count broadcasts the heads."""
     import torch.utils.flop_counter as flop_counter
 
-    from fxremat_passes.graph.ops import sdpa_backward_flops, sdpa_flops
+    from fxremat_passes.graph.flop_formulas import sdpa_backward_flops, sdpa_flops
 
     q, k, v = (2, 8, 16, 32), (2, 2, 24, 32), (2, 2, 24, 16)
     assert sdpa_flops(q, k, v) == 2 * 2 * 8 * 16 * 24 * (32 + 16)
