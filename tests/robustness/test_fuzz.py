@@ -87,8 +87,9 @@ def check_budget_invariants(reports: dict) -> None:
     if half.budget_met:
         assert half.saved_bytes <= half.budget_bytes
     assert zero.saved_bytes <= half.saved_bytes <= default.saved_bytes, (zero, half, default)
-    # Price 1e6 (in memory_price units) is the price the budget code uses for the fewest-bytes plan.
-    assert reports["price 1e6"].saved_bytes == zero.fewest_saved_bytes
+    # Price 1e6 (in memory_price units) is the price the budget code uses for the fewest-bytes plan; without a budget
+    # the default may not recompute a compute-bound kernel (docs/DESIGN.md §4.5), so it keeps at least those bytes
+    assert reports["price 1e6"].saved_bytes >= zero.fewest_saved_bytes
     assert reports["price 0"].saved_bytes >= default.saved_bytes
 
 
