@@ -70,15 +70,15 @@ def as_cuda_metadata(gm: torch.fx.GraphModule) -> None:
             node.meta["val"] = tree_map(to_cuda, node.meta["val"])
 
 
-def _on_meta(name: str, small: bool) -> tuple[torch.nn.Module, tuple[int, int]]:
-    """(the model on ``meta`` in bf16, its (batch, sequence))."""
+def _on_meta(name: str, small: bool, layers: int | None = None) -> tuple[torch.nn.Module, tuple[int, int]]:
+    """(the model on ``meta`` in bf16, its (batch, sequence)); ``layers``: that many instead of the shape's."""
     import transformers
 
     transformers.logging.set_verbosity_error()
     if name in SHAPES:
         import bench_models
 
-        shape = SMALL_SHAPES[name] if small else SHAPES[name]
+        shape = dict(SMALL_SHAPES[name] if small else SHAPES[name], **({"layers": layers} if layers else {}))
         with torch.device("meta"):
             model = bench_models.hf_model(name, shape, dtype=DTYPE)
         return model, (shape["batch"], shape["seq"])
@@ -128,12 +128,21 @@ def partition(
     """(the reports: fxremat's ``CutReport``s or PyTorch's ``SplitDescription``s, the partition's wall seconds) of
     ``name`` traced at GPU shapes with cuda metadata; ``decompose=False``: without Inductor's decompositions (as a
     plain ``aot_function`` user traces: ``native_layer_norm`` stays one op)."""
+    reports: list = []
+    seconds: list = []
+    trace(name, _partition_fn(partitioner, options or {}, reports, seconds), small, decompose)
+    return reports, sum(seconds)
+
+
+def trace(name: str, partition_fn, small: bool = False, decompose: bool = True, layers: int | None = None) -> None:
+    """One training step of ``name`` built on ``meta`` and traced with fake tensors at GPU shapes (no compute), its
+    joint graph handed to ``partition_fn`` (which rewrites the metadata to ``cuda`` where it wants the GPU's)."""
     from functorch.compile import aot_function, make_boxed_func
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from fxremat_passes import _torch_private as tp
 
-    model, (batch, seq) = _on_meta(name, small)
+    model, (batch, seq) = _on_meta(name, small, layers)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with mode:
         model.to_empty(device="cpu")
@@ -149,20 +158,16 @@ def partition(
     def noop(gm, _inputs):
         return make_boxed_func(gm.forward)
 
-    reports: list = []
-    seconds: list = []
-    fn = _partition_fn(partitioner, options or {}, reports, seconds)
     compiled = aot_function(
         step,
         fw_compiler=noop,
         bw_compiler=noop,
-        partition_fn=fn,
+        partition_fn=partition_fn,
         decompositions=tp.inductor_decompositions() if decompose else None,  # the joint graph Inductor would trace
         keep_inference_input_mutations=True,
     )
     with mode, _no_packed_sequence_check():
         compiled(*state.values(), ids)
-    return reports, sum(seconds)
 
 
 @contextlib.contextmanager

@@ -4,7 +4,7 @@
                                                          [--settings default mem0.5 peak0.5 pt pt0.5]
                                                          [--profile peak0.5 --top 40]
 
-The model (``bench_models.hf_model`` at ``gpu_check.SHAPES``, bf16, dropout off) is built on ``meta``, given
+The model (``gpu_shaped.trace``: ``bench_models.hf_model`` at ``gpu_check.SHAPES``, bf16) is built on ``meta``, given
 storage-free parameters under a ``FakeTensorMode`` and traced once through ``aot_function`` with Inductor's
 decompositions and no-op compilers; the joint graph is kept.  Each setting then partitions a fresh copy of that
 joint with its metadata rewritten to ``cuda`` (``report_snapshot.as_cuda_metadata``): fxremat for ``device="h100"``,
@@ -30,9 +30,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import bench_models  # noqa: E402
-import gpu_check  # noqa: E402
-from report_snapshot import as_cuda_metadata  # noqa: E402
+import gpu_shaped  # noqa: E402
+from gpu_shaped import as_cuda_metadata  # noqa: E402
 
 SETTINGS = {
     "default": {},
@@ -44,50 +43,21 @@ SETTINGS = {
 
 
 def trace_joint(name: str, layers: int | None):
-    """(the joint graph with ``cuda`` metadata, its inputs, the partitioner's keyword arguments)."""
-    import transformers
-    from functorch.compile import aot_function, make_boxed_func
-    from torch._inductor.decomposition import select_decomp_table
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    transformers.logging.set_verbosity_error()
-    shape = dict(gpu_check.SHAPES[name], **({"layers": layers} if layers else {}))
-    with torch.device("meta"):
-        model = bench_models.hf_model(name, shape, dtype=torch.bfloat16)
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with mode:
-        model.to_empty(device="cpu")
-        ids = torch.zeros(shape["batch"], shape["seq"], dtype=torch.long)
-    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-    names = list(state)
-
-    def step(*args):
-        *tensors, tokens = args
-        batch = dict(input_ids=tokens, labels=tokens)
-        return torch.func.functional_call(model, dict(zip(names, tensors)), (), batch).loss
+    """(the joint graph with ``cuda`` metadata, its inputs, the partitioner's keyword arguments): traced by
+    ``gpu_shaped.trace``, partitioned here once by PyTorch's default so that the trace completes."""
+    from fxremat_passes import _torch_private as tp
 
     kept = []
 
     def keep(gm, joint_inputs, **kwargs):
         as_cuda_metadata(gm)
         kept.append((copy.deepcopy(gm), joint_inputs, kwargs))
-        from fxremat_passes import _torch_private as tp
-
         return tp.pytorch_default_partition(
             gm, joint_inputs, num_fwd_outputs=kwargs["num_fwd_outputs"],
             static_lifetime_input_indices=kwargs.get("static_lifetime_input_indices"),
         )
 
-    def noop(gm, _inputs):
-        return make_boxed_func(gm.forward)
-
-    import transformers.masking_utils as masking
-
-    masking.find_packed_sequence_indices = lambda position_ids: None  # a data-dependent branch fake tensors can't take
-    compiled = aot_function(step, fw_compiler=noop, bw_compiler=noop, partition_fn=keep,
-                            decompositions=select_decomp_table(), keep_inference_input_mutations=True)
-    with mode:
-        compiled(*state.values(), ids)
+    gpu_shaped.trace(name, keep, layers=layers)
     return kept[0]
 
 
@@ -120,7 +90,7 @@ def partition_once(joint, setting: str) -> tuple[tuple[float, float], int | None
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="gpt2", choices=sorted(gpu_check.SHAPES))
+    parser.add_argument("--model", default="gpt2", choices=sorted(gpu_shaped.SHAPES))
     parser.add_argument("--layers", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
