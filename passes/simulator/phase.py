@@ -148,7 +148,9 @@ class _Phase:
                 return known[key]
         fusion = Fusion(self.units, self.unit_reads, self.unit, self.index, self.access, self.view.segmented)
         loops = self.backend.loop_sizes
-        kernels = fusion.fuse(self.classes, self._loop, self.facts.nbytes, self._reduction_first, lambda u: loops(self, u))
+        kernels = fusion.fuse(
+            self.classes, self._loop, self.facts.nbytes, self._reduction_first, lambda u: loops(self, u)
+        )
         found = (kernels, fusion.succ, fusion.pred, fusion.lo)
         if known is not None:
             known[key] = found
@@ -169,7 +171,8 @@ class _Phase:
             return self._unit_of(parent) if known is _UNKNOWN else known
         if cls is OpClass.MUTATION or self.facts.is_tuple(node):
             return node
-        return node if materialises(node, self.classes, self.returned, self.view, self.kinds[node], self.backend) else None
+        stored = materialises(node, self.classes, self.returned, self.view, self.kinds[node], self.backend)
+        return node if stored else None
 
     def _find_units(self) -> None:
         self.unit = unit = {}
@@ -309,6 +312,14 @@ class _Phase:
         if values is not None:
             return numel(values)
         return max((numel(n) for n in (*self.owned[unit], *self.loop_reads[unit])), default=0)
+
+    def in_kernel_group(self, unit: fx.Node) -> bool:
+        """Whether ``unit`` is a generated kernel of a backend that groups them (``SchedulingRules.
+        groups_generated_kernels``: the group frees what it read when flushed), read by ``walk.Walk.grouped`` and
+        ``backends/kernel_runs.py``.  A unit whose value is a tuple (a norm's backward) is not taken as one (DESIGN
+        §6.0: kept from the per-node rule the seam replaced; not checked against Inductor's output code)."""
+        grouped = self.backend.groups_generated_kernels and self.facts.is_tensor(unit)
+        return grouped and self.classes[unit] in KERNEL_CLASSES
 
     def _reduction_first(self, unit: fx.Node) -> bool:
         """Whether the backend schedules the unit as a reduction that fuses only with the reduction first (the C++

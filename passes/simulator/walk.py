@@ -9,7 +9,6 @@ import torch.fx as fx
 
 from .. import _torch_private as tp
 from .buffer_pool import _pool_held
-from .lowering import KERNEL_CLASSES
 
 
 class Walk:
@@ -183,11 +182,7 @@ class Walk:
         call, and the frees follow each one.)"""
         if k >= len(self.order):
             return False
-        head = self.order[k]
-        phase = self.phase
-        # a head whose value is a tuple (a norm's backward) is not taken as grouped (DESIGN §6.0)
-        grouped = phase.backend.groups_generated_kernels and phase.facts.is_tensor(head)
-        return phase.classes[head] in KERNEL_CLASSES and grouped
+        return self.phase.in_kernel_group(self.order[k])
 
     def release(self, k: int, names: list[str]) -> None:
         """Free ``names`` (storages that died at or before kernel ``k``) after kernel ``k``; a pooled buffer enters

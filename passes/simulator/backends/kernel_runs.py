@@ -29,7 +29,6 @@ import torch.fx as fx
 
 from ... import _torch_private as tp
 from ...graph.ops import has_tag
-from ..lowering import KERNEL_CLASSES
 
 # What a joined step may cost, in graph nodes simulated (forward once, backward twice; about 0.06 ms a node here). A
 # larger graph keeps its order: a deep model's repeated blocks compile to the same few sources whatever their number,
@@ -50,10 +49,9 @@ class _Move:
 
 
 def _generated(phase, unit: fx.Node) -> bool:
-    """Whether ``unit`` is a generated CPU kernel, part of a kernel group (``walk.Walk.grouped``'s rule), rather
-    than an extern one."""
-    grouped = phase.backend.groups_generated_kernels and phase.facts.is_tensor(unit)  # as ``walk.Walk.grouped``
-    return phase.classes[unit] in KERNEL_CLASSES and grouped
+    """Whether ``unit`` is a generated kernel of a kernel group (``phase._Phase.in_kernel_group``), rather than an
+    extern one."""
+    return phase.in_kernel_group(unit)
 
 
 def _schedule(phase) -> tuple[list[fx.Node], list[bool]]:
