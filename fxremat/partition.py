@@ -113,17 +113,21 @@ class PartitionRequest:
     simulator: SimulatorInputs | None = None
 
 
-def simulator_inputs(request: PartitionRequest, stock: bool = False) -> SimulatorInputs:
+def simulator_inputs(
+    request: PartitionRequest, stock: bool = False, caller_bytes: int | None = None
+) -> SimulatorInputs:
     """What the simulation of this compile's splits assumes (``passes/simulator/inputs.py``), read once from the
     compile: the backend Inductor generates code with for the graph's device, the compile's buffer reuse
     (``stock``: the one stock Inductor would use, for PyTorch's split), whether Inductor reorders for peak memory
-    under the config in force, and whether fxremat hands the backward over reordered for fewer C++ units."""
+    under the config in force, whether fxremat hands the backward over reordered for fewer C++ units, and the
+    user's figure for the caller's work between the graphs (``Options.caller_bytes``)."""
     backend = backend_for_device(graph_device(request.joint)[0] or "cpu")
     return SimulatorInputs(
         backend=backend,
         buffer_reuse=tp.stock_buffer_reuse() if stock else tp.inductor_buffer_reuse(),
         reorders_for_peak=tp.inductor_reorders_for_peak_memory(),
         joins_kernel_runs=not stock and request.inductor and backend.joins_kernel_runs,
+        caller_bytes=caller_bytes,
     )
 
 
@@ -182,7 +186,7 @@ def _baseline(request: PartitionRequest, profile: DeviceProfile, compare_budgets
     default_seconds = time.perf_counter() - start
     # PyTorch's split is ours alone (nobody compiles it): simulated on the first read of its fields
     # as stock Inductor compiles it: its buffer reuse, saved inputs kept as its channels-last copies (``recopy=False``)
-    stock = simulator_inputs(request, stock=True)
+    stock = simulator_inputs(request, stock=True, caller_bytes=request.simulator.caller_bytes)
     if simulated.can_simulate_later(fw.graph.nodes):
         baseline_peak = simulated.later(
             lambda: simulated.baseline_peak_fields(
@@ -386,7 +390,7 @@ def _ready_for_compiler(request: PartitionRequest, fw: fx.GraphModule, bw: fx.Gr
 
 def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModule, fx.GraphModule, CutReport]:
     start = time.perf_counter()
-    request = dataclasses.replace(request, simulator=simulator_inputs(request))
+    request = dataclasses.replace(request, simulator=simulator_inputs(request, caller_bytes=options.caller_bytes))
     # a user's setting, not a fault of ours: bad region annotations raise here, outside the fallback
     options, budget_source, regions = effective_options(options, request.joint, request.num_fwd_outputs)
     device_type, device_name = graph_device(request.joint)

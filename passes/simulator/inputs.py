@@ -28,6 +28,7 @@ class SimulatorInputs:
     buffer_reuse: str | None  # ``tp.ALLOCATED``, ``tp.ESTIMATED`` or None (dead buffers freed at once)
     reorders_for_peak: bool  # Inductor's ``reorder_for_peak_memory`` applies to each graph
     joins_kernel_runs: bool = False  # the backward is judged in the order ``rewrite/cpp_units.py`` hands over
+    caller_bytes: int | None = None  # the caller's work between the graphs; None: estimated (``boundary.py``)
 
     @classmethod
     def default(cls, device_type: str) -> SimulatorInputs:
