@@ -35,18 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_measure as bm  # noqa: E402
 import grad_rule  # noqa: E402
 import zoo_models  # noqa: E402
+from zoo_checks import CONFIGS  # noqa: E402
 
-CONFIGS = (
-    "pytorch_default",
-    "pytorch_budget_0.5",
-    "pytorch_budget_0.2",
-    "fxremat_default",
-    "fxremat_budget_0.5",
-    "fxremat_budget_0.2",
-    "fxremat_budget_0.0",
-    "fxremat_peak_0.5",
-    "fxremat_peak_0.0",
-)
 ROW_MARKER = "FXREMAT_ZOO_ROW "
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "zoo.json"
 KEY_FIELDS = ("model", "size", "loss_side", "config")
@@ -183,8 +173,9 @@ def environment() -> dict[str, Any]:
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parent).stdout.strip()
-    return dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), torch=torch.__version__, commit=commit,
-                cpu=platform.processor() or platform.machine(), threads=1, load_avg_1min=os.getloadavg()[0])
+    return dict(date=time.strftime("%Y-%m-%d %H:%M", time.gmtime()), torch=torch.__version__, git_commit=commit,
+                cpu=platform.processor() or platform.machine(), cpu_count=os.cpu_count(), threads=1,
+                load_avg_1min=os.getloadavg()[0])
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -205,6 +196,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         env = environment()  # per row: the load it ran under
         row = run_in_process(key, args.repeats) if args.in_process else run_worker(key, args.repeats, args.timeout)
         row["environment"] = env
+        result["environment"] = dict(env, command_line=sys.argv)
         result["rows"] = [r for r in result["rows"] if row_key(r) != key] + [row]
         save(path, result)
     return result

@@ -1,4 +1,5 @@
 """The zoo's table and the checks issue #56 judges, from ``zoo.py``'s rows (plain dicts): a record first, then text.
+No torch import: ``results_page.py`` builds the results page from it anywhere.
 
 Per (model, size, loss side):
 * ``lowest_peak``: ``fxremat_peak_0.0``'s measured peak against the lowest measured peak of every fxremat setting
@@ -18,6 +19,18 @@ from typing import Any
 
 from tabulate import tabulate
 
+# The settings, in the order the table shows them (zoo.py runs them in this order).
+CONFIGS = (
+    "pytorch_default",
+    "pytorch_budget_0.5",
+    "pytorch_budget_0.2",
+    "fxremat_default",
+    "fxremat_budget_0.5",
+    "fxremat_budget_0.2",
+    "fxremat_budget_0.0",
+    "fxremat_peak_0.5",
+    "fxremat_peak_0.0",
+)
 LOWEST_SLACK = 1.05
 MONOTONE_TOLERANCE = 0.02
 SIM_TOLERANCE = 0.10
@@ -99,12 +112,22 @@ def _cell(row: dict | None) -> str:
     return text + f" / {row['step_ms']:.0f} ms"
 
 
-def table(rows: list[dict]) -> str:
-    """Measured peak MiB (simulated) / step per setting, then the checks; error rows listed below."""
+def measured_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """(headers, one row per (model, size, loss side): each setting's measured peak MiB (simulated) / step)."""
     found = groups(rows)
     configs = sorted({c for g in found.values() for c in g}, key=_config_order)
     body = [[*key, *(_cell(found[key].get(c)) for c in configs)] for key in sorted(found)]
-    text = tabulate(body, headers=["model", "size", "loss", *configs], tablefmt="github")
+    return ["model", "size", "loss", *configs], body
+
+
+def check_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    return _CHECK_HEADERS, _check_rows(checks(rows))
+
+
+def table(rows: list[dict]) -> str:
+    """Measured peak MiB (simulated) / step per setting, then the checks; error rows listed below."""
+    headers, body = measured_rows(rows)
+    text = tabulate(body, headers=headers, tablefmt="github")
     text += "\n\n" + tabulate(_check_rows(checks(rows)), headers=_CHECK_HEADERS, tablefmt="github")
     errors = [r for r in rows if r.get("error") is not None]
     return text + "".join(f"\n- error: {r['model']} {r['loss_side']} {r['config']}: {r['error'][:200]}" for r in errors)
@@ -133,6 +156,4 @@ def _check_rows(record: dict[tuple, dict[str, Any]]) -> list[list[str]]:
 
 
 def _config_order(config: str) -> tuple:
-    from zoo import CONFIGS
-
     return (CONFIGS.index(config) if config in CONFIGS else len(CONFIGS), config)
