@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="also write the rows here")
     args = parser.parse_args(argv)
     folder = Path(args.folder)
-    if not any(True for _ in gpu_recording.read_configs(folder)) if folder.is_dir() else True:
+    if not folder.is_dir() or not gpu_recording.read_configs(folder):
         print(f"gpu_replay.py: no recording in {folder} (benchmarks/gpu_check.py writes one on a GPU machine)")
         return 2
     rows = replay_folder(folder, args.models, args.configs)
