@@ -38,8 +38,8 @@ which this run no longer makes.  Here: ~95 s of compiles per transformer, the co
 configuration (GPT-2 27 ms, Llama 60 ms, ResNet-18 ~30 ms a step: ~40 s in all), the recording's simulated peaks
 and files ~20 s, start-up ~15 s: about 330 s.
 
-Install on the GPU machine (no network; torch, transformers, scipy, sympy, tabulate preinstalled):
-``pip install --no-deps --no-build-isolation .`` from a copy of this repository.
+On the project's lent GPU machine: ``bash benchmarks/gpu_run.sh`` (it installs with ``pip install --no-deps
+--no-build-isolation .``, runs this, and packs the output into one file of ``$OUT``).
 """
 
 from __future__ import annotations
