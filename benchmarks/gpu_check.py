@@ -336,7 +336,12 @@ def run_check(models: list[str], dry_run: bool, steps: int, repeats: int, config
     with tp.fresh_inductor_cache(), torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
         for name in models:
             chosen = [c for c in MODEL_CONFIGS[name] if configs is None or c in configs]
-            rows += run_model(name, chosen, dry_run, steps, repeats, folder)
+            try:
+                rows += run_model(name, chosen, dry_run, steps, repeats, folder)
+            except Exception as error:  # noqa: BLE001 - one failing model (its reference, say) must not cost the others
+                rows += [dict(model=name, config=c, error=f"{type(error).__name__}: {error}"[:300]) for c in chosen]
+                _BUILT.clear()
+                _release("cpu" if dry_run else "cuda")
     device_name = "CPU (dry run)" if dry_run else torch.cuda.get_device_name()
     calibrated = None
     if not dry_run:  # the device="calibrated" profile this GPU would get (fxremat/calibrate.py)

@@ -62,7 +62,7 @@ def scheduled_kernels(scheduler) -> dict[str, Any]:
                 name=node.get_name(),
                 kind=type(node).__name__,
                 origins=sorted(origins, key=lambda name: (place.get(name, len(place)), name)),
-                outputs=[[buf.get_name(), _buffer_bytes(buf), _origin(buf)] for m in members for buf in m.get_outputs()],
+                outputs=[[b.get_name(), _buffer_bytes(b), _origin(b)] for m in members for b in m.get_outputs()],
             )
         )
     return dict(
