@@ -75,3 +75,12 @@ def test_the_conv_net_is_resnet18_shaped():
     convs = [m for m in model.modules() if isinstance(m, gpu_check.torch.nn.Conv2d)]
     assert len(convs) == 20 and items == 2  # the stem, 16 in blocks, 3 downsampling shortcuts
     assert loss(model).ndim == 0
+
+
+def test_a_model_whose_budget_passes_the_time_limit_is_skipped_with_a_row_that_says_so(monkeypatch):
+    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_check.torch.cuda, "get_device_name", lambda *device: "H100")
+    record = gpu_check.run_check(["gpt2", "resnet18"], False, 20, 3, None, None, time_limit=50)
+    assert [r["config"] for r in record["rows"]] == [*gpu_check.TRANSFORMER_CONFIGS, *gpu_check.CONV_CONFIGS]
+    assert all(r["error"].startswith("skipped:") and "--time-limit 50" in r["error"] for r in record["rows"])
+    assert sum(gpu_check.MODEL_SECONDS.values()) <= gpu_check.TIME_LIMIT - 10  # the full run fits by its estimate
