@@ -93,6 +93,7 @@ def simulator_to_dict(inputs) -> dict[str, Any]:
         buffer_reuse=inputs.buffer_reuse,
         reorders_for_peak=inputs.reorders_for_peak,
         joins_kernel_runs=inputs.joins_kernel_runs,
+        caller_bytes=inputs.caller_bytes,
     )
 
 

@@ -42,6 +42,7 @@ def simulator_from_dict(data: dict[str, Any]) -> SimulatorInputs:
         buffer_reuse=data["buffer_reuse"],
         reorders_for_peak=data["reorders_for_peak"],
         joins_kernel_runs=data["joins_kernel_runs"],
+        caller_bytes=data.get("caller_bytes"),
     )
 
 
