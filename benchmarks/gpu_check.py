@@ -41,8 +41,8 @@ yet and are budgeted at 40 s each, 100 s with its steps; start-up and calibratio
 ``--time-limit`` (default 360 s) skips a model whose budget (``MODEL_SECONDS``) would pass it, so that slow compiles
 cost the conv net's rows, never the transformers' (they run first).
 
-On the project's lent GPU machine: ``bash benchmarks/gpu_run.sh`` (it installs with ``pip install --no-deps
---no-build-isolation .``, runs this, and packs the output into one file of ``$OUT``).
+On the project's lent GPU machine: ``bash benchmarks/gpu_run.sh`` (fxremat from the checkout, no install; it runs
+this and packs the output into one file of ``$OUT``).
 """
 
 from __future__ import annotations
