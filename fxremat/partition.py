@@ -44,7 +44,7 @@ from fxremat_passes.simulator.layout import has_convolution
 from fxremat_passes.simulator.liveness import PeakEstimate, saved_views_of_inputs
 from fxremat_passes.solver.budget import Plan
 
-from . import simulated
+from . import recording, simulated
 from .deferred import Deferred
 from .knobs import TORCH_CONFIG_SOURCE, effective_options
 from .options import Options
@@ -109,7 +109,8 @@ class PartitionRequest:
     inductor: bool = False  # Inductor compiles the split (not aot_eager, not no-op compilers): its layout rules apply
     # the compile's layout decision, where fxremat may choose it (a CPU graph, no layout switch of the user's)
     layout: LayoutChoice | None = None
-    # what every simulation of this partition assumes (``simulator_inputs``), set as the partition starts
+    # what every simulation of this partition assumes (``simulator_inputs``), set as the partition starts unless given
+    # (a replay gives the recorded inputs: fxremat/replay.py)
     simulator: SimulatorInputs | None = None
 
 
@@ -331,8 +332,16 @@ def _splitter(joint: fx.GraphModule, flow, roles, num_fwd_outputs: int):
 
 
 def partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModule, fx.GraphModule, CutReport]:
+    recorder = recording.current()  # None unless a recording is in force (fxremat/recording.py)
+    if recorder is not None:  # the joint graph as it came, before any pass touches it
+        profile = options.profile_for(*graph_device(request.joint))
+        simulator = request.simulator or simulator_inputs(request, caller_bytes=options.caller_bytes)
+        recorder.fxremat_received(request, options, profile, simulator)
     with simulated.gc_paused():
-        return _partition(request, options)
+        fw, bw, report = _partition(request, options)
+    if recorder is not None:
+        recorder.fxremat_partitioned(report)
+    return fw, bw, report
 
 
 def _fallback(request: PartitionRequest, profile: DeviceProfile, reason: str, torch_budget=1.0, regions=None):
@@ -390,7 +399,8 @@ def _ready_for_compiler(request: PartitionRequest, fw: fx.GraphModule, bw: fx.Gr
 
 def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModule, fx.GraphModule, CutReport]:
     start = time.perf_counter()
-    request = dataclasses.replace(request, simulator=simulator_inputs(request, caller_bytes=options.caller_bytes))
+    if request.simulator is None:  # a replay names the recorded inputs (fxremat/replay.py)
+        request = dataclasses.replace(request, simulator=simulator_inputs(request, caller_bytes=options.caller_bytes))
     # a user's setting, not a fault of ours: bad region annotations raise here, outside the fallback
     options, budget_source, regions = effective_options(options, request.joint, request.num_fwd_outputs)
     device_type, device_name = graph_device(request.joint)

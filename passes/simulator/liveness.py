@@ -294,3 +294,24 @@ def _backward_phase(fw, bw, saved: list, live: dict, user_roots: set, channels_l
         ),
         arrivals=arrivals,
     )
+
+
+def simulated_kernels(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, inputs=None) -> dict:
+    """The step's kernels as the simulator schedules them, per phase ("forward", "backward") in their order: each
+    kernel as the names of the values it stores (its units), then of every node it computes (``members``): what a
+    recorded Inductor schedule is compared with (``fxremat/replay.py``).  ``bw`` is simulated as it is (never
+    reordered: a compiled split's backward is in its final order)."""
+    inputs = inputs_for(fw, inputs)
+    forward = _ForwardRun(graph_view(fw.graph), num_fwd_outputs, channels_last_copies(fw), graph_view(bw.graph), inputs)
+    forward.step(graph_view(bw.graph), layout_optimised(fw), join=False)
+
+    def kernels(phase: _Phase) -> list[dict]:
+        return [
+            dict(
+                units=[u.name for u in phase.kernels[head]],
+                members=[m.name for u in phase.kernels[head] for m in phase.members[u]],
+            )
+            for head in phase.fusion_order()
+        ]
+
+    return {"forward": kernels(forward.phase), "backward": kernels(forward.backward)}
