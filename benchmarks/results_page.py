@@ -363,7 +363,8 @@ def zoo(data: dict[str, Any]) -> Record:
         gradients=f"{right} of {len(measured)} rows right against an fp64 eager copy (grad_rule)",
         headers=tuple(headers),
         rows=tuple(map(tuple, body)),
-        notes=tuple(" | ".join(f"{h}: {c}" for h, c in zip(check_headers, row)) for row in checks)
+        notes=tuple(filter(None, [(data.get("annotations") or {}).get("note")]))
+        + tuple(" | ".join(f"{h}: {c}" for h, c in zip(check_headers, row)) for row in checks)
         + tuple(f"error: {r['model']} {r['loss_side']} {r['config']}: {r['error'][:160]}"
                 for r in rows if r.get("error") is not None),
     )
