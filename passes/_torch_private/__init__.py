@@ -230,6 +230,20 @@ def copy_node(graph: torch.fx.Graph, node: torch.fx.Node, lookup, name: str | No
     return new
 
 
+def detached_copy(graph: torch.fx.Graph, node: torch.fx.Node, lookup, name: str) -> torch.fx.Node:
+    """A copy of ``node`` as ``copy_node`` makes it (arguments mapped by ``lookup``, a shallow copy of ``meta``),
+    named ``name``, owned by ``graph`` but never inserted in it, and not among its inputs' users: a stand-in the
+    simulator reads in a graph that is never built (``simulator/segment_view.py``), which leaves the graph its
+    arguments belong to (the joint graph) as it was."""
+    args = _map_arg(node.args, lookup) if node.args else ()
+    kwargs = _map_arg(node.kwargs, lookup) if node.kwargs else torch.fx.immutable_collections.immutable_dict()
+    new = torch.fx.Node(graph, name, node.op, node.target, args, kwargs, node.type)
+    for read in new.all_input_nodes:
+        read.users.pop(new, None)
+    object.__setattr__(new, "meta", copy.copy(node.meta))
+    return new
+
+
 def lazy_graph_modules():
     """The context Inductor's ``compile_fx`` partitions in: GraphModules made through ``make_graph_module`` (ours and
     PyTorch's) generate their Python code only when first used (benchmarks time both settings)."""

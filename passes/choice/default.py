@@ -35,7 +35,7 @@ def block_sums_plan(plan: Plan, c: Choosing, problem=None) -> Plan:
         return plan
     if set(other.saved) == set(plan.saved) or other.saved_bytes > plan.saved_bytes:
         return plan
-    estimate, _ = graph_estimator(c)
+    estimate = graph_estimator(c)[0]
     if estimate(other).peak_bytes > estimate(plan).peak_bytes:
         return plan
     log.debug("%s: the plan that saves the block sums (%d)", c.request.graph_id, len(sums))

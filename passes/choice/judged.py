@@ -38,6 +38,7 @@ class JudgedPlans:
     required: set = field(default_factory=set)  # plan keys whose simulation must not fail (the default plan)
     exact: bool = True
     inputs: object = None  # the ``SimulatorInputs`` of every simulation (None: the defaults for the graph)
+    memory: object = None  # the estimate's ``plan_memory.JointMemory`` (its segmentations' forwards read it)
     splits: dict = field(default_factory=dict)
     simulations: dict = field(default_factory=dict)
 
@@ -85,7 +86,7 @@ class JudgedPlans:
 
 def plan_estimator(c: Choosing):
     """(the plan-level estimate of a plan's step (``estimate_peak``), whether that estimate is exactly the
-    simulation of the plan's split: ``JudgedPlans.exact``)."""
+    simulation of the plan's split: ``JudgedPlans.exact``, the ``JointMemory`` it reads)."""
     memory = build_joint_memory(c.joint, c.roles, c.request.num_fwd_outputs, c.simulator)
     index = {n: i for i, n in enumerate(c.joint.graph.nodes)}
     value_node = [index[n] for n in c.flow.nodes]
@@ -97,13 +98,13 @@ def plan_estimator(c: Choosing):
             estimates[key] = estimate_peak(memory, {value_node[v] for v in plan.saved})
         return estimates[key]
 
-    return estimate, not memory.channels_last
+    return estimate, not memory.channels_last, memory
 
 
-def graph_estimator(c: Choosing) -> tuple[Callable, bool]:
-    """``plan_estimator``'s (estimate, exact) for this graph, made on first demand, one per graph: the default plan's
-    block sums check (``default.block_sums_plan``) and a budget's candidates then share the joint graph's memory
-    and each plan's estimate."""
+def graph_estimator(c: Choosing) -> tuple[Callable, bool, object]:
+    """``plan_estimator``'s (estimate, exact, memory) for this graph, made on first demand, one per graph: the
+    default plan's block sums check (``default.block_sums_plan``) and a budget's candidates then share the joint
+    graph's memory and each plan's estimate."""
     found = c.made.get("estimator")
     if found is None:
         found = c.made["estimator"] = plan_estimator(c)
@@ -113,9 +114,9 @@ def graph_estimator(c: Choosing) -> tuple[Callable, bool]:
 def judged_plans(c: Choosing, required: set, estimator=None) -> JudgedPlans:
     """The ``JudgedPlans`` of this graph's plans (``estimator``: ``plan_estimator``'s, by default the graph's own,
     ``graph_estimator``)."""
-    estimate, exact = estimator or graph_estimator(c)
+    estimate, exact, memory = estimator or graph_estimator(c)
     return JudgedPlans(
-        c.split, estimate, c.request.num_fwd_outputs, required=required, exact=exact, inputs=c.simulator
+        c.split, estimate, c.request.num_fwd_outputs, required=required, exact=exact, inputs=c.simulator, memory=memory
     )
 
 

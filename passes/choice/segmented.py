@@ -61,7 +61,9 @@ def _segmentation(simulated: JudgedPlans, plan: Plan, request, profile):
         (_, _, recipe), simulation = simulated.handed_on(plan)
         if recipe is None or simulation is None:  # a plan that cannot be simulated is not judged
             return None
-        return lowest_segmentation(recipe, request.num_fwd_outputs, profile, simulation, simulated.inputs)
+        return lowest_segmentation(
+            recipe, request.num_fwd_outputs, profile, simulation, simulated.inputs, simulated.memory
+        )
     except Exception as error:
         log.debug("segmenting a raised budget choice failed: %s", error, exc_info=True)
         return None
@@ -73,12 +75,12 @@ def segmented_split(recipe, num_fwd_outputs: int, profile, inputs=None):
     return built(segmented), peak, fields
 
 
-def lowest_segmentation(recipe, num_fwd_outputs: int, profile, simulation=None, inputs=None):
+def lowest_segmentation(recipe, num_fwd_outputs: int, profile, simulation=None, inputs=None, memory=None):
     """The recipe or its lowest-peak segmentation (``segments.lowest_peak_segments``, at most
-    ``SEGMENTATIONS_SIMULATED`` tried; ``simulation``: the recipe's own, where known), its simulation and its
-    report fields: (recipe, simulation, fields)."""
+    ``SEGMENTATIONS_SIMULATED`` tried; ``simulation``: the recipe's own, where known; ``memory``: the joint graph's
+    ``JointMemory``, where made), its simulation and its report fields: (recipe, simulation, fields)."""
     segmented, peak = lowest_peak_segments(
-        recipe, num_fwd_outputs, profile, limit=SEGMENTATIONS_SIMULATED, simulation=simulation, inputs=inputs
+        recipe, num_fwd_outputs, profile, SEGMENTATIONS_SIMULATED, simulation, inputs, memory
     )
     fields = dict(
         segment_recompute_flops=segment_recompute_flops(recipe, segmented, profile),

@@ -36,8 +36,10 @@ from ..graph.cse import impurity_test
 from ..graph.graph_facts import attached
 from ..graph.ops import NEVER_RECOMPUTE, OpClass, op_class
 from ..simulator.backends import backend_for_device, device_type_of_graph
-from ..simulator.liveness import PeakEstimate, simulate_backwards
+from ..simulator.layout import has_convolution
+from ..simulator.liveness import PeakEstimate, forward_run, simulate_backwards
 from ..simulator.lowering import inductor_class, readers_in
+from ..simulator.plan_memory import backward_view, forward_view
 from ..simulator.storage import materialises
 from ..solver.checkpoints import SEGMENT_COUNTS, Waists, forward_waists, segment_checkpoints
 from .split import FirstPass, SplitRecipe
@@ -338,22 +340,47 @@ def lowest_peak_segments(
     limit: int | None = None,
     simulation: PeakEstimate | None = None,
     inputs=None,
+    memory=None,
 ) -> tuple[SplitRecipe, PeakEstimate]:
     """The recipe itself or one of its segmentations (one per ``checkpoint_grid`` entry; ``limit``: only that many,
-    lowest estimates first), whichever has the lowest simulated step peak (``liveness.simulate_backwards`` on
-    lazily built graphs); within ``PEAK_TOLERANCE`` of it, the one with the fewest extra FLOPs.  Returns the recipe
+    lowest estimates first), whichever has the lowest simulated step peak (``_simulated_backwards``); within ``PEAK_TOLERANCE`` of it, the one with the fewest extra FLOPs.  Returns the recipe
     and its simulation.  Each candidate costs a simulation of its backward (about 0.4 s at 48 blocks, ``Stack(48,
     64)``); ``simulation``: the recipe's own, where the caller has it already (the same graphs, so the same result:
-    one simulation fewer)."""
+    one simulation fewer); ``memory``: the joint graph's ``plan_memory.JointMemory``, where made: then no graph
+    is built (``_simulated_backwards``)."""
     grid = sorted(checkpoint_grid(recipe), key=lambda entry: entry[0])[:limit]
     candidates = [recipe, *(segment_backward(recipe, sets) for _, sets in grid)]
-    # the segmentations change backward alone (``segment_backward``): one forward, built and simulated once
+    extra = [segment_recompute_flops(recipe, c, profile) for c in candidates]
     simulated = [simulation] if simulation is not None else []
     if len(candidates) > len(simulated):
-        backwards = (c.build_backward(lazy=True) for c in candidates[len(simulated) :])
-        simulated += simulate_backwards(recipe.build_forward(lazy=True), backwards, num_fwd_outputs, inputs=inputs)
+        # no candidate peaks below its forward's peak: where that is the recipe's own peak, and none adds fewer
+        # FLOPs than the recipe (none does: ``_extra``), the recipe is the choice whatever the others simulate to
+        floor = simulation.peak_bytes if simulation is not None and min(extra) >= extra[0] else None
+        found = _simulated_backwards(recipe, candidates[len(simulated) :], num_fwd_outputs, inputs, memory, floor)
+        if found is None:
+            return recipe, simulation
+        simulated += found
     lowest = min(p.peak_bytes for p in simulated)
     good = [i for i, p in enumerate(simulated) if p.peak_bytes <= PEAK_TOLERANCE * lowest]
-    best = min(good, key=lambda i: (segment_recompute_flops(recipe, candidates[i], profile), i))
+    best = min(good, key=lambda i: (extra[i], i))
     log.debug("segments: %d candidates, chose %d (%d bytes)", len(candidates), best, simulated[best].peak_bytes)
     return candidates[best], simulated[best]
+
+
+def _simulated_backwards(recipe: SplitRecipe, candidates: list, num_fwd_outputs: int, inputs, memory, floor=None):
+    """The simulated steps of ``recipe``'s forward with each candidate's backward.  The segmentations change
+    backward alone (``segment_backward``): one forward, simulated once.  Where ``memory`` is a ``JointMemory`` of
+    the recipe's joint graph, and that graph has no convolution (no layout decision, ``plan_memory.py``), no graph
+    is built: the forward is the view of its joint nodes (``plan_memory.forward_view``) and each backward its view
+    (``segment_view.py``), which read what the plans' estimates computed of those nodes rather than graphs built
+    and simulated afresh: the same simulations (tests/passes/test_segments.py).  None, simulating no backward,
+    where ``floor`` (the recipe's own simulated peak, or None) is no higher than that forward's peak."""
+    exact = memory is not None and memory.facts is not None and memory.joint is recipe.joint
+    if not (exact and not has_convolution(recipe.joint)):
+        backwards = (c.build_backward(lazy=True) for c in candidates)
+        return list(simulate_backwards(recipe.build_forward(lazy=True), backwards, num_fwd_outputs, inputs=inputs))
+    forward, copies = forward_view(memory, recipe)
+    run = forward_run(forward, num_fwd_outputs, copies, inputs or memory.simulator)
+    if floor is not None and max((moment for _, _, moment in run.timeline), default=0) >= floor:
+        return None
+    return [run.step(backward_view(memory, c), False) for c in candidates]

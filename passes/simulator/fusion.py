@@ -9,6 +9,8 @@ dependencies first (``Scheduler.fuse_nodes`` then ``topological_sort_schedule``)
 
 from __future__ import annotations
 
+import heapq
+
 import torch.fx as fx
 
 from .access import add_horizontal, at_another_index, priority
@@ -65,6 +67,7 @@ class Fusion:
         self.far = {u: {r for r, ps in access.get(u, {}).items() if any(map(at_another_index, ps))} for u in units}
         self.reducing: set[fx.Node] = set()  # groups Inductor's C++ backend schedules as reductions (``fuse``)
         self.shape: dict[fx.Node, tuple | None] = {}  # group -> its C++ loop's sizes (``cpu_loops.loop_sizes``)
+        self.topo = TopologicalOrder(units, self.succ)  # bounds ``creates_cycle``'s search
 
     def find(self, u):
         group = self.group
@@ -122,24 +125,13 @@ class Fusion:
 
     def creates_cycle(self, a, b) -> bool:
         """A path a -> x -> ... -> b through another group (or b -> ... -> a): Inductor's
-        ``Scheduler.will_fusion_create_cycle``.  Every group on such a path is searched, those placed after ``b``
-        too: a fused group can span far (a segmented backward's recompute fused with its second pass's), so a
-        path may leave the range before ``b`` and come back through it.  Mixtral's ``memory_budget=0.0``: a bound
-        at ``b``'s last member had let ``bmm_3_first`` fuse with ``bmm_3`` across such a path, and the kernels'
-        dependencies made a cycle."""
-        succ = self.succ
-        for start, end in ((a, b), (b, a)):
-            stack = [s for s in succ[start] if s is not end]
-            seen = set(stack)
-            while stack:
-                g = stack.pop()
-                if g is end:
-                    return True
-                for s in succ[g]:
-                    if s not in seen:
-                        seen.add(s)
-                        stack.append(s)
-        return False
+        ``Scheduler.will_fusion_create_cycle``.  A fused group can span far (a segmented backward's recompute fused
+        with its second pass's), so a path may leave the range of graph places before ``b`` and come back through
+        it (Mixtral's ``memory_budget=0.0``: a bound at ``b``'s last member had let ``bmm_3_first`` fuse with
+        ``bmm_3`` across such a path, and the kernels' dependencies made a cycle).  The bound that holds is a
+        topological order of the groups (``TopologicalOrder``, kept through every merge): a path runs from the
+        earlier of the two to the later, through groups placed between them."""
+        return self.topo.path_between(a, b)
 
     def too_far(self, ga, gb) -> bool:
         """Inductor refuses a horizontal fusion (two kernels sharing a read, neither reading the other) of kernels
@@ -211,6 +203,7 @@ class Fusion:
 
     def merge(self, ga, gb) -> None:
         succ, pred = self.succ, self.pred
+        self.topo.merge(ga, gb)  # before the edges change: it reads the groups' successors as they were
         if gb in self.reducing:
             self.reducing.add(ga)
         self.shape[ga] = _fused_sizes(self.shape.get(ga), self.shape.pop(gb, None))
@@ -295,4 +288,96 @@ def fusion_order(kernels: dict, pred: dict, lo: dict) -> list[fx.Node]:
             else:
                 seen.add(nxt)
                 stack.append((nxt, iter(sorted(pred[nxt], key=lambda d: lo[d]))))
+    return order
+
+
+class TopologicalOrder:
+    """A topological order of a ``Fusion``'s groups, kept as they merge, so that the cycle check searches only the
+    groups placed between the two it would fuse (a path between them must run through those).  Two groups with no
+    path between them through a third merge into one placed after every group between them that reaches the later
+    one and before every group the earlier one reaches (those two sets are disjoint, else a path would join them):
+    the groups between them the earlier one reaches move after the merged group, in their order, the others before.
+    Where a merge does make such a path (``Fusion.merge`` called without the check, as a test does), no order is
+    kept and every search runs over all groups, as Inductor's does."""
+
+    def __init__(self, units: list, succ: dict) -> None:
+        self.succ = succ  # the ``Fusion``'s, updated by it
+        order = list(units) if _ordered(units, succ) else _kahn(units, succ)
+        self.slots: list = order  # place -> group, None where a merged group left one
+        self.place = {g: k for k, g in enumerate(order)}
+        self.kept = True
+
+    def path_between(self, a, b) -> bool:
+        """Whether a path a -> x -> ... -> b or b -> x -> ... -> a runs through a group x other than the two."""
+        if not self.kept:
+            return self._reaches(a, b, None) or self._reaches(b, a, None)
+        early, late = (a, b) if self.place[a] < self.place[b] else (b, a)
+        return self._reaches(early, late, self.place[late])
+
+    def _reaches(self, start, end, bound: int | None) -> bool:
+        """Whether ``end`` is reached from ``start`` other than by their direct edge (``bound``: only through groups
+        placed before it)."""
+        return end in self._descendants(start, end, bound)
+
+    def _descendants(self, start, end, bound: int | None) -> set:
+        """The groups reached from ``start``, not through ``end`` nor over its direct edge to ``end`` (``bound``:
+        only groups placed before it; ``end`` itself where reached otherwise)."""
+        succ, place = self.succ, self.place
+        stack = [s for s in succ[start] if s is not end and (bound is None or place[s] < bound)]
+        seen = set(stack)
+        while stack:
+            g = stack.pop()
+            for s in succ[g]:
+                if s is end:
+                    seen.add(s)
+                elif s not in seen and (bound is None or place[s] < bound):
+                    seen.add(s)
+                    stack.append(s)
+        return seen
+
+    def merge(self, ga, gb) -> None:
+        """``gb`` merges into ``ga``: the merged group takes its place between the groups between them."""
+        if not self.kept:
+            return
+        place, slots = self.place, self.slots
+        early, late = (ga, gb) if place[ga] < place[gb] else (gb, ga)
+        lo, hi = place[early], place[late]
+        reached = self._descendants(early, late, hi)
+        if late in reached:  # a path through a third group: the merge makes a cycle, no order is kept
+            self.kept = False
+            return
+        between = [g for g in slots[lo + 1 : hi] if g is not None]
+        before = [g for g in between if g not in reached]
+        after = [g for g in between if g in reached]
+        new = [*before, ga, *after]
+        new += [None] * (hi - lo + 1 - len(new))
+        slots[lo : hi + 1] = new
+        for k, g in enumerate(new, lo):
+            if g is not None:
+                place[g] = k
+        del place[gb]
+
+
+def _ordered(units: list, succ: dict) -> bool:
+    place = {u: k for k, u in enumerate(units)}
+    return all(place[u] < place[s] for u in units for s in succ[u])
+
+
+def _kahn(units: list, succ: dict) -> list:
+    """``units`` in a topological order of ``succ``, graph order among those ready together."""
+    place = {u: k for k, u in enumerate(units)}
+    waiting = {u: 0 for u in units}
+    for u in units:
+        for s in succ[u]:
+            waiting[s] += 1
+    ready = [place[u] for u in units if not waiting[u]]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        u = units[heapq.heappop(ready)]
+        order.append(u)
+        for s in succ[u]:
+            waiting[s] -= 1
+            if not waiting[s]:
+                heapq.heappush(ready, place[s])
     return order

@@ -120,12 +120,25 @@ def simulate_backwards(fw: fx.GraphModule, bws, num_fwd_outputs: int, recopy: bo
     # Channels-last copies of graph inputs (Inductor's layout optimisation) are allocated as forward starts and
     # stand in for their placeholder from then on: freed after its last reader, or carried into backward if saved.
     fw_view, copies, channels_last = graph_view(fw.graph), channels_last_copies(fw), layout_optimised(fw)
+    bw_views = (graph_view(bw.graph) for bw in bws)
+    yield from simulate_views(fw_view, bw_views, num_fwd_outputs, channels_last, copies, inputs, recopy)
+
+
+def simulate_views(fw: PhaseGraph, bws, num_fwd_outputs: int, channels_last: bool, copies, inputs, recopy=True):
+    """``simulate_backwards`` over views (``phase_graph.py``): the forward's simulated once for every backward of
+    ``bws``; a plan's forward that was never built (``plan_memory.plan_views``) shares what earlier simulations of
+    its joint nodes computed.  ``channels_last``, ``copies``: as ``simulate_phases`` takes them."""
     forward = None
-    for bw in bws:
-        bw_view = graph_view(bw.graph)
+    for bw_view in bws:
         if forward is None:  # which copies forward keeps depends on backward's readers, the same in every backward
-            forward = _ForwardRun(fw_view, num_fwd_outputs, copies, bw_view if recopy else None, inputs)
+            forward = _ForwardRun(fw, num_fwd_outputs, copies, bw_view if recopy else None, inputs)
         yield forward.step(bw_view, channels_last)
+
+
+def forward_run(fw: PhaseGraph, num_fwd_outputs: int, copies: dict[str, int], inputs) -> _ForwardRun:
+    """The simulation of forward ``fw`` (its ``timeline``), for steps with backwards after it (``step(bw_view,
+    channels_last)``), where no saved input is recopied in backward (``copies`` empty, or PyTorch's split)."""
+    return _ForwardRun(fw, num_fwd_outputs, copies, None, inputs)
 
 
 def _with_facts(view: PhaseGraph, backend) -> PhaseGraph:

@@ -31,7 +31,9 @@ from .inputs import SimulatorInputs, inputs_for
 from .layout import channels_last_copies, layout_optimised
 from .liveness import PeakEstimate, simulate_phases, simulate_step
 from .node_facts import NodeFacts, joint_tables
-from .phase_graph import virtual_phase
+from .phase_graph import PhaseGraph, virtual_phase
+from .segment_view import ShadowNodes
+from .segment_view import backward_view as segmented_view
 from .storage import storage_kind
 
 
@@ -59,6 +61,8 @@ class JointMemory:
     layout_copies: tuple[tuple[str, int], ...] = ()
     node_facts: NodeFacts | None = field(default=None, compare=False)  # every plan's simulation reads these
     simulator: SimulatorInputs | None = field(default=None, compare=False)  # what every plan's simulation assumes
+    # the stand-ins the views of its segmented backwards show (``segment_view.py``), kept for all of them
+    shadows: ShadowNodes = field(default_factory=ShadowNodes, compare=False)
 
 
 def build_joint_memory(
@@ -110,14 +114,30 @@ def estimate_peak(memory: JointMemory, saved: set[int]) -> PeakEstimate:
         recipe = split_recipe(memory.joint, values, symbols, num_fwd_outputs=memory.num_fwd_outputs, facts=memory.facts)
     except UnsupportedSplit:
         return _simulate_pytorch_split(memory, values, symbols)
-    output, inputs_of, facts = memory.nodes[-1], memory.facts.inputs_of, memory.node_facts
-    forward = virtual_phase(recipe.fw_inputs, recipe.fw_order, recipe.fw_outputs, output, inputs_of, facts)
-    backward = virtual_phase(recipe.bw_inputs, recipe.bw_order, recipe.bw_outputs, output, inputs_of, facts)
+    forward, copies = forward_view(memory, recipe)
+    backward = _view(memory, recipe.bw_inputs, recipe.bw_order, recipe.bw_outputs)
+    return simulate_phases(forward, backward, memory.num_fwd_outputs, memory.channels_last, copies, memory.simulator)
+
+
+def forward_view(memory: JointMemory, recipe) -> tuple[PhaseGraph, dict[str, int]]:
+    """(the view of the forward ``recipe`` (a ``split.SplitRecipe`` of ``memory``'s joint graph) would build, the
+    channels-last copies of its inputs that its convolutions read: ``channels_last_copies`` of its graph)."""
+    forward = _view(memory, recipe.fw_inputs, recipe.fw_order, recipe.fw_outputs)
     copies = {}
-    if memory.layout_copies:  # those forward's convolutions read (``channels_last_copies`` of its graph)
+    if memory.layout_copies:
         read = {p for n in recipe.fw_order if n.target is CONVOLUTION for p in forward.inputs_of[n][:2]}
         copies = {name: b for name, b in memory.layout_copies if any(p.name == name for p in read)}
-    return simulate_phases(forward, backward, memory.num_fwd_outputs, memory.channels_last, copies, memory.simulator)
+    return forward, copies
+
+
+def backward_view(memory: JointMemory, recipe) -> PhaseGraph:
+    """The view of the backward ``recipe`` would build, segmented (``segments.segment_backward``) or not."""
+    return segmented_view(recipe, memory.shadows, memory.nodes[-1], memory.facts.inputs_of, memory.node_facts)
+
+
+def _view(memory: JointMemory, inputs, order, outputs) -> PhaseGraph:
+    output, inputs_of, facts = memory.nodes[-1], memory.facts.inputs_of, memory.node_facts
+    return virtual_phase(inputs, order, outputs, output, inputs_of, facts)
 
 
 def _simulate_pytorch_split(memory: JointMemory, values: list[fx.Node], symbols: list[fx.Node]) -> PeakEstimate:

@@ -206,6 +206,34 @@ def test_segmentations_simulated_after_one_forward_are_their_own_simulations():
     assert shared == [simulate_step(*c.build(lazy=True), 1) for c in candidates]
 
 
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_segmentations_simulated_unbuilt_equal_those_simulated_built(name):
+    """A budget's segmentations simulate the plan's forward and each segmented backward as views that were never
+    built (``plan_memory.forward_view``, ``segment_view.py``, sharing what the plans' estimates computed): every
+    simulation equals the one of the graphs built and simulated afresh, the timeline included; where none is
+    simulated (the recipe's own peak is its forward's), none of them peaks lower than the recipe."""
+    import fxremat_passes.rewrite.segments as segments
+
+    calls, original = [], segments._simulated_backwards
+
+    def recorded(recipe, candidates, num_fwd_outputs, inputs, memory, floor=None):
+        found = original(recipe, candidates, num_fwd_outputs, inputs, memory, floor)
+        calls.append((recipe, candidates, num_fwd_outputs, inputs, memory, floor, found))
+        return found
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(segments, "_simulated_backwards", recorded)
+        _partition(*MODELS[name](), memory_budget=0.0)
+    assert calls and all(call[4] is not None for call in calls)  # the budget's choice handed on its memory
+    for recipe, candidates, num_fwd_outputs, inputs, _, floor, found in calls:
+        built = original(recipe, candidates, num_fwd_outputs, inputs, None)
+        assert len(built) == len(candidates) >= 1
+        if found is None:
+            assert floor is not None and min(p.peak_bytes for p in built) >= floor
+        else:
+            assert found == built
+
+
 class _TokenExperts(torch.nn.Module):
     """A MoE layer applied one token at a time (transformers' batched experts): each token gathers its expert's
     weights, ``(tokens, ffn, dim)`` by shape, and a one-column ``bmm`` reads them, which Inductor lowers on CPU to a
