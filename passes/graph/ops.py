@@ -468,6 +468,23 @@ NLL_FORWARD = aten.nll_loss_forward.default
 NLL_BACKWARD = aten.nll_loss_backward.default
 TRANSPOSES = frozenset({aten.t.default, aten.permute.default, aten.transpose.int})
 SUM_DIMS = aten.sum.dim_IntList
+# loss_region.py: the same loss after Inductor's decompositions (``torch._decomp``): the log-softmax as amax, sub, exp,
+# sum, log, sub; the NLL as where, gather, squeeze, neg, where, sum (and a division by the tokens counted for a mean);
+# their backward's pointwise ops between the logits' gradient and the cross-entropy's own nodes.
+AMAX = aten.amax.default
+LOG = aten.log.default
+EXP = aten.exp.default
+SUB = aten.sub.Tensor
+GATHER = aten.gather.default
+SQUEEZE_DIM = aten.squeeze.dim
+NEG = aten.neg.default
+WHERE = aten.where.self
+NE_SCALAR = aten.ne.Scalar
+UNSQUEEZE = aten.unsqueeze.default
+SUM = aten.sum.default
+DIV = aten.div.Tensor
+MUL = aten.mul.Tensor
+DECOMPOSED_LOSS_BACKWARD = frozenset({EXP, MUL, SUB, WHERE, DIV, SUM_DIMS})
 # loss_chunks.py: views, casts and transposes, erased where the old loss region was their only reader.
 PURE_RESHAPES = LOGITS_PASSTHROUGH | DTYPE_CASTS | TRANSPOSES
 # loss_chunks.py: the ops of the chunked loss it writes (docs/DESIGN.md §14).
@@ -475,7 +492,7 @@ CHUNK_OPS = {
     "slice": aten.slice.Tensor,
     "mm": aten.mm.default,
     "addmm": aten.addmm.default,
-    "to": aten._to_copy.default,
+    "to": torch.ops.prims.convert_element_type.default,
     "logsumexp": aten.logsumexp.default,
     "ne": aten.ne.Scalar,
     "mul": aten.mul.Tensor,
@@ -489,7 +506,12 @@ CHUNK_OPS = {
     "full": aten.full.default,
     "sum": aten.sum.default,
     "sum_dims": aten.sum.dim_IntList,
-    "t": aten.t.default,
+    "permute": aten.permute.default,
     "cat": aten.cat.default,
     "view": aten.view.default,
+    "amax": aten.amax.default,
+    "log": aten.log.default,
+    "eq": aten.eq.Tensor,
+    "where": aten.where.self,
+    "iota": torch.ops.prims.iota.default,
 }
