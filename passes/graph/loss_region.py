@@ -157,8 +157,9 @@ def _region_of(nll: fx.Node) -> LossRegion | None:
     nll_backward = next((u for u in log_softmax.users if u.target is NLL_BACKWARD and u.args[2] is target), None)
     starts = [nll_backward] if nll_backward is not None else []
     scale = nll_backward.args[0] if nll_backward is not None else None
-    return _region(projection, chain, log_softmax, loss, target, REDUCTIONS[reduction], int(ignore_index), forward,
-                   starts, scale)
+    return _region(
+        projection, chain, log_softmax, loss, target, REDUCTIONS[reduction], int(ignore_index), forward, starts, scale
+    )
 
 
 def _region(projection, chain, log_softmax, loss, target, reduction, ignore_index, forward, starts, scale):

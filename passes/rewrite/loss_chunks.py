@@ -116,8 +116,19 @@ def _chunked_forward(emit: _Emitter, region: LossRegion, chunks: int):
     denominator = _denominator(emit, region, valid)
     head = emit("permute", region.weight, [1, 0])  # [vocab, hidden]
     device = region.hidden.meta["val"].device
-    classes = emit("view", emit("iota", region.vocab, start=0, step=1, dtype=region.target.meta["val"].dtype,
-                                device=device, requires_grad=False), [1, region.vocab])
+    classes = emit(
+        "view",
+        emit(
+            "iota",
+            region.vocab,
+            start=0,
+            step=1,
+            dtype=region.target.meta["val"].dtype,
+            device=device,
+            requires_grad=False,
+        ),
+        [1, region.vocab],
+    )
     total, hidden_grads, weight_grad, bias_grad = None, [], None, None
     for start in range(0, region.tokens, size):
         stop = min(start + size, region.tokens)
