@@ -378,7 +378,7 @@ class _Phase:
                 ancestors = self._ancestors_within(unit, kernel)
             done = sum(1 for v in ancestors or () if r in self.unit_reads[v])
             if remaining[r.name] == 1 + done:
-                return None if local else r.name
+                return self._inplace_candidate(r, nbytes, live, remaining, kernel) if local else r.name
         return None
 
     def _load_order(self, unit: fx.Node) -> list[fx.Node]:
