@@ -495,6 +495,7 @@ CHUNK_OPS = {
     "to": torch.ops.prims.convert_element_type.default,
     "logsumexp": aten.logsumexp.default,
     "ne": aten.ne.Scalar,
+    "ne_tensor": aten.ne.Tensor,
     "mul": aten.mul.Tensor,
     "sub": aten.sub.Tensor,
     "add": aten.add.Tensor,

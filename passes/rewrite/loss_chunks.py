@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import torch
 import torch.fx as fx
 
 from ..graph.cse import plan_clean_up
@@ -132,7 +133,8 @@ def _chunked_forward(emit: _Emitter, region: LossRegion, chunks: int):
     total, hidden_grads, weight_grad, bias_grad = None, [], None, None
     for start in range(0, region.tokens, size):
         stop = min(start + size, region.tokens)
-        part = _chunk(emit, region, (head, classes, valid, denominator), start, stop)
+        after = None if weight_grad is None else (hidden_grads[-1], weight_grad)
+        part = _chunk(emit, region, (head, classes, valid, denominator), start, stop, after)
         total = part["loss"] if total is None else emit("add", total, part["loss"])
         hidden_grads.append(part["hidden"])
         weight_grad = part["weight"] if weight_grad is None else emit("add", weight_grad, part["weight"])
@@ -145,13 +147,27 @@ def _chunked_forward(emit: _Emitter, region: LossRegion, chunks: int):
     return loss, grads
 
 
-def _chunk(emit: _Emitter, region: LossRegion, shared, start: int, stop: int) -> dict:
-    """One chunk's loss (the sum over its tokens) and its gradients, the mean's division folded in.  Written in the
-    ops Inductor's decompositions leave (amax, exp, log, gather, where), so that Inductor lowers and fuses them as it
-    would the traced loss."""
+def _after(emit: _Emitter, value: fx.Node, previous: tuple[fx.Node, ...]) -> fx.Node:
+    """``value`` plus an exact zero read from each of ``previous``: the chunk's logits wait for the previous chunk's
+    gradients, so that no scheduler runs two chunks' full-width values at once (docs/DESIGN.md §14).  The zero is an
+    integer product (``isnan(x) * 0``, exact whatever ``x`` holds) turned into ``value``'s dtype."""
+    zero = None
+    for node in previous:
+        corner = emit("slice", emit("slice", node, 0, 0, 1), 1, 0, 1)  # [1, 1]
+        term = emit("mul", emit("to", emit("ne_tensor", corner, corner), torch.int32), 0)
+        zero = term if zero is None else emit("add", zero, term)
+    return emit("add", value, emit("to", zero, value.meta["val"].dtype))
+
+
+def _chunk(emit: _Emitter, region: LossRegion, shared, start: int, stop: int, after) -> dict:
+    """One chunk's loss (the sum over its tokens) and its gradients, the mean's division folded in; its logits
+    computed ``_after`` the previous chunk's gradients (``after``, None for the first).  Written in the ops Inductor's
+    decompositions leave (amax, exp, log, gather, where), so that Inductor lowers and fuses them as it would the
+    traced loss."""
     head, classes, valid, denominator = shared
     dtype = region.compute_dtype
     hidden = emit("slice", region.hidden, 0, start, stop)
+    hidden = hidden if after is None else _after(emit, hidden, after)
     valid = emit("slice", valid, 0, start, stop)
     target = emit("unsqueeze", emit("mul", emit("slice", region.target, 0, start, stop), valid), 1)  # 0 where ignored
     if region.bias is None:
