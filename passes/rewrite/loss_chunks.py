@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 class ChunkedLoss:
     """What the rewrite did to one loss region."""
 
+    projection: str  # the LM head's node
     tokens: int
     vocab: int
     chunks: int
@@ -78,7 +79,7 @@ def chunk_loss_regions(joint: fx.GraphModule, chunks: int) -> list[ChunkedLoss]:
         why = why_not_chunked(region)
         if why is None:
             _rewrite(joint.graph, region, k)
-        done.append(ChunkedLoss(region.tokens, region.vocab, k, why is None, why))
+        done.append(ChunkedLoss(region.projection.name, region.tokens, region.vocab, k, why is None, why))
         log.debug("loss region %s: %d tokens x %d, %s", region.projection.name, region.tokens, region.vocab, why or k)
     return done
 
