@@ -151,11 +151,11 @@ def _chunked_forward(emit: _Emitter, region: LossRegion, chunks: int):
 def _after(emit: _Emitter, value: fx.Node, previous: tuple[fx.Node, ...]) -> fx.Node:
     """``value`` plus an exact zero read from each of ``previous``: the chunk's logits wait for the previous chunk's
     gradients, so that no scheduler runs two chunks' full-width values at once (docs/DESIGN.md §14).  The zero is an
-    integer product (``isnan(x) * 0``, exact whatever ``x`` holds) turned into ``value``'s dtype."""
+    integer product (``(x == x) * 0``, exact whatever ``x`` holds, NaN included) turned into ``value``'s dtype."""
     zero = None
     for node in previous:
         corner = emit("slice", emit("slice", node, 0, 0, 1), 1, 0, 1)  # [1, 1]
-        term = emit("mul", emit("to", emit("ne_tensor", corner, corner), torch.int32), 0)
+        term = emit("mul", emit("to", emit("eq", corner, corner), torch.int32), 0)
         zero = term if zero is None else emit("add", zero, term)
     return emit("add", value, emit("to", zero, value.meta["val"].dtype))
 
