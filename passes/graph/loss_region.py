@@ -5,8 +5,9 @@ scalar (mean or sum), and the backward nodes from the cross-entropy's gradient t
 The forms found are the ones users write: ``F.cross_entropy(logits.view(-1, V), labels.view(-1))`` with reduction
 mean or sum and any ``ignore_index``, and transformers' ``ForCausalLMLoss`` (labels shifted by padding, so the logits
 are not sliced; the fp32 upcast a cast in the chain).  A per-class weight, ``label_smoothing`` or ``reduction="none"``
-is not a loss region here.  The record is plain data: what a rewrite needs, and whether the logits are read outside
-the region (then they must exist whole)."""
+is not a loss region here.  Each is found as ATen ops (``aot_function``'s joint) and as Inductor's decompositions
+leave it (``torch.compile``'s joint).  The record is plain data: what a rewrite needs, and whether the logits are
+read outside the region (then they must exist whole)."""
 
 from __future__ import annotations
 
