@@ -29,6 +29,7 @@ from fxremat_passes.graph.costs import DeviceProfile, annotate_costs
 from fxremat_passes.graph.cse import MetaSnapshot, prepare_joint_graph
 from fxremat_passes.graph.flow_problem import VALUE_ROLES, build_flow_problem
 from fxremat_passes.graph.graph_facts import attach as attach_graph_facts
+from fxremat_passes.graph.loss_region import unrecognised_cross_entropies
 from fxremat_passes.graph.phase_copies import copy_gathers_per_phase
 from fxremat_passes.graph.region_budget import annotations_hidden
 from fxremat_passes.graph.roles import Policy, Role, classify, recompute_tag
@@ -57,6 +58,7 @@ from .report import (
     CutReport,
     Described,
     Layout,
+    LossRegions,
     Outcome,
     Recomputation,
     SimulatedPeak,
@@ -244,15 +246,24 @@ def _keep_convolutions_for_depthwise(joint: fx.GraphModule, roles, backend) -> N
         roles.no_recompute.setdefault(node, why)
 
 
-def _warn_unchunked(graph_id: str, chunks: int, done: list) -> None:
-    """``loss_chunks`` is the user's setting: where it chunks nothing in a graph, one warning says so and why."""
-    if any(d.rewritten for d in done):
-        return
-    why = "; ".join(sorted({d.why_not for d in done if d.why_not})) or (
-        "no LM head and cross-entropy recognised in it (after Inductor's decompositions the loss is not recognised "
-        "yet: loss_chunks applies through aot_function/aot_module; docs/DESIGN.md §14)"
-    )
-    warnings.warn(f"fxremat: loss_chunks={chunks} left {graph_id}'s loss as traced: {why}", UserWarning, stacklevel=4)
+def _chunk_losses(joint: fx.GraphModule, graph_id: str, chunks: int) -> LossRegions:
+    """``loss_chunks`` is the user's setting: where it chunks nothing in a graph, one warning says so and why (a
+    cross-entropy in a form the loss region does not know is named as such, never passed over in silence)."""
+    unknown = unrecognised_cross_entropies(joint.graph)
+    done = chunk_loss_regions(joint, chunks)
+    rows = tuple((d.projection, d.tokens, d.vocab, d.chunks if d.rewritten else 0, d.why_not) for d in done)
+    if not any(d.rewritten for d in done):
+        why = "; ".join(sorted({d.why_not for d in done if d.why_not}))
+        if unknown:
+            why = (why + "; " if why else "") + (
+                f"{unknown} cross-entropy(ies) in a form the loss region does not know (label_smoothing, class "
+                "weights, reduction='none', logits sliced or not from a matmul; docs/DESIGN.md §14)"
+            )
+        why = why or "no LM head and cross-entropy in it (is the loss computed outside the compiled function?)"
+        warnings.warn(
+            f"fxremat: loss_chunks={chunks} left {graph_id}'s loss as traced: {why}", UserWarning, stacklevel=5
+        )
+    return LossRegions(loss_regions=rows)
 
 
 def _fxremat_partition(request: PartitionRequest, options: Options, profile: DeviceProfile, regions=None) -> _Split:
@@ -260,8 +271,9 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
     joint = request.joint
     _enter("prepare")
     joint = prepare_joint_graph(joint)  # request.joint itself, cleaned up (see _partition's snapshot)
+    loss = LossRegions()
     if options.loss_chunks is not None:  # before the cut, which then prices the chunked gradients (DESIGN §14)
-        _warn_unchunked(request.graph_id, options.loss_chunks, chunk_loss_regions(joint, options.loss_chunks))
+        loss = _chunk_losses(joint, request.graph_id, options.loss_chunks)
     copy_gathers_per_phase(joint, request.num_fwd_outputs)  # so no plan makes Inductor store one for two readers
     attach_graph_facts(joint, request.num_fwd_outputs)  # the one view of the joint graph every pass reads (roles.facts)
     _enter("classify")
@@ -287,7 +299,7 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
             num_fwd_outputs=request.num_fwd_outputs,
             static_lifetime_input_nodes=roles.static_inputs,
         )
-        return _Split(fw, bw, [classified], recipe)
+        return _Split(fw, bw, [classified, loss], recipe)
     _enter("annotate_costs")
     # the values the cut decides on; backward's own nodes are never priced by it (half the graph)
     costs = annotate_costs(joint.graph, profile, [n for n, r in roles.role.items() if r in VALUE_ROLES], roles.facts)
@@ -296,9 +308,7 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
     _enter("solve_min_cut")
     solve_start = time.perf_counter()
     split = _splitter(joint, flow, roles, request.num_fwd_outputs)
-    chosen = choose(
-        flow, roles, joint, ChoiceSettings.of(options), profile, request, split, regions, request.simulator
-    )
+    chosen = choose(flow, roles, joint, ChoiceSettings.of(options), profile, request, split, regions, request.simulator)
     plan, split_done, peak = chosen.plan, chosen.split, chosen.peak
     choice = Choice(**chosen.fields, solve_seconds=time.perf_counter() - solve_start)  # the choice modules' dict
     for node in (flow.nodes[i] for i in plan.recomputed):
@@ -312,7 +322,7 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
             recipe, request.num_fwd_outputs, profile, request.simulator
         )
         choice = dataclasses.replace(choice, **segment_fields)  # this split's segments, not the choice's
-    return _Split(fw, bw, [classified, choice, recomputation], recipe, peak)
+    return _Split(fw, bw, [classified, loss, choice, recomputation], recipe, peak)
 
 
 def _splitter(joint: fx.GraphModule, flow, roles, num_fwd_outputs: int):
@@ -365,7 +375,11 @@ def _fallback(request: PartitionRequest, profile: DeviceProfile, reason: str, to
     )
     described = describe_split(fw, bw, request.num_fwd_outputs, profile)
     peak = simulated.simulate_or_none(fw, bw, request.num_fwd_outputs, inputs=request.simulator)
-    return fw, bw, [Described.of(described, _step_seconds(fw, bw, None, profile)), SimulatedPeak(**simulated.peak_fields(peak))]
+    return (
+        fw,
+        bw,
+        [Described.of(described, _step_seconds(fw, bw, None, profile)), SimulatedPeak(**simulated.peak_fields(peak))],
+    )
 
 
 def _choose_layout(request: PartitionRequest, fw: fx.GraphModule, bw: fx.GraphModule, peak: SimulatedPeak):

@@ -75,6 +75,14 @@ class Classified:
 
 
 @dataclass(**_RECORD)
+class LossRegions:
+    """The loss regions ``loss_chunks`` looked at (``passes/rewrite/loss_chunks.py``, docs/DESIGN.md §14)."""
+
+    # (the LM head's projection node, tokens, vocabulary, chunks: 0 where left as traced, why it was left or None)
+    loss_regions: tuple[tuple[str, int, int, int, str | None], ...] = ()
+
+
+@dataclass(**_RECORD)
 class Recomputation:
     """Why the chosen plan recomputes each forward node, and the checkpointed values it keeps
     (``passes/choice/contract.py``)."""
@@ -164,7 +172,18 @@ class Outcome:
     from_cache: bool = False
 
 
-STAGE_RECORDS = (CompileFacts, Described, Classified, Recomputation, Choice, Baseline, SimulatedPeak, Layout, Outcome)
+STAGE_RECORDS = (
+    CompileFacts,
+    Described,
+    Classified,
+    LossRegions,
+    Recomputation,
+    Choice,
+    Baseline,
+    SimulatedPeak,
+    Layout,
+    Outcome,
+)
 
 
 def _declared_once(records: tuple[type, ...]) -> tuple[type, ...]:

@@ -5,8 +5,9 @@ scalar (mean or sum), and the backward nodes from the cross-entropy's gradient t
 The forms found are the ones users write: ``F.cross_entropy(logits.view(-1, V), labels.view(-1))`` with reduction
 mean or sum and any ``ignore_index``, and transformers' ``ForCausalLMLoss`` (labels shifted by padding, so the logits
 are not sliced; the fp32 upcast a cast in the chain).  A per-class weight, ``label_smoothing`` or ``reduction="none"``
-is not a loss region here.  The record is plain data: what a rewrite needs, and whether the logits are read outside
-the region (then they must exist whole)."""
+is not a loss region here.  Each is found as ATen ops (``aot_function``'s joint) and as Inductor's decompositions
+leave it (``torch.compile``'s joint).  The record is plain data: what a rewrite needs, and whether the logits are
+read outside the region (then they must exist whole)."""
 
 from __future__ import annotations
 
@@ -17,20 +18,38 @@ import torch
 import torch.fx as fx
 
 from .ops import (
+    AMAX,
+    DECOMPOSED_LOSS_BACKWARD,
+    DIV,
     DTYPE_CASTS,
+    EXP,
+    GATHER,
+    LOG,
     LOG_SOFTMAX,
     LOG_SOFTMAX_BACKWARD,
     LOGITS_PASSTHROUGH,
     MM,
+    MUL,
+    NE_SCALAR,
+    NEG,
     NLL_BACKWARD,
     NLL_FORWARD,
     PROJECTIONS,
+    SQUEEZE_DIM,
+    SUB,
+    SUM,
     SUM_DIMS,
     TRANSPOSES,
+    UNSQUEEZE,
+    WHERE,
 )
 
 REDUCTIONS = {1: "mean", 2: "sum"}  # ATen's reduction enum, as nll_loss_forward takes it
 _CHAIN = LOGITS_PASSTHROUGH | DTYPE_CASTS
+# a forward value of the region is read in backward by these only (the log-softmax's backward reads its output, or
+# its exp in the decomposed form); past them, the backward's own ops
+_ENTRIES = _CHAIN | TRANSPOSES | {LOG_SOFTMAX_BACKWARD, NLL_BACKWARD, EXP}
+_BACKWARD_OPS = _CHAIN | TRANSPOSES | {LOG_SOFTMAX_BACKWARD} | DECOMPOSED_LOSS_BACKWARD
 
 
 @dataclass(frozen=True)
@@ -51,8 +70,7 @@ class LossRegion:
     hidden: fx.Node  # [tokens, hidden]
     weight: fx.Node  # [hidden, vocab]: the projection's right operand (a transpose of the head's weight)
     bias: fx.Node | None
-    log_softmax: fx.Node
-    nll_forward: fx.Node
+    log_softmax: fx.Node  # its output (``_log_softmax``, or the last ``sub`` of its decomposition)
     loss: fx.Node  # the scalar loss
     target: fx.Node  # [tokens] class indices
     reduction: str  # "mean" or "sum"
@@ -79,13 +97,43 @@ def _getitem(node: fx.Node, index: int) -> fx.Node | None:
 
 
 def find_loss_regions(graph: fx.Graph) -> list[LossRegion]:
-    """Every loss region of ``graph``, in graph order (none in a graph without a cross-entropy)."""
+    """Every loss region of ``graph``, in graph order (none in a graph without a cross-entropy): as ATen ops
+    (``aot_function``'s joint) or as Inductor's decompositions left them (``torch.compile``'s joint)."""
     found = []
     for nll in graph.find_nodes(op="call_function", target=NLL_FORWARD):
         region = _region_of(nll)
         if region is not None:
             found.append(region)
+    for gather in graph.find_nodes(op="call_function", target=GATHER):
+        region = _decomposed_region_of(gather)
+        if region is not None:
+            found.append(region)
     return found
+
+
+def unrecognised_cross_entropies(graph: fx.Graph) -> int:
+    """How many cross-entropy cores (a log-softmax, as ATen op or decomposed, read by a gather or an NLL) the graph
+    holds that ``find_loss_regions`` did not take: what ``loss_chunks``' warning names."""
+    found = {r.log_softmax for r in find_loss_regions(graph)}
+    cores = [n for n in graph.find_nodes(op="call_function", target=LOG_SOFTMAX)]
+    cores += [n for n in graph.find_nodes(op="call_function", target=SUB) if _decomposed_log_softmax(n) is not None]
+    return sum(1 for n in cores if n not in found and any(u.target in (NLL_FORWARD, GATHER) for u in n.users))
+
+
+def _projection_of(node) -> tuple[fx.Node, list[fx.Node]] | None:
+    """(the projection, the views and casts between it and ``node``, in graph order), or None."""
+    chain = []
+    while isinstance(node, fx.Node) and node.target in _CHAIN:
+        chain.append(node)
+        node = node.args[0]
+    if not isinstance(node, fx.Node) or node.target not in PROJECTIONS or node.kwargs:  # addmm's beta or alpha
+        return None
+    return node, chain[::-1]
+
+
+def _operands(projection: fx.Node):
+    """(bias or None, hidden, weight) of ``mm`` or ``addmm``."""
+    return projection.args if projection.target is not MM else (None, *projection.args)
 
 
 def _region_of(nll: fx.Node) -> LossRegion | None:
@@ -101,22 +149,28 @@ def _region_of(nll: fx.Node) -> LossRegion | None:
         or log_softmax.args[1] not in (1, -1)
     ):
         return None
-    chain, node = [], log_softmax.args[0]
-    while isinstance(node, fx.Node) and node.target in _CHAIN:
-        chain.append(node)
-        node = node.args[0]
-    if not isinstance(node, fx.Node) or node.target not in PROJECTIONS:
+    found = _projection_of(log_softmax.args[0])
+    if found is None:
         return None
-    projection = node
-    if projection.kwargs:  # addmm's beta or alpha
-        return None
-    bias, hidden, weight_operand = projection.args if projection.target is not MM else (None, *projection.args)
+    projection, chain = found
+    forward = [projection, *chain, log_softmax, nll, *(u for u in nll.users)]
+    forward += [u for u in log_softmax.users if u.target in LOGITS_PASSTHROUGH]  # detached copies for its backward
+    nll_backward = next((u for u in log_softmax.users if u.target is NLL_BACKWARD and u.args[2] is target), None)
+    starts = [nll_backward] if nll_backward is not None else []
+    scale = nll_backward.args[0] if nll_backward is not None else None
+    return _region(
+        projection, chain, log_softmax, loss, target, REDUCTIONS[reduction], int(ignore_index), forward, starts, scale
+    )
+
+
+def _region(projection, chain, log_softmax, loss, target, reduction, ignore_index, forward, starts, scale):
+    """The record, once a form's matcher has found its parts (``starts``: the backward's first nodes, beside the
+    forward's readers; ``scale``: the loss's incoming gradient, None where not found)."""
+    bias, hidden, weight_operand = _operands(projection)
     tokens, vocab = _shape(projection) or (0, 0)
     if _shape(log_softmax) != (tokens, vocab) or _shape(target) != (tokens,):
         return None
-    forward = [projection, *reversed(chain), log_softmax, nll, *(u for u in nll.users)]
-    forward += [u for u in log_softmax.users if u.target in LOGITS_PASSTHROUGH]  # detached copies for its backward
-    backward = _backward_of(log_softmax, nll, hidden, (tokens, vocab))
+    backward = _backward_of(forward, starts, scale, hidden, (tokens, vocab))
     inside = set(forward) | set(backward.nodes if backward else ())
     logits_returned = any(u not in inside for n in (projection, *chain) for u in n.users)
     return LossRegion(
@@ -125,11 +179,10 @@ def _region_of(nll: fx.Node) -> LossRegion | None:
         weight=weight_operand,
         bias=bias,
         log_softmax=log_softmax,
-        nll_forward=nll,
         loss=loss,
         target=target,
-        reduction=REDUCTIONS[reduction],
-        ignore_index=int(ignore_index),
+        reduction=reduction,
+        ignore_index=ignore_index,
         tokens=tokens,
         vocab=vocab,
         logits_returned=logits_returned,
@@ -138,29 +191,133 @@ def _region_of(nll: fx.Node) -> LossRegion | None:
     )
 
 
-def _backward_of(log_softmax: fx.Node, nll: fx.Node, hidden: fx.Node, logits_shape) -> LossBackward | None:
-    """The cross-entropy's backward, from ``nll_loss_backward`` through the log-softmax's backward, views, casts
-    and transposes to the projection's gradients (two matmuls and, with a bias, a sum over the tokens).  Any other
-    reader of a value inside makes it None: only these exits can be replaced."""
-    nll_backward = next((u for u in log_softmax.users if u.target is NLL_BACKWARD and u.args[2] is nll.args[1]), None)
-    if nll_backward is None:
+def _is(node, target, *args) -> bool:
+    """``node`` calls ``target`` with ``args`` first (each an exact value, or ANY)."""
+    return (
+        isinstance(node, fx.Node)
+        and node.target is target
+        and len(node.args) >= len(args)
+        and all(a is ANY or node.args[i] == a for i, a in enumerate(args))
+    )
+
+
+ANY = object()
+
+
+def _decomposed_log_softmax(logp: fx.Node) -> tuple[fx.Node, list[fx.Node]] | None:
+    """``sub(shifted, log(sum(exp(shifted), [1], True)))`` with ``shifted = sub(x, amax(x, [1], True))``:
+    (x, the log-softmax's nodes), or None."""
+    if not _is(logp, SUB) or not _is(logp.args[1], LOG):
         return None
-    inside, exits, todo = [nll_backward], [], [nll_backward]
-    while todo:
-        for user in todo.pop().users:
-            if user in inside or user in exits:
+    shifted, log = logp.args[:2]
+    total = log.args[0]
+    if not _is(total, SUM_DIMS, ANY, [1], True) and not _is(total, SUM_DIMS, ANY, [-1], True):
+        return None
+    exp = total.args[0]
+    if not _is(exp, EXP, shifted) or not _is(shifted, SUB) or not isinstance(shifted.args[1], fx.Node):
+        return None
+    x, amax = shifted.args[:2]
+    if not (_is(amax, AMAX, x, [1], True) or _is(amax, AMAX, x, [-1], True)):
+        return None
+    return x, [amax, shifted, exp, total, log, logp]
+
+
+def _decomposed_nll(gather: fx.Node):
+    """``torch._decomp``'s ``nll_loss_forward`` from its gather: (target, ignore_index, reduction, loss, the count of
+    tokens not ignored or None, its nodes), or None."""
+    index = gather.args[2]
+    if not _is(gather, GATHER, ANY, 1) or not _is(index, UNSQUEEZE, ANY, 1) or not _is(index.args[0], WHERE):
+        return None
+    valid, target, _ = index.args[0].args
+    if not _is(valid, NE_SCALAR, target):
+        return None
+    (squeeze,) = gather.users if len(gather.users) == 1 else (None,)
+    (neg,) = squeeze.users if _is(squeeze, SQUEEZE_DIM, gather, 1) and len(squeeze.users) == 1 else (None,)
+    (masked,) = neg.users if _is(neg, NEG) and len(neg.users) == 1 else (None,)
+    (total,) = masked.users if _is(masked, WHERE, valid, neg) and len(masked.users) == 1 else (None,)
+    if not _is(total, SUM):
+        return None
+    nodes = [index.args[0], index, gather, squeeze, neg, masked, total]
+    count = next((c for c in valid.users if _is(c, SUM, valid)), None)
+    count = next((c for c in count.users if c.target in DTYPE_CASTS), None) if count is not None else None
+    mean = next((d for d in total.users if _is(d, DIV, total, count)), None) if count is not None else None
+    if mean is None:
+        return target, valid.args[1], "sum", total, None, [valid, *nodes]
+    return target, valid.args[1], "mean", mean, count, [valid, *nodes, mean]
+
+
+def _decomposed_region_of(gather: fx.Node) -> LossRegion | None:
+    found = _decomposed_log_softmax(gather.args[0]) if isinstance(gather.args[0], fx.Node) else None
+    nll = _decomposed_nll(gather) if found is not None else None
+    if nll is None:
+        return None
+    x, softmax_nodes = found
+    target, ignore_index, reduction, loss, count, nll_nodes = nll
+    projected = _projection_of(x)
+    if projected is None or not isinstance(ignore_index, int):
+        return None
+    projection, chain = projected
+    logp = softmax_nodes[-1]
+    forward = [projection, *chain, *softmax_nodes, *nll_nodes]
+    grad = _decomposed_nll_backward(logp, target, ignore_index)
+    if grad is None:
+        return _region(projection, chain, logp, loss, target, reduction, ignore_index, forward, [], None)
+    product, scaled = grad
+    scale = scaled.args[0] if count is not None and _is(scaled, DIV, ANY, count) else scaled
+    if reduction == "mean" and scale is scaled or _shape(scale) != ():
+        scale = None
+    return _region(projection, chain, logp, loss, target, reduction, ignore_index, forward, [product], scale)
+
+
+def _decomposed_nll_backward(logp: fx.Node, target: fx.Node, ignore_index: int):
+    """``torch._decomp``'s ``nll_loss_backward`` as the log-softmax's backward reads it: ``sub(G, mul(exp(logp),
+    sum(G, [1], True)))`` with ``G = mul(one_hot, where(ne(target[:, None], ignore_index), g, 0))``: (G, g), where
+    ``g`` is the loss's incoming gradient, divided by the count for a mean."""
+    for exp in (u for u in logp.users if _is(u, EXP, logp)):
+        for product in (u for u in exp.users if _is(u, MUL)):
+            total = product.args[1] if product.args[0] is exp else product.args[0]
+            if not _is(total, SUM_DIMS) or not isinstance(total.args[0], fx.Node):
                 continue
-            if user.target in _CHAIN or user.target in TRANSPOSES or user.target is LOG_SOFTMAX_BACKWARD:
+            grad = total.args[0]
+            if not _is(grad, MUL) or not any(_is(u, SUB, grad, product) for u in product.users):
+                continue
+            mask = next((a for a in grad.args if _shape(a) == (_shape(grad)[0], 1)), None)
+            if _is(mask, WHERE) and _is(mask.args[0], NE_SCALAR, ANY, ignore_index):
+                cond = mask.args[0].args[0]
+                if _is(cond, UNSQUEEZE, target, 1) and isinstance(mask.args[1], fx.Node):
+                    return grad, mask.args[1]
+    return None
+
+
+def _backward_of(forward, starts, scale, hidden: fx.Node, logits_shape) -> LossBackward | None:
+    """The cross-entropy's backward, from the readers of the forward's values (and ``starts``) through views, casts,
+    transposes and the log-softmax's backward to the projection's gradients (two matmuls and, with a bias, a sum over
+    the tokens).  Any other reader of a value inside makes it None: only these exits can be replaced."""
+    if scale is None or not starts:
+        return None
+    known = set(forward)
+    inside, exits, todo = list(starts), [], list(starts)
+    todo += [n for n in forward if _shape(n) == logits_shape]
+    while todo:
+        node = todo.pop()
+        for user in node.users:
+            if user in inside or user in exits or user in known:
+                continue
+            if node in known and user.target not in _ENTRIES:
+                return None  # a forward value read by something else: another loss term (label smoothing, ...)
+            if _is(user, SUM_DIMS) and list(user.args[1]) == [0]:
+                exits.append(user)
+            elif user.target in _BACKWARD_OPS:
                 inside.append(user)
                 todo.append(user)
-            elif user.target is MM or user.target is SUM_DIMS:
+            elif user.target is MM:
                 exits.append(user)
             else:
                 return None
-    return _classify_exits(nll_backward, inside, exits, hidden, logits_shape)
+    return _classify_exits(scale, inside, exits, hidden, logits_shape)
 
 
-def _classify_exits(nll_backward, inside, exits, hidden: fx.Node, logits_shape) -> LossBackward | None:
+def _classify_exits(scale, inside, exits, hidden: fx.Node, logits_shape) -> LossBackward | None:
     tokens, vocab = logits_shape
     width = (_shape(hidden) or (0, 0))[1]
     hidden_t = {hidden, *(u for u in hidden.users if u.target in TRANSPOSES)}
@@ -169,7 +326,7 @@ def _classify_exits(nll_backward, inside, exits, hidden: fx.Node, logits_shape) 
     for exit_node in exits:
         shape, operands = _shape(exit_node), exit_node.args[:2]
         outside = [a for a in operands if a not in inside] if exit_node.target is MM else []
-        if exit_node.target is SUM_DIMS and list(exit_node.args[1]) == [0] and shape in ((vocab,), (1, vocab)):
+        if exit_node.target is SUM_DIMS and shape in ((vocab,), (1, vocab)):
             kind = "bias"
         elif len(outside) == 1 and shape == (tokens, width) and outside[0] not in hidden_t:
             kind = "hidden"
@@ -181,7 +338,7 @@ def _classify_exits(nll_backward, inside, exits, hidden: fx.Node, logits_shape) 
             return None
         found[kind] = exit_node
     return LossBackward(
-        scale=nll_backward.args[0],
+        scale=scale,
         grad_hidden=found.get("hidden"),
         grad_weight=found.get("weight"),
         grad_weight_transposed=transposed,

@@ -468,28 +468,23 @@ NLL_FORWARD = aten.nll_loss_forward.default
 NLL_BACKWARD = aten.nll_loss_backward.default
 TRANSPOSES = frozenset({aten.t.default, aten.permute.default, aten.transpose.int})
 SUM_DIMS = aten.sum.dim_IntList
-# loss_chunks.py: views, casts and transposes, erased where the old loss region was their only reader.
-PURE_RESHAPES = LOGITS_PASSTHROUGH | DTYPE_CASTS | TRANSPOSES
-# loss_chunks.py: the ops of the chunked loss it writes (docs/DESIGN.md §14).
+# loss_region.py: the same loss after Inductor's decompositions (``torch._decomp``): the log-softmax, the NLL and their
+# backward's pointwise ops between the logits' gradient and the cross-entropy's own nodes (docs/DESIGN.md §14).
+AMAX, LOG, EXP = aten.amax.default, aten.log.default, aten.exp.default
+SUB, MUL, DIV = aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor
+GATHER, SQUEEZE_DIM, NEG = aten.gather.default, aten.squeeze.dim, aten.neg.default
+WHERE, SUM, NE_SCALAR, UNSQUEEZE = aten.where.self, aten.sum.default, aten.ne.Scalar, aten.unsqueeze.default
+DECOMPOSED_LOSS_BACKWARD = frozenset({EXP, MUL, SUB, WHERE, DIV, SUM_DIMS})
+# loss_chunks.py: the ops of the chunked loss it writes, all of them ops Inductor lowers after its decompositions
+# (docs/DESIGN.md §14), by the name the rewrite calls them.
 CHUNK_OPS = {
-    "slice": aten.slice.Tensor,
-    "mm": aten.mm.default,
-    "addmm": aten.addmm.default,
-    "to": aten._to_copy.default,
-    "logsumexp": aten.logsumexp.default,
+    **{name: getattr(aten, name).default for name in ("mm", "addmm", "unsqueeze", "gather", "exp", "log", "amax")},
+    **{name: getattr(aten, name).default for name in ("permute", "cat", "view")},
+    **{name: getattr(aten, name).Tensor for name in ("slice", "mul", "sub", "add", "div", "eq")},
     "ne": aten.ne.Scalar,
-    "mul": aten.mul.Tensor,
-    "sub": aten.sub.Tensor,
-    "add": aten.add.Tensor,
-    "div": aten.div.Tensor,
-    "unsqueeze": aten.unsqueeze.default,
-    "gather": aten.gather.default,
-    "exp": aten.exp.default,
-    "scatter_add": aten.scatter_add.default,
-    "full": aten.full.default,
+    "where": aten.where.self,
     "sum": aten.sum.default,
     "sum_dims": aten.sum.dim_IntList,
-    "t": aten.t.default,
-    "cat": aten.cat.default,
-    "view": aten.view.default,
+    "to": torch.ops.prims.convert_element_type.default,
+    "iota": torch.ops.prims.iota.default,
 }

@@ -16,10 +16,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import torch
 import torch.fx as fx
 
+from ..graph.cse import plan_clean_up
 from ..graph.loss_region import LossRegion, find_loss_regions
-from ..graph.ops import CHUNK_OPS, PURE_RESHAPES
+from ..graph.ops import CHUNK_OPS
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +30,7 @@ log = logging.getLogger(__name__)
 class ChunkedLoss:
     """What the rewrite did to one loss region."""
 
+    projection: str  # the LM head's node
     tokens: int
     vocab: int
     chunks: int
@@ -76,13 +79,13 @@ def chunk_loss_regions(joint: fx.GraphModule, chunks: int) -> list[ChunkedLoss]:
         why = why_not_chunked(region)
         if why is None:
             _rewrite(joint.graph, region, k)
-        done.append(ChunkedLoss(region.tokens, region.vocab, k, why is None, why))
+        done.append(ChunkedLoss(region.projection.name, region.tokens, region.vocab, k, why is None, why))
         log.debug("loss region %s: %d tokens x %d, %s", region.projection.name, region.tokens, region.vocab, why or k)
     return done
 
 
 def _rewrite(graph: fx.Graph, region: LossRegion, chunks: int) -> None:
-    emit = _Emitter(graph, region.nll_forward, region.hidden.meta["val"].fake_mode)  # after every input
+    emit = _Emitter(graph, region.loss, region.hidden.meta["val"].fake_mode)  # after every input
     try:
         loss, grads = _chunked_forward(emit, region, chunks)
     except Exception:
@@ -91,23 +94,9 @@ def _rewrite(graph: fx.Graph, region: LossRegion, chunks: int) -> None:
         raise
     _scale_in_backward(graph, region, grads)
     region.loss.replace_all_uses_with(loss)
-    _erase_dead(graph, {*region.forward_nodes, *region.backward.nodes, *_exits(region)})
-
-
-def _erase_dead(graph: fx.Graph, old: set[fx.Node]) -> None:
-    """The old region, now read by nothing, and the views and transposes that only it read (pure: no random op or
-    mutation is erased, so the step draws the same random numbers)."""
-    todo, erased = [n for n in reversed(list(graph.nodes)) if n in old], set()
-    while todo:
-        node = todo.pop(0)
-        if node in erased or node.users or node.op != "call_function":
-            continue
-        inputs = [
-            a for a in node.all_input_nodes if a in old or (a.op == "call_function" and a.target in PURE_RESHAPES)
-        ]
-        graph.erase_node(node)
-        erased.add(node)
-        todo.extend(inputs)
+    # the old region, read by nothing now, and what only it read: dead code elimination as prepare_joint_graph does
+    # it (random ops kept, so the step draws the same random numbers)
+    plan_clean_up(graph, cse=False).apply()
 
 
 def _exits(region: LossRegion) -> tuple[fx.Node, ...]:
@@ -127,11 +116,26 @@ def _chunked_forward(emit: _Emitter, region: LossRegion, chunks: int):
     dtype, size = region.compute_dtype, -(-region.tokens // chunks)
     valid = emit("ne", region.target, region.ignore_index)
     denominator = _denominator(emit, region, valid)
-    head = emit("t", region.weight)  # [vocab, hidden]
+    head = emit("permute", region.weight, [1, 0])  # [vocab, hidden]
+    device = region.hidden.meta["val"].device
+    classes = emit(
+        "view",
+        emit(
+            "iota",
+            region.vocab,
+            start=0,
+            step=1,
+            dtype=region.target.meta["val"].dtype,
+            device=device,
+            requires_grad=False,
+        ),
+        [1, region.vocab],
+    )
     total, hidden_grads, weight_grad, bias_grad = None, [], None, None
     for start in range(0, region.tokens, size):
         stop = min(start + size, region.tokens)
-        part = _chunk(emit, region, head, valid, denominator, start, stop)
+        after = None if weight_grad is None else (hidden_grads[-1], weight_grad)
+        part = _chunk(emit, region, (head, classes, valid, denominator), start, stop, after)
         total = part["loss"] if total is None else emit("add", total, part["loss"])
         hidden_grads.append(part["hidden"])
         weight_grad = part["weight"] if weight_grad is None else emit("add", weight_grad, part["weight"])
@@ -139,15 +143,32 @@ def _chunked_forward(emit: _Emitter, region: LossRegion, chunks: int):
             bias_grad = part["bias"] if bias_grad is None else emit("add", bias_grad, part["bias"])
     loss = total if denominator is None else emit("div", total, denominator)
     if loss.meta["val"].dtype != dtype:
-        loss = emit("to", loss, dtype=dtype)
+        loss = emit("to", loss, dtype)
     grads = {"hidden": emit("cat", hidden_grads), "weight": weight_grad, "bias": bias_grad}
     return loss, grads
 
 
-def _chunk(emit: _Emitter, region: LossRegion, head, valid, denominator, start: int, stop: int) -> dict:
-    """One chunk's loss (the sum over its tokens) and its gradients, the mean's division folded in."""
+def _after(emit: _Emitter, value: fx.Node, previous: tuple[fx.Node, ...]) -> fx.Node:
+    """``value`` plus an exact zero read from each of ``previous``: the chunk's logits wait for the previous chunk's
+    gradients, so that no scheduler runs two chunks' full-width values at once (docs/DESIGN.md §14).  The zero is an
+    integer product (``(x == x) * 0``, exact whatever ``x`` holds, NaN included) turned into ``value``'s dtype."""
+    zero = None
+    for node in previous:
+        corner = emit("slice", emit("slice", node, 0, 0, 1), 1, 0, 1)  # [1, 1]
+        term = emit("mul", emit("to", emit("eq", corner, corner), torch.int32), 0)
+        zero = term if zero is None else emit("add", zero, term)
+    return emit("add", value, emit("to", zero, value.meta["val"].dtype))
+
+
+def _chunk(emit: _Emitter, region: LossRegion, shared, start: int, stop: int, after) -> dict:
+    """One chunk's loss (the sum over its tokens) and its gradients, the mean's division folded in; its logits
+    computed ``_after`` the previous chunk's gradients (``after``, None for the first).  Written in the ops Inductor's
+    decompositions leave (amax, exp, log, gather, where), so that Inductor lowers and fuses them as it would the
+    traced loss."""
+    head, classes, valid, denominator = shared
     dtype = region.compute_dtype
     hidden = emit("slice", region.hidden, 0, start, stop)
+    hidden = hidden if after is None else _after(emit, hidden, after)
     valid = emit("slice", valid, 0, start, stop)
     target = emit("unsqueeze", emit("mul", emit("slice", region.target, 0, start, stop), valid), 1)  # 0 where ignored
     if region.bias is None:
@@ -156,19 +177,20 @@ def _chunk(emit: _Emitter, region: LossRegion, head, valid, denominator, start: 
         logits = emit("addmm", region.bias, hidden, region.weight)
     projected_dtype = logits.meta["val"].dtype
     if projected_dtype != dtype:
-        logits = emit("to", logits, dtype=dtype)
-    lse = emit("logsumexp", logits, [1], True)
-    weight = emit("unsqueeze", emit("to", valid, dtype=dtype), 1)  # 0 where ignored
+        logits = emit("to", logits, dtype)
+    peak = emit("amax", logits, [1], True)
+    lse = emit("add", emit("log", emit("sum_dims", emit("exp", emit("sub", logits, peak)), [1], True)), peak)
+    weight = emit("unsqueeze", emit("to", valid, dtype), 1)  # 0 where ignored
     picked = emit("gather", logits, 1, target)
     loss = emit("sum", emit("mul", emit("sub", lse, picked), weight))
     if denominator is not None:
         weight = emit("div", weight, denominator)
-    minus_one = emit("full", [stop - start, 1], -1.0, dtype=dtype, device=logits.meta["val"].device)
     softmax = emit("exp", emit("sub", logits, lse))
-    grad = emit("mul", emit("scatter_add", softmax, 1, target, minus_one), weight)  # d loss / d logits
+    one_hot = emit("eq", classes, target)
+    grad = emit("mul", emit("where", one_hot, emit("sub", softmax, 1.0), softmax), weight)  # d loss / d logits
     if grad.meta["val"].dtype != projected_dtype:
-        grad = emit("to", grad, dtype=projected_dtype)
-    part = {"loss": loss, "hidden": emit("mm", grad, head), "weight": emit("mm", emit("t", grad), hidden)}
+        grad = emit("to", grad, projected_dtype)
+    part = {"loss": loss, "hidden": emit("mm", grad, head), "weight": emit("mm", emit("permute", grad, [1, 0]), hidden)}
     if region.bias is not None:
         part["bias"] = emit("sum_dims", grad, [0])
     return part
@@ -183,7 +205,7 @@ def _scale_in_backward(graph: fx.Graph, region: LossRegion, grads: dict) -> None
         emit = _Emitter(graph, exit_node, region.hidden.meta["val"].fake_mode)
         value = grads[name]
         if name == "weight" and not bw.grad_weight_transposed:
-            value = emit("t", value)  # [hidden, vocab], the projection's right operand's own layout
+            value = emit("permute", value, [1, 0])  # [hidden, vocab], the projection's right operand's own layout
         scaled = emit("mul", value, bw.scale)
         if tuple(scaled.meta["val"].shape) != tuple(exit_node.meta["val"].shape):
             scaled = emit("view", scaled, list(exit_node.meta["val"].shape))

@@ -362,7 +362,9 @@ class _Phase:
         reads gate, up and the incoming gradient in three units of one kernel, so its three outputs are new buffers.
         ``remaining`` still counts this kernel's readers.  It takes the first such read in the order the unit's
         loop loads them (``_load_order``); when that is a buffer stored only inside this kernel (allocating
-        nothing here), the result is a fresh buffer and no live storage is written over."""
+        nothing here), the result goes where that buffer went: over the live input it was itself written over
+        (``Kernel.remove_kernel_local_buffers`` keeps an in-place buffer unless its whole group is removed: a loss's
+        exp written over the logits, its gradient over the exp), else into a fresh buffer."""
         ancestors: set[fx.Node] | None = None
         only = self._scattered_into(unit)
         for r in self._load_order(unit):
@@ -378,7 +380,7 @@ class _Phase:
                 ancestors = self._ancestors_within(unit, kernel)
             done = sum(1 for v in ancestors or () if r in self.unit_reads[v])
             if remaining[r.name] == 1 + done:
-                return None if local else r.name
+                return self._inplace_candidate(r, nbytes, live, remaining, kernel) if local else r.name
         return None
 
     def _load_order(self, unit: fx.Node) -> list[fx.Node]:

@@ -159,9 +159,24 @@ def test_a_graph_without_a_loss_region_says_loss_chunks_did_nothing():
     model, inputs = example("mlp")
     reports = []
     partition_fn = fxremat.make_partition_fn(Options.create(loss_chunks=4), reports)
-    with pytest.warns(UserWarning, match="no LM head and cross-entropy recognised"):
+    with pytest.warns(UserWarning, match="no LM head and cross-entropy in it"):
         run_aot(model, inputs, partition_fn)
     assert reports and reports[0].fallback_reason is None
+
+
+def test_label_smoothing_is_left_as_traced_and_said():
+    """Another term reads the log-softmax: the region is not the plain cross-entropy, never chunked without it."""
+
+    class Smoothed(LM):
+        def forward(self, ids, labels):
+            logits = self.head(self.body(self.embed(ids)))
+            return F.cross_entropy(logits.view(-1, VOCAB), labels.view(-1), label_smoothing=0.1)
+
+    model, inputs = Smoothed(), _inputs()
+    _, expected = eager_grads(model, inputs, loss=_loss)
+    with pytest.warns(UserWarning, match="loss_chunks=4 left .* as traced"):
+        grads, _ = _chunked_step(model, inputs, 4)
+    assert_grads_close(grads, expected)
 
 
 @pytest.mark.parametrize(("value", "error"), [(0, ValueError), (-2, ValueError), (True, TypeError), ("4", TypeError)])

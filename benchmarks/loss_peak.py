@@ -1,0 +1,128 @@
+"""The loss-side peak (issue #55, docs/DESIGN.md §14): a Llama-style model whose step peaks at its loss, one setting
+per process, under real Inductor on CPU.
+
+    python benchmarks/loss_peak.py SETTING [--vocab V] [--hidden H] [--layers L] [--tokens T]
+        # SETTING: eager, inductor (Inductor's default partitioner), default (fxremat), kN (fxremat loss_chunks=N),
+        #          pbX (fxremat peak_budget=X; X > 1: bytes)
+
+transformers' ``LlamaForCausalLM`` from its config (random weights; by default vocabulary 65,536, hidden 256, 2 layers,
+1 x 1,024 tokens, fp32, one thread), ``labels=`` given, the compiled function returning the loss alone.  Gradients of
+the first step against an eager copy (``grad_rule.relative_errors``), two warm-up steps, then one step's peak above
+what it starts with (CPU profiler memory events, ``fxremat.measure``), the parameters' gradients set to None before
+it (so the step allocates them, as a training step after ``zero_grad`` does).  Prints one JSON line: measured and
+simulated peak bytes, the chunked loss regions, the worst gradient error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def backend_of(setting: str):
+    import fxremat
+
+    if setting in ("eager", "inductor"):
+        return setting
+    if setting == "default":
+        return fxremat.backend(compare_default=False)
+    if setting.startswith("k"):
+        return fxremat.backend(compare_default=False, loss_chunks=int(setting[1:]))
+    if setting.startswith("pb"):
+        value = float(setting[2:])
+        return fxremat.backend(compare_default=False, peak_budget=value if value <= 1 else int(value))
+    raise SystemExit(f"unknown setting {setting!r}: eager, inductor, default, kN, pbX")
+
+
+class LossOnly(torch.nn.Module):
+    """The model with ``labels=``, returning the loss alone (the logits are not a graph output)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        return self.model(input_ids=ids, labels=ids).loss
+
+
+def build(vocab: int, hidden: int, layers: int, tokens: int):
+    import transformers as t
+
+    config = t.LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=max(1, hidden // 64),
+        vocab_size=vocab,
+        max_position_embeddings=tokens,
+        attention_dropout=0.0,
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    model = LossOnly(t.LlamaForCausalLM(config))
+    ids = torch.randint(0, vocab, (1, tokens))
+    return model, ids
+
+
+def row(setting: str, vocab: int, hidden: int, layers: int, tokens: int) -> dict:
+    import grad_rule
+
+    from fxremat.measure import step_peak_bytes
+
+    torch.set_num_threads(1)
+    model, ids = build(vocab, hidden, layers, tokens)
+    reference = copy.deepcopy(model)
+    reference(ids).backward()
+    expected = {k: p.grad for k, p in reference.named_parameters() if p.grad is not None}
+    backend = backend_of(setting)
+    compiled = model if setting == "eager" else torch.compile(model, backend=backend)
+
+    def step():
+        compiled(ids).backward()
+
+    start = time.perf_counter()
+    step()
+    first_step = time.perf_counter() - start
+    grads = {k: p.grad for k, p in model.named_parameters() if p.grad is not None}
+    errors, _ = grad_rule.relative_errors(grads, expected)
+    for _ in range(2):
+        model.zero_grad(set_to_none=True)
+        step()
+    model.zero_grad(set_to_none=True)
+    peak, _ = step_peak_bytes(step, "cpu")
+    reports = getattr(backend, "reports", [])
+    return dict(
+        setting=setting,
+        shape=dict(vocab=vocab, hidden=hidden, layers=layers, tokens=tokens),
+        measured=peak,
+        simulated=sum(r.simulated_peak_bytes or 0 for r in reports) if reports else None,
+        loss_chunks=[r.loss_chunks for r in reports if getattr(r, "loss_chunks", None)],
+        grad=max(errors.values()) if errors else 0.0,
+        first_step_seconds=round(first_step, 1),
+    )
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("setting")
+    parser.add_argument("--vocab", type=int, default=65536)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=1024)
+    args = parser.parse_args(argv)
+    print(json.dumps(row(args.setting, args.vocab, args.hidden, args.layers, args.tokens)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""``loss_chunks`` under real Inductor (issue #55, docs/DESIGN.md §14): the loss region is found as Inductor's
+decompositions leave it and runs in chunks, and every gradient equals eager's.  Two compiles (about 30 s of C++
+each here)."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import fxremat
+
+pytestmark = pytest.mark.inductor
+
+VOCAB, HIDDEN, TOKENS = 512, 32, 64
+
+
+class PlainLM(nn.Module):
+    """Embedding, a body, a biased LM head and ``F.cross_entropy`` with a custom ``ignore_index``, summed."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, HIDDEN)
+        self.body = nn.Linear(HIDDEN, HIDDEN)
+        self.head = nn.Linear(HIDDEN, VOCAB)
+
+    def forward(self, ids, labels):
+        logits = self.head(torch.tanh(self.body(self.embed(ids))))
+        return F.cross_entropy(logits.view(-1, VOCAB), labels.view(-1), reduction="sum", ignore_index=5)
+
+
+class LlamaLoss(nn.Module):
+    """transformers' LlamaForCausalLM with ``labels=``, returning the loss alone (its ForCausalLMLoss: the labels
+    shifted by padding, -100 ignored, a mean)."""
+
+    def __init__(self):
+        super().__init__()
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=HIDDEN,
+            intermediate_size=2 * HIDDEN,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            use_cache=False,
+        )
+        self.model = LlamaForCausalLM(config)
+
+    def forward(self, ids, labels):
+        return self.model(input_ids=ids, labels=labels).loss
+
+
+def _compiled_step(model, chunks, *inputs):
+    """(the compiled loss, the reports, the warnings) of one step, and the eager copy's loss and gradients."""
+    torch._dynamo.reset()
+    eager = copy.deepcopy(model)
+    expected = eager(*inputs)
+    expected.backward()
+    backend = fxremat.backend(loss_chunks=chunks, strict=True, compare_default=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss = torch.compile(model, backend=backend)(*inputs)
+        loss.backward()
+    torch.testing.assert_close(loss, expected)
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)  # every parameter's gradient, against eager
+    return backend.reports, [str(w.message) for w in caught if "loss_chunks" in str(w.message)]
+
+
+def test_plain_cross_entropy_runs_in_chunks_under_inductor():
+    torch.manual_seed(0)
+    ids, labels = torch.randint(0, VOCAB, (1, TOKENS)), torch.randint(0, VOCAB, (1, TOKENS))
+    labels[0, :7] = 5
+    reports, said = _compiled_step(PlainLM(), 4, ids, labels)
+    (report,) = reports
+    assert [row[1:4] for row in report.loss_regions] == [(TOKENS, VOCAB, 4)] and not said
+    assert report.fallback_reason is None
+
+
+def test_transformers_llama_loss_runs_in_chunks_under_inductor():
+    torch.manual_seed(0)
+    ids = torch.randint(0, VOCAB, (1, TOKENS))
+    labels = ids.clone()
+    labels[0, :5] = -100
+    reports, said = _compiled_step(LlamaLoss(), 3, ids, labels)  # 64 tokens in 3 uneven chunks
+    (report,) = reports
+    assert [row[1:4] for row in report.loss_regions] == [(TOKENS, VOCAB, 3)] and not said
+    assert report.fallback_reason is None
