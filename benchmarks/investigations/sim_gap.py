@@ -121,12 +121,16 @@ def _measured_lines(step, files: set[str]):
 
 
 def _explain(captured, step, code_files, layout: str | None = None) -> None:
-    """``layout``: the report's ``inductor_layout`` (the simulation runs under the layout the compile used; outside
-    the compile Inductor's config is its own, channels-last on the CPU)."""
-    from fxremat_passes import _torch_private as tp
+    """``layout``: the report's ``inductor_layout`` (the simulation runs under the layout the compile used; without
+    one, under Inductor's defaults: channels-last on the CPU)."""
     from fxremat_passes.simulator import liveness
+    from fxremat_passes.simulator.backends import device_type_of_graph
+    from fxremat_passes.simulator.inputs import SimulatorInputs
 
     fw, bw, n = captured[-1]
+    inputs = SimulatorInputs.default(device_type_of_graph(fw))
+    if layout is not None:
+        inputs = inputs.with_changes(layout_optimisation=layout == "channels_last")
     phases = []
     run = liveness._Phase.run
 
@@ -136,8 +140,7 @@ def _explain(captured, step, code_files, layout: str | None = None) -> None:
 
     liveness._Phase.run = recording
     try:
-        with tp.inductor_config_patched({} if layout is None else {"layout_optimization": layout == "channels_last"}):
-            sim = liveness.simulate_step(fw, bw, n)
+        sim = liveness.simulate_step(fw, bw, n, inputs=inputs)
     finally:
         liveness._Phase.run = run
     print("  simulated kernels, in order (units fused into one kernel share a line):")

@@ -113,7 +113,8 @@ def simulate_backwards(fw: fx.GraphModule, bws, num_fwd_outputs: int, recopy: bo
     inputs = inputs_for(fw, inputs)
     # Channels-last copies of graph inputs (Inductor's layout optimisation) are allocated as forward starts and
     # stand in for their placeholder from then on: freed after its last reader, or carried into backward if saved.
-    fw_view, copies, channels_last = graph_view(fw.graph), channels_last_copies(fw), layout_optimised(fw)
+    fw_view, channels_last = graph_view(fw.graph), layout_optimised(fw, inputs)
+    copies = channels_last_copies(fw, inputs)
     forward = None
     for bw in bws:
         bw_view = graph_view(bw.graph)
@@ -132,8 +133,9 @@ def _with_facts(view: PhaseGraph, backend) -> PhaseGraph:
 def simulated_backward(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, inputs=None) -> _Phase:
     """The simulation of ``bw`` as it is (never reordered): its kernels and their order after fusion."""
     inputs = inputs_for(fw, inputs)
-    forward = _ForwardRun(graph_view(fw.graph), num_fwd_outputs, channels_last_copies(fw), graph_view(bw.graph), inputs)
-    forward.step(graph_view(bw.graph), layout_optimised(fw), join=False)
+    copies = channels_last_copies(fw, inputs)
+    forward = _ForwardRun(graph_view(fw.graph), num_fwd_outputs, copies, graph_view(bw.graph), inputs)
+    forward.step(graph_view(bw.graph), layout_optimised(fw, inputs), join=False)
     return forward.backward
 
 
@@ -143,7 +145,8 @@ def joined_step(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, in
     if too_large(len(fw.graph.nodes), len(bw.graph.nodes)):
         return None
     inputs = inputs_for(fw, inputs)
-    fw_view, copies, channels_last = graph_view(fw.graph), channels_last_copies(fw), layout_optimised(fw)
+    fw_view, channels_last = graph_view(fw.graph), layout_optimised(fw, inputs)
+    copies = channels_last_copies(fw, inputs)
     bw_view = _with_facts(graph_view(bw.graph), inputs.backend)
     forward = _ForwardRun(fw_view, num_fwd_outputs, copies, bw_view, inputs)
     return forward.joined(bw_view, channels_last, forward.step(bw_view, channels_last, join=False))

@@ -37,5 +37,5 @@ class CppRules(SchedulingRules):
     def depthwise_buffer_bytes(self, node: fx.Node) -> int:
         return depthwise_buffer_bytes(node)  # tests/passes/test_layout_depthwise.py
 
-    def convolutions_kept(self, joint: fx.GraphModule, candidates) -> dict[fx.Node, str]:
-        return convolutions_kept_for_depthwise(joint, candidates)
+    def convolutions_kept(self, joint: fx.GraphModule, candidates, inputs) -> dict[fx.Node, str]:
+        return convolutions_kept_for_depthwise(joint, candidates, inputs)
