@@ -125,6 +125,7 @@ def simulator_inputs(request: PartitionRequest, stock: bool = False) -> Simulato
         backend=backend,
         buffer_reuse=tp.stock_buffer_reuse() if stock else tp.inductor_buffer_reuse(),
         reorders_for_peak=tp.inductor_reorders_for_peak_memory(),
+        estimate_counts_outputs=tp.inductor_estimate_counts_outputs(),
         layout_optimisation=bool(tp.inductor_config_value("layout_optimization")),
         forces_layout_optimisation=bool(tp.inductor_config_value("force_layout_optimization")),
         mkldnn_enabled=tp.mkldnn_enabled(),

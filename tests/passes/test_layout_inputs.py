@@ -1,7 +1,8 @@
 """The layout decision as an input of the simulator (``SimulatorInputs.layout_optimisation``,
 ``forces_layout_optimisation``, ``mkldnn_enabled``; docs/DESIGN.md §6.0): ``layout.layout_optimised`` replays
 Inductor's own per-graph decision (``GraphLowering.decide_layout_opt``) from those values, whatever Inductor's
-live config says, and a simulated step depends on the inputs it is given, not on that config."""
+live config says, and a simulated step depends on the inputs it is given, not on that config; likewise how
+Inductor's peak estimate counts a graph's outputs (``estimate_counts_outputs``)."""
 
 from __future__ import annotations
 
@@ -158,3 +159,19 @@ def test_a_simulated_step_depends_on_its_inputs_not_on_inductors_live_config(mkl
     channels_last = simulate_step(fw, bw, 1, inputs=SimulatorInputs.default("cpu"))
     contiguous = simulate_step(fw, bw, 1, inputs=SimulatorInputs.default("cpu").with_changes(layout_optimisation=False))
     assert channels_last.peak_bytes != contiguous.peak_bytes
+
+
+def test_how_inductors_estimate_counts_outputs_is_an_input_too():
+    """``SimulatorInputs.estimate_counts_outputs`` (a fact of the torch release, asked of Inductor once per partition)
+    is what the reordering's problem reads (``phase_reorder.order_problem``)."""
+    from fxremat_passes import _torch_private as tp
+    from fxremat_passes.simulator.liveness import simulated_backward
+    from fxremat_passes.simulator.phase_reorder import order_problem
+
+    fw, bw = _convnet_split()
+    default = SimulatorInputs.default("cpu")
+    assert default.estimate_counts_outputs == tp.inductor_estimate_counts_outputs()
+    for held in (True, False):
+        phase = simulated_backward(fw, bw, 1, inputs=default.with_changes(estimate_counts_outputs=held))
+        order = phase.fusion_order()
+        assert order_problem(phase, order).outputs_held is held
