@@ -358,7 +358,8 @@ def _fallback(request: PartitionRequest, profile: DeviceProfile, reason: str, to
     )
     described = describe_split(fw, bw, request.num_fwd_outputs, profile)
     peak = simulated.simulate_or_none(fw, bw, request.num_fwd_outputs, inputs=request.simulator)
-    return fw, bw, [Described.of(described, _step_seconds(fw, bw, None, profile)), SimulatedPeak(**simulated.peak_fields(peak))]
+    step = _step_seconds(fw, bw, None, profile)
+    return fw, bw, [Described.of(described, step), SimulatedPeak(**simulated.peak_fields(peak))]
 
 
 def _choose_layout(request: PartitionRequest, fw: fx.GraphModule, bw: fx.GraphModule, peak: SimulatedPeak):
@@ -433,7 +434,8 @@ def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphMod
 
 def _ours_described(request: PartitionRequest, options: Options, profile: DeviceProfile, regions):
     """fxremat's split and every report record it makes: (fw, bw, records).  Under Inductor on CPU every step is
-    simulated with the backward in the order ``_fewer_cpp_units`` will give it (``SimulatorInputs.joins_kernel_runs``)."""
+    simulated with the backward in the order ``_fewer_cpp_units`` will give it
+    (``SimulatorInputs.joins_kernel_runs``)."""
     ours = _fxremat_partition(request, options, profile, regions)
     fw, bw = ours.fw, ours.bw
     _enter("describe")

@@ -99,7 +99,11 @@ def saved_views_of_inputs(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_output
 
 
 def simulate_step(
-    fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, recopy: bool = True, inputs: SimulatorInputs | None = None
+    fw: fx.GraphModule,
+    bw: fx.GraphModule,
+    num_fwd_outputs: int,
+    recopy: bool = True,
+    inputs: SimulatorInputs | None = None,
 ) -> PeakEstimate:
     return next(simulate_backwards(fw, [bw], num_fwd_outputs, recopy, inputs))
 
