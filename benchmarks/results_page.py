@@ -24,6 +24,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import peak_table  # noqa: E402  (benchmarks/: the issue-15 table's settings and checks)
+import zoo_checks  # noqa: E402  (benchmarks/: the zoo's table and checks)
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -336,6 +337,39 @@ def opinfo(static: dict[str, Any], dynamic: dict[str, Any]) -> Record:
     )
 
 
+def _zoo_provenance(data: dict[str, Any]) -> dict[str, str]:
+    envs = [r["environment"] for r in data["rows"] if r.get("environment")]
+    loads = [env["load_avg_1min"] for env in envs]
+    fields = provenance(data if data.get("environment") or not envs else dict(data, environment=envs[-1]))
+    if loads and not (data.get("annotations") or {}).get("load"):
+        fields["load"] = f"1-minute load average {min(loads):.1f}-{max(loads):.1f} over its rows"
+    return fields
+
+
+def zoo(data: dict[str, Any]) -> Record:
+    rows = data["rows"]
+    measured = [r for r in rows if r.get("error") is None]
+    right = sum(bool(r["gradients"]["grads_right"]) for r in measured)
+    headers, body = zoo_checks.measured_rows(rows)
+    check_headers, checks = zoo_checks.check_rows(rows)
+    return Record(
+        title="Third-party models, the loss inside the compiled module or outside it (`zoo.py`)",
+        about="Per model and loss side, each setting's measured step peak in MiB (CPU profiler, above the bytes "
+        "live at the step's start), fxremat's simulated peak in brackets, and the step's median time; each row a "
+        "fresh process with an empty Inductor cache, one thread. Below the table, the checks: peak_budget=0.0 "
+        "against the lowest fxremat peak, memory_budget monotone in simulated peak, simulation within 10%, the "
+        "fastest fxremat setting at a peak no higher than PyTorch's 0.5 and 0.2.",
+        **_zoo_provenance(data),
+        gradients=f"{right} of {len(measured)} rows right against an fp64 eager copy (grad_rule)",
+        headers=tuple(headers),
+        rows=tuple(map(tuple, body)),
+        notes=tuple(filter(None, [(data.get("annotations") or {}).get("note")]))
+        + tuple(" | ".join(f"{h}: {c}" for h, c in zip(check_headers, row)) for row in checks)
+        + tuple(f"error: {r['model']} {r['loss_side']} {r['config']}: {r['error'][:160]}"
+                for r in rows if r.get("error") is not None),
+    )
+
+
 ENTRIES = (
     Entry(("run_issue15.json",), at_a_glance),
     Entry(("run_issue15.json", "step_interleaved_issue15.json"), training_step),
@@ -343,6 +377,7 @@ ENTRIES = (
     Entry(("compile_time.json",), compile_time),
     Entry(("gpu_check_gpt2/gpu_check.json", "gpu_check_llama/gpu_check.json"), gpu_check),
     Entry(("opinfo_static_3samples.json", "opinfo_dynamic_3samples.json"), opinfo),
+    Entry(("zoo.json",), zoo),
 )
 
 

@@ -57,6 +57,15 @@ def parse_bytes(text: str, name: str = "memory_budget") -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
+def _caller_bytes(value: Any) -> int:
+    """``Options.caller_bytes``: an int number of bytes >= 0, or a size string like '64MiB'."""
+    if isinstance(value, str):
+        return parse_bytes(value, "caller_bytes")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TypeError(f"caller_bytes must be None, an int of bytes >= 0 or a size like '64MiB'; got {value!r}")
+    return value
+
+
 def normalise_budget(value: Any, name: str = "memory_budget") -> float | int | None:
     """None | float fraction in [0, 1] | int bytes >= 0.  ``bool`` is rejected (True is not a budget)."""
     if value is None:
@@ -188,6 +197,11 @@ class Options:
     loss_chunks      None (default): the loss is left as traced; an int k >= 1: each loss region (the LM head and its
                      cross-entropy, the loss returned alone) runs in k chunks along the tokens, its gradients
                      computed in forward (passes/rewrite/loss_chunks.py, docs/DESIGN.md §14).
+    caller_bytes     what the code around the compiled module holds between its forward and backward, beyond the
+                     outputs (an eager loss's buffers), in bytes (int or "64MiB"); None (default): estimated, where
+                     no scalar output receives a gradient, as two fp32 copies of each output that does (a
+                     cross-entropy's; passes/simulator/boundary.py, docs/DESIGN.md §6.1); 0 for a loss that holds
+                     nothing (``.sum()``).  Part of every simulated step peak, so of ``peak_budget``'s choice.
     checkpoints      "honour" (default): with checkpoint tags in the graph, no plan saves more bytes or has a
                      higher simulated step peak than the user's plan (passes/choice/contract.py); "replan": fxremat's
                      costs decide inside the regions too (a PREFER_RECOMPUTE tag is a bias).
@@ -206,6 +220,7 @@ class Options:
     backward_segments: bool | None = None
     checkpoints: str = "honour"
     loss_chunks: int | None = None
+    caller_bytes: int | None = None
 
     @classmethod
     def create(cls, **kwargs: Any) -> Options:
@@ -242,6 +257,8 @@ class Options:
         if values.get("backward_segments") not in (None, True, False):
             raise TypeError(f"backward_segments must be None, True or False, got {values['backward_segments']!r}")
         _check_loss_chunks(values.get("loss_chunks"))
+        if values.get("caller_bytes") is not None:
+            values["caller_bytes"] = _caller_bytes(values["caller_bytes"])
         if "report_dir" not in values:
             values["report_dir"] = os.environ.get(ENV_REPORT_DIR) or None
         elif values["report_dir"] is not None and not isinstance(values["report_dir"], (str, os.PathLike)):

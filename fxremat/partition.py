@@ -44,7 +44,7 @@ from fxremat_passes.simulator.layout import has_convolution
 from fxremat_passes.simulator.liveness import PeakEstimate, saved_views_of_inputs
 from fxremat_passes.solver.budget import Plan
 
-from . import simulated
+from . import recording, simulated
 from .deferred import Deferred
 from .knobs import TORCH_CONFIG_SOURCE, effective_options
 from .options import Options
@@ -109,17 +109,20 @@ class PartitionRequest:
     inductor: bool = False  # Inductor compiles the split (not aot_eager, not no-op compilers): its layout rules apply
     # the compile's layout decision, where fxremat may choose it (a CPU graph, no layout switch of the user's)
     layout: LayoutChoice | None = None
-    # what every simulation of this partition assumes (``simulator_inputs``), set as the partition starts
+    # what every simulation of this partition assumes (``simulator_inputs``), set as the partition starts unless given
+    # (a replay gives the recorded inputs: fxremat/replay.py)
     simulator: SimulatorInputs | None = None
 
 
-def simulator_inputs(request: PartitionRequest, stock: bool = False) -> SimulatorInputs:
+def simulator_inputs(
+    request: PartitionRequest, stock: bool = False, caller_bytes: int | None = None
+) -> SimulatorInputs:
     """What the simulation of this compile's splits assumes (``passes/simulator/inputs.py``), read once from the
     compile: the backend Inductor generates code with for the graph's device, the compile's buffer reuse
     (``stock``: the one stock Inductor would use, for PyTorch's split), whether Inductor reorders for peak memory
     and what its layout decision reads, under the config in force (a layout the partitioner chooses later changes
-    these inputs, ``LayoutChoice.simulator_inputs``), and whether fxremat hands the backward over reordered for
-    fewer C++ units."""
+    these inputs, ``LayoutChoice.simulator_inputs``), whether fxremat hands the backward over reordered for fewer
+    C++ units, and the user's figure for the caller's work between the graphs (``Options.caller_bytes``)."""
     backend = backend_for_device(graph_device(request.joint)[0] or "cpu")
     return SimulatorInputs(
         backend=backend,
@@ -130,6 +133,7 @@ def simulator_inputs(request: PartitionRequest, stock: bool = False) -> Simulato
         forces_layout_optimisation=bool(tp.inductor_config_value("force_layout_optimization")),
         mkldnn_enabled=tp.mkldnn_enabled(),
         joins_kernel_runs=not stock and request.inductor and backend.joins_kernel_runs,
+        caller_bytes=caller_bytes,
     )
 
 
@@ -188,7 +192,7 @@ def _baseline(request: PartitionRequest, profile: DeviceProfile, compare_budgets
     default_seconds = time.perf_counter() - start
     # PyTorch's split is ours alone (nobody compiles it): simulated on the first read of its fields
     # as stock Inductor compiles it: its buffer reuse, saved inputs kept as its channels-last copies (``recopy=False``)
-    stock = simulator_inputs(request, stock=True)
+    stock = simulator_inputs(request, stock=True, caller_bytes=request.simulator.caller_bytes)
     if simulated.can_simulate_later(fw.graph.nodes):
         baseline_peak = simulated.later(
             lambda: simulated.baseline_peak_fields(
@@ -333,8 +337,16 @@ def _splitter(joint: fx.GraphModule, flow, roles, num_fwd_outputs: int):
 
 
 def partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModule, fx.GraphModule, CutReport]:
+    recorder = recording.current()  # None unless a recording is in force (fxremat/recording.py)
+    if recorder is not None:  # the joint graph as it came, before any pass touches it
+        profile = options.profile_for(*graph_device(request.joint))
+        simulator = request.simulator or simulator_inputs(request, caller_bytes=options.caller_bytes)
+        recorder.fxremat_received(request, options, profile, simulator)
     with simulated.gc_paused():
-        return _partition(request, options)
+        fw, bw, report = _partition(request, options)
+    if recorder is not None:
+        recorder.fxremat_partitioned(report)
+    return fw, bw, report
 
 
 def _fallback(request: PartitionRequest, profile: DeviceProfile, reason: str, torch_budget=1.0, regions=None):
@@ -392,7 +404,8 @@ def _ready_for_compiler(request: PartitionRequest, fw: fx.GraphModule, bw: fx.Gr
 
 def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphModule, fx.GraphModule, CutReport]:
     start = time.perf_counter()
-    request = dataclasses.replace(request, simulator=simulator_inputs(request))
+    if request.simulator is None:  # a replay names the recorded inputs (fxremat/replay.py)
+        request = dataclasses.replace(request, simulator=simulator_inputs(request, caller_bytes=options.caller_bytes))
     # a user's setting, not a fault of ours: bad region annotations raise here, outside the fallback
     options, budget_source, regions = effective_options(options, request.joint, request.num_fwd_outputs)
     device_type, device_name = graph_device(request.joint)

@@ -142,6 +142,8 @@ class SimulatedPeak:
     simulated_peak_bytes: int | None = _DeferrableField(None)
     simulated_activation_peak_bytes: int | None = _DeferrableField(None)  # the same, less the gradients
     simulated_peak_at: str | None = _DeferrableField(None)  # "phase:node" where the simulated peak is reached
+    # what the caller's own work (an eager loss on the outputs) holds between forward and backward, as simulated
+    simulated_caller_bytes: int | None = _DeferrableField(None)
     memory_timeline: tuple[tuple[str, str, int], ...] = _DeferrableField(())  # (phase, node, bytes live), downsampled
 
 

@@ -56,6 +56,7 @@ def peak_fields(peak: PeakEstimate | None) -> dict:
         simulated_peak_bytes=peak.peak_bytes,
         simulated_activation_peak_bytes=peak.activation_peak_bytes,
         simulated_peak_at=f"{peak.peak_phase}:{peak.peak_node}",
+        simulated_caller_bytes=peak.caller_bytes,
         memory_timeline=timeline(peak),
     )
 

@@ -118,7 +118,14 @@ def _peak_rows(report: CutReport) -> list[list[str]]:
             _ratio(report.simulated_peak_bytes, report.baseline_simulated_peak_bytes),
         ],
         ["simulated peak at", report.simulated_peak_at or "-", report.baseline_simulated_peak_at or "-", "-"],
-    ]
+    ] + _caller_rows(report)
+
+
+def _caller_rows(report: CutReport) -> list[list[str]]:
+    """The part of the step outside the graph (the caller's loss: Options.caller_bytes), where there is one."""
+    if not report.simulated_caller_bytes:
+        return []
+    return [["of it outside the graph (caller's loss)", format_bytes(report.simulated_caller_bytes), "-", "-"]]
 
 
 def saved_value_cells(r: SavedValue) -> list[str]:

@@ -38,6 +38,7 @@ class SimulatorInputs:
     forces_layout_optimisation: bool
     mkldnn_enabled: bool
     joins_kernel_runs: bool = False  # the backward is judged in the order ``rewrite/cpp_units.py`` hands over
+    caller_bytes: int | None = None  # the caller's work between the graphs; None: estimated (``boundary.py``)
 
     @classmethod
     def default(cls, device_type: str) -> SimulatorInputs:

@@ -28,7 +28,9 @@ benchmarks/investigations/peak_memory.py, and ``run.py``'s simulated peak beside
   (``_pool_held``).
 * What forward returns stays alive: saved values until their last use in backward, other outputs until forward
   ends (the caller drops them: ``model(x).sum().backward()`` keeps only the loss).  Backward's outputs (gradients)
-  stay alive to the end.  Tangents are allocated when backward starts.
+  stay alive to the end.  Tangents are allocated when backward starts.  Between the two, where the graph returns
+  no loss, the caller's eager loss holds its own buffers on top of the forward's end (``boundary.py``): one point
+  of the timeline, ``boundary``.
 * Fusion away: a pointwise/copy/creation value whose every reader is one Inductor fuses it into (pointwise, copy,
   reduction, norm, view) never leaves its kernel, so it allocates nothing (``materialises``), whether or not those
   readers are returned; unless Inductor realizes it: read several times and costly (CPU), or reading many buffers
@@ -52,6 +54,7 @@ import torch
 import torch.fx as fx
 
 from ..graph.costs import alias_root
+from . import boundary
 from .backends.kernel_runs import joined_orders, runs_of, too_large
 from .inputs import SimulatorInputs, inputs_for
 from .layout import channels_last_copies, layout_optimised, recopied_saved_inputs
@@ -69,6 +72,7 @@ class PeakEstimate:
     backward_peak_bytes: int
     gradient_bytes: int  # what backward returns (gradients), all of them
     activation_peak_bytes: int  # the most bytes held at once that are not gradients
+    caller_bytes: int  # of the step's bytes, those the caller's own work holds between the graphs (``boundary.py``)
     timeline: tuple[tuple[str, str, int], ...]  # (phase, node, most bytes held while it runs)
 
     @classmethod
@@ -82,6 +86,8 @@ class PeakEstimate:
         return cls(peak_bytes=peak, peak_phase=peak_phase, peak_node=peak_node, timeline=tuple(timeline), **figures)
 
 
+# The timeline's point between the graphs, where the caller computes its loss from the outputs (``boundary.py``).
+CALLER_LOSS = "caller's loss on the outputs"
 # Graph inputs Inductor's memory estimate never counts, by name (``is_nonfreeable_buffers``): parameters, tangents.
 # It counts every other input of backward as freed after its last reader, saved views of parameters (a transposed
 # weight) included, at the view's size, although their storage outlives the graph.
@@ -217,6 +223,9 @@ class _ForwardRun:
 
     def _step(self, bw: PhaseGraph, channels_last: bool) -> PeakEstimate:
         forward, timeline = self.phase, list(self.timeline)
+        outside = self._caller_bytes(bw)
+        if outside:  # the caller's eager loss, on top of what the forward's end holds (``boundary.py``)
+            timeline.append(("boundary", CALLER_LOSS, sum(forward.live.values()) + outside))
         arrivals = recopied_saved_inputs(self.fw, bw, self.num_fwd_outputs, self.copies)[1] if self.recopy else {}
         backward = _backward_phase(
             self.fw, bw, self.saved, forward.live, self.user_roots, channels_last, arrivals, self.inputs
@@ -231,7 +240,16 @@ class _ForwardRun:
             backward_peak_bytes=backward_peak,
             gradient_bytes=gradient_bytes,
             activation_peak_bytes=max(forward.activation_peak, backward.activation_peak),
+            caller_bytes=outside,
         )
+
+    def _caller_bytes(self, bw: PhaseGraph) -> int:
+        """The bytes of the caller's work between forward and backward (``boundary.caller_bytes``); backward's
+        tangents follow its saved SymInts and tensors."""
+        bw_inputs = [n for n in bw.nodes if n in bw.inputs]
+        tangents = boundary.tangents_of(bw_inputs, len(self.saved))
+        outside = boundary.caller_bytes(self.inputs.caller_bytes, tangents)
+        return self.inputs.backend.allocated_bytes(outside) if outside else 0
 
 
 def _better(joined: tuple[int, int], own: tuple[int, int]) -> bool:
@@ -283,3 +301,25 @@ def _backward_phase(fw, bw, saved: list, live: dict, user_roots: set, channels_l
         ),
         arrivals=arrivals,
     )
+
+
+def simulated_kernels(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, inputs=None) -> dict:
+    """The step's kernels as the simulator schedules them, per phase ("forward", "backward") in their order: each
+    kernel as the names of the values it stores (its units), then of every node it computes (``members``): what a
+    recorded Inductor schedule is compared with (``fxremat/replay.py``).  ``bw`` is simulated as it is (never
+    reordered: a compiled split's backward is in its final order)."""
+    inputs = inputs_for(fw, inputs)
+    copies = channels_last_copies(fw, inputs)
+    forward = _ForwardRun(graph_view(fw.graph), num_fwd_outputs, copies, graph_view(bw.graph), inputs)
+    forward.step(graph_view(bw.graph), layout_optimised(fw, inputs), join=False)
+
+    def kernels(phase: _Phase) -> list[dict]:
+        return [
+            dict(
+                units=[u.name for u in phase.kernels[head]],
+                members=[m.name for u in phase.kernels[head] for m in phase.members[u]],
+            )
+            for head in phase.fusion_order()
+        ]
+
+    return {"forward": kernels(forward.phase), "backward": kernels(forward.backward)}
