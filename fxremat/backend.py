@@ -67,7 +67,8 @@ class FxrematPartitioner(tp.CustomPartitionerFn):
         # the region budgets of the Dynamo graph being compiled (``region_budget.annotation_key``): AOTAutograd's
         # cache key reads the first node's budget only (one budget per graph in PyTorch), and meta is not hashed
         self.current_regions = ""
-        self.current_layout: LayoutChoice | None = None  # the compile's layout decision (passes/rewrite/layout_choice.py)
+        # the compile's layout decision (passes/rewrite/layout_choice.py)
+        self.current_layout: LayoutChoice | None = None
 
     def __deepcopy__(self, memo):
         # Inductor deep-copies its config (which holds us) to hash it; the cache key comes from uuid(), and the
@@ -323,8 +324,8 @@ class FxrematBackend:
         again in backward or kept from forward.  Left contiguous, mkldnn reads the parameters as they are: a lower step
         peak and a faster step on weight-heavy nets, and mkldnn's large depthwise buffer never arises.  Contiguous is
         where a compile starts: the partitioner lays a graph out channels-last instead where that simulates a lower step
-        peak (``passes/rewrite/layout_choice.py``: nets whose activations dwarf their weights). On a GPU Inductor's choice
-        stands (cuDNN's channels-last kernels; not measured here)."""
+        peak (``passes/rewrite/layout_choice.py``: nets whose activations dwarf their weights). On a GPU Inductor's
+        choice stands (cuDNN's channels-last kernels; not measured here)."""
         if any(name in self.inductor_config for name in tp.LAYOUT_SWITCHES):
             return {}
         if not tp.inductor_layout_switches_at_default():

@@ -176,8 +176,9 @@ class Options:
     memory_price     byte-transfer times charged per byte kept for backward (>= 0; higher saves less).
     device           cost profile: "auto" (the graph's device: CUDA by name, else fixed CPU constants), a profile
                      name, "calibrated" (this machine, measured once and cached), or a DeviceProfile.
-    solver           a name in ``fxremat_passes.solver.solvers.SOLVERS``: "mincut" (max-flow, with a budget: price search +
-                     MILP refinement on small graphs) or "milp" (the exact MILP for every graph: small graphs only).
+    solver           a name in ``fxremat_passes.solver.solvers.SOLVERS``: "mincut" (max-flow, with a budget: price
+                     search + MILP refinement on small graphs) or "milp" (the exact MILP for every graph: small graphs
+                     only).
     compare_default  a report-oriented run: also run PyTorch's default partitioner on a copy (the report's
                      ``baseline_*``), fxremat's memory/recompute frontier, and simulate the step's peaks for every
                      stored report (the compile-cache copy included).  Off by default: a production compile runs

@@ -122,13 +122,18 @@ def simulator_inputs(
     """What the simulation of this compile's splits assumes (``passes/simulator/inputs.py``), read once from the
     compile: the backend Inductor generates code with for the graph's device, the compile's buffer reuse
     (``stock``: the one stock Inductor would use, for PyTorch's split), whether Inductor reorders for peak memory
-    under the config in force, whether fxremat hands the backward over reordered for fewer C++ units, and the
-    user's figure for the caller's work between the graphs (``Options.caller_bytes``)."""
+    and what its layout decision reads, under the config in force (a layout the partitioner chooses later changes
+    these inputs, ``LayoutChoice.simulator_inputs``), whether fxremat hands the backward over reordered for fewer
+    C++ units, and the user's figure for the caller's work between the graphs (``Options.caller_bytes``)."""
     backend = backend_for_device(graph_device(request.joint)[0] or "cpu")
     return SimulatorInputs(
         backend=backend,
         buffer_reuse=tp.stock_buffer_reuse() if stock else tp.inductor_buffer_reuse(),
         reorders_for_peak=tp.inductor_reorders_for_peak_memory(),
+        estimate_counts_outputs=tp.inductor_estimate_counts_outputs(),
+        layout_optimisation=bool(tp.inductor_config_value("layout_optimization")),
+        forces_layout_optimisation=bool(tp.inductor_config_value("force_layout_optimization")),
+        mkldnn_enabled=tp.mkldnn_enabled(),
         joins_kernel_runs=not stock and request.inductor and backend.joins_kernel_runs,
         caller_bytes=caller_bytes,
     )
@@ -238,11 +243,11 @@ class _Split:
     peak: PeakEstimate | None = None  # the split's simulation, where choosing the plan ran it already
 
 
-def _keep_convolutions_for_depthwise(joint: fx.GraphModule, roles, backend) -> None:
+def _keep_convolutions_for_depthwise(joint: fx.GraphModule, roles, inputs: SimulatorInputs) -> None:
     """Under Inductor, a convolution recomputed in backward can cost mkldnn's depthwise buffer (docs/DESIGN.md §7): such
     convolutions join the never-recomputed nodes; a user's recompute tag is honoured."""
     untagged = [n for n, r in roles.role.items() if r is Role.FORWARD and recompute_tag(n) is None]
-    for node, why in backend.convolutions_kept(joint, untagged).items():
+    for node, why in inputs.backend.convolutions_kept(joint, untagged, inputs).items():
         roles.no_recompute.setdefault(node, why)
 
 
@@ -283,7 +288,7 @@ def _fxremat_partition(request: PartitionRequest, options: Options, profile: Dev
         static_lifetime_input_indices=request.static_lifetime_input_indices,
     )
     if request.inductor:
-        _keep_convolutions_for_depthwise(joint, roles, request.simulator.backend)
+        _keep_convolutions_for_depthwise(joint, roles, request.simulator)
     reasons = Counter(r for n, r in roles.no_recompute.items() if roles.role[n] is not Role.INPUT)
     classified = Classified(
         never_recomputed=tuple(sorted(reasons.items())),
@@ -375,11 +380,8 @@ def _fallback(request: PartitionRequest, profile: DeviceProfile, reason: str, to
     )
     described = describe_split(fw, bw, request.num_fwd_outputs, profile)
     peak = simulated.simulate_or_none(fw, bw, request.num_fwd_outputs, inputs=request.simulator)
-    return (
-        fw,
-        bw,
-        [Described.of(described, _step_seconds(fw, bw, None, profile)), SimulatedPeak(**simulated.peak_fields(peak))],
-    )
+    step = _step_seconds(fw, bw, None, profile)
+    return fw, bw, [Described.of(described, step), SimulatedPeak(**simulated.peak_fields(peak))]
 
 
 def _choose_layout(request: PartitionRequest, fw: fx.GraphModule, bw: fx.GraphModule, peak: SimulatedPeak):
@@ -406,8 +408,7 @@ def _ready_for_compiler(request: PartitionRequest, fw: fx.GraphModule, bw: fx.Gr
     pin_as_strided_inputs(bw)  # as_strided reads independent of saved layouts (docs/DESIGN.md §7)
     # parameters saved, not Inductor's layout copies of them (docs/DESIGN.md §7), in the chosen layout
     if request.inductor:
-        with tp.inductor_config_patched(request.layout.inductor_patch() if request.layout else {}):
-            saved_inputs_as_views(fw, bw, request.num_fwd_outputs)
+        saved_inputs_as_views(fw, bw, request.num_fwd_outputs, _simulator_in_layout(request))
     tp.mark_inputs_never_freed(bw, saved_views_of_inputs(fw, bw, request.num_fwd_outputs))
 
 
@@ -456,7 +457,8 @@ def _partition(request: PartitionRequest, options: Options) -> tuple[fx.GraphMod
 
 def _ours_described(request: PartitionRequest, options: Options, profile: DeviceProfile, regions):
     """fxremat's split and every report record it makes: (fw, bw, records).  Under Inductor on CPU every step is
-    simulated with the backward in the order ``_fewer_cpp_units`` will give it (``SimulatorInputs.joins_kernel_runs``)."""
+    simulated with the backward in the order ``_fewer_cpp_units`` will give it
+    (``SimulatorInputs.joins_kernel_runs``)."""
     ours = _fxremat_partition(request, options, profile, regions)
     fw, bw = ours.fw, ours.bw
     _enter("describe")
@@ -487,6 +489,11 @@ def _step_seconds(fw: fx.GraphModule, bw: fx.GraphModule, recipe: SplitRecipe | 
     return Deferred(compute)
 
 
+def _simulator_in_layout(request: PartitionRequest) -> SimulatorInputs:
+    """The partition's simulator inputs in the layout Inductor gets (``LayoutChoice``: where the partitioner chose)."""
+    return request.layout.simulator_inputs(request.simulator) if request.layout else request.simulator
+
+
 def _joins_cpp_units(request: PartitionRequest) -> bool:
     return request.simulator.joins_kernel_runs
 
@@ -498,6 +505,5 @@ def _fewer_cpp_units(request: PartitionRequest, fw: fx.GraphModule, bw: fx.Graph
     order before); else it stays as it was (deferred where it was)."""
     if not _joins_cpp_units(request):
         return peak
-    with tp.inductor_config_patched(request.layout.inductor_patch() if request.layout else {}):
-        joined = join_kernel_runs(fw, bw, request.num_fwd_outputs, request.simulator)
+    joined = join_kernel_runs(fw, bw, request.num_fwd_outputs, _simulator_in_layout(request))
     return SimulatedPeak(**simulated.peak_fields(joined.estimate)) if joined.reordered else peak

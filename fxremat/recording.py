@@ -92,6 +92,10 @@ def simulator_to_dict(inputs) -> dict[str, Any]:
         backend_torch=list(inputs.backend.torch_version),
         buffer_reuse=inputs.buffer_reuse,
         reorders_for_peak=inputs.reorders_for_peak,
+        estimate_counts_outputs=inputs.estimate_counts_outputs,
+        layout_optimisation=inputs.layout_optimisation,
+        forces_layout_optimisation=inputs.forces_layout_optimisation,
+        mkldnn_enabled=inputs.mkldnn_enabled,
         joins_kernel_runs=inputs.joins_kernel_runs,
         caller_bytes=inputs.caller_bytes,
     )

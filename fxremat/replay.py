@@ -36,11 +36,20 @@ def rebuild(joint_data: dict[str, Any]) -> fx.GraphModule:
 
 
 def simulator_from_dict(data: dict[str, Any]) -> SimulatorInputs:
-    """The recorded ``SimulatorInputs``: the backend's rules of the recording's torch release."""
+    """The recorded ``SimulatorInputs``: the backend's rules of the recording's torch release.  A recording made
+    before the layout switches and the estimate's output rule were recorded gets Inductor's defaults for the
+    switches, and for the rule its release's (``tp.inductor_estimate_counts_outputs``: from torch 2.13 on)."""
+    release = tuple(data["backend_torch"])
     return SimulatorInputs(
-        backend=backend_rules(data["backend"], tuple(data["backend_torch"])),
+        backend=backend_rules(data["backend"], release),
         buffer_reuse=data["buffer_reuse"],
         reorders_for_peak=data["reorders_for_peak"],
+        estimate_counts_outputs=data.get("estimate_counts_outputs", release >= (2, 13)),
+        layout_optimisation=data.get("layout_optimisation", bool(tp.inductor_default("layout_optimization"))),
+        forces_layout_optimisation=data.get(
+            "forces_layout_optimisation", bool(tp.inductor_default("force_layout_optimization"))
+        ),
+        mkldnn_enabled=data.get("mkldnn_enabled", tp.MKLDNN_ENABLED_BY_DEFAULT),
         joins_kernel_runs=data["joins_kernel_runs"],
         caller_bytes=data.get("caller_bytes"),
     )
@@ -86,6 +95,10 @@ def _pytorch(entry: dict[str, Any], joint: fx.GraphModule):
         backend=backend,
         buffer_reuse=tp.stock_buffer_reuse(),
         reorders_for_peak=tp.inductor_reorders_for_peak_memory(),
+        estimate_counts_outputs=tp.inductor_estimate_counts_outputs(),
+        layout_optimisation=bool(tp.inductor_config_value("layout_optimization")),
+        forces_layout_optimisation=bool(tp.inductor_config_value("force_layout_optimization")),
+        mkldnn_enabled=tp.mkldnn_enabled(),
     )
     peak = simulate_step(fw, bw, n, recopy=False, inputs=inputs).peak_bytes
     return fw, bw, plan_of(described.saved, described.recomputed, described.saved_symbols), peak, inputs, None

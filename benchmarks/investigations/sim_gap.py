@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib
 import sys
 import time
 from pathlib import Path
@@ -121,12 +122,16 @@ def _measured_lines(step, files: set[str]):
 
 
 def _explain(captured, step, code_files, layout: str | None = None) -> None:
-    """``layout``: the report's ``inductor_layout`` (the simulation runs under the layout the compile used; outside
-    the compile Inductor's config is its own, channels-last on the CPU)."""
-    from fxremat_passes import _torch_private as tp
+    """``layout``: the report's ``inductor_layout`` (the simulation runs under the layout the compile used; without
+    one, under Inductor's defaults: channels-last on the CPU)."""
     from fxremat_passes.simulator import liveness
+    from fxremat_passes.simulator.backends import device_type_of_graph
+    from fxremat_passes.simulator.inputs import SimulatorInputs
 
     fw, bw, n = captured[-1]
+    inputs = SimulatorInputs.default(device_type_of_graph(fw))
+    if layout is not None:
+        inputs = inputs.with_changes(layout_optimisation=layout == "channels_last")
     phases = []
     run = liveness._Phase.run
 
@@ -136,8 +141,7 @@ def _explain(captured, step, code_files, layout: str | None = None) -> None:
 
     liveness._Phase.run = recording
     try:
-        with tp.inductor_config_patched({} if layout is None else {"layout_optimization": layout == "channels_last"}):
-            sim = liveness.simulate_step(fw, bw, n)
+        sim = liveness.simulate_step(fw, bw, n, inputs=inputs)
     finally:
         liveness._Phase.run = run
     print("  simulated kernels, in order (units fused into one kernel share a line):")
@@ -177,7 +181,8 @@ def run_setting(args, setting: str) -> dict:
     work.loss(work.forward(reference)).backward()
     expected = {k: p.grad for k, p in reference.named_parameters() if p.grad is not None}
     captured = []
-    original = fb.partition
+    pm = importlib.import_module("fxremat.partition")
+    original = pm.partition  # the backend imports it at each call (``FxrematPartitioner.__call__``)
 
     def capturing(request, options):
         fw, bw, report = original(request, options)
@@ -189,7 +194,7 @@ def run_setting(args, setting: str) -> dict:
         captured.append((*copies, request.num_fwd_outputs))
         return fw, bw, report
 
-    fb.partition = capturing
+    pm.partition = capturing
     from torch._inductor.codecache import PyCodeCache
 
     before = set(PyCodeCache.modules) if hasattr(PyCodeCache, "modules") else set()
@@ -204,7 +209,7 @@ def run_setting(args, setting: str) -> dict:
         work.model.zero_grad(set_to_none=True)
         step()
     finally:
-        fb.partition = original
+        pm.partition = original
     # against eager fp32; a gradient that is zero in exact arithmetic (an attention key bias) on the model's scale
     grads = {k: p.grad for k, p in work.model.named_parameters() if k in expected}
     worst = max(grad_rule.relative_errors(grads, expected)[0].values())

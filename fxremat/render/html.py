@@ -145,8 +145,9 @@ def _html_report(report: CutReport, diff: bool) -> str:
     parts.append("</div>")
     if report.memory_timeline:
         note = (
-            '<p class="note">Simulated bytes live over one training step (passes/simulator/liveness.py: Inductor\'s kernel '
-            "order and fusion, buffers freed at last use), parameters and inputs not counted; gradients are.</p>"
+            '<p class="note">Simulated bytes live over one training step (passes/simulator/liveness.py: '
+            "Inductor's kernel order and fusion, buffers freed at last use), parameters and inputs not counted; "
+            "gradients are.</p>"
         )
         parts.append(
             f'<figure class="timeline"><figcaption><h3>Memory timeline</h3>{note}</figcaption>'

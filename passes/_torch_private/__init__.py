@@ -42,6 +42,7 @@ from torch._functorch.partitioners import (  # noqa: E402
     reordering_to_mimic_autograd_engine,
     thread_graphsafe_rng_from_hops,
 )
+from torch._inductor import config as inductor_config  # noqa: E402
 from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_files  # noqa: E402
 from torch._inductor.decomposition import select_decomp_table  # noqa: E402
 from torch._inductor.graph import GraphLowering  # noqa: E402
@@ -90,7 +91,8 @@ __all__ = [
     "functorch_knob", "inductor_layout_switches_at_default", "LAYOUT_SWITCHES", "inductor_config_patched",
     "inductor_reorders_for_peak_memory", "inductor_estimate_counts_outputs", "inner_compile_with_layout",
     "functorch_knob_default", "fx_graph_cse", "get_hash_for_files", "has_free_unbacked_symbols",
-    "inductor_layout_optimisation",
+    "inductor_layout_optimisation", "inductor_config_value", "MKLDNN_ENABLED_BY_DEFAULT", "mkldnn_enabled",
+    "mkldnn_enabled_as",
     "default_buffer_reuse", "inductor_default", "fxremat_buffer_reuse", "inductor_buffer_reuse",
     "inductor_bounds_reuse_by_allocated_buffers", "stock_buffer_reuse", "mark_inputs_never_freed",
     "ALLOCATED", "ESTIMATED",
@@ -127,11 +129,18 @@ def storage_identity(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage()._cdata
 
 
-def inductor_layout_optimisation(gm: torch.fx.GraphModule) -> bool:
-    """Whether Inductor will compile this graph with layout optimisation (convolutions and their inputs in
-    channels-last): Inductor's own per-graph decision (``GraphLowering.decide_layout_opt``), read off the same FX
-    graph (its nodes' ``meta["val"]``), so the simulator cannot drift from it."""
-    return bool(GraphLowering.decide_layout_opt(gm, is_inference=False))
+def inductor_layout_optimisation(
+    gm: torch.fx.GraphModule, layout_optimization: bool, force_layout_optimization: bool, mkldnn_enabled: bool
+) -> bool:
+    """Whether Inductor compiles this graph with layout optimisation (convolutions and their inputs in channels-last)
+    where its config's two layout switches and ``torch.backends.mkldnn.enabled`` hold the given values: Inductor's
+    own per-graph decision (``GraphLowering.decide_layout_opt``), read off the same FX graph (its nodes'
+    ``meta["val"]``) under a scoped patch of those three values, restored after, so the simulator cannot drift from
+    it and its answer depends on its inputs alone (docs/DESIGN.md §6.0)."""
+    wanted = {"layout_optimization": layout_optimization, "force_layout_optimization": force_layout_optimization}
+    changes = {name: value for name, value in wanted.items() if getattr(inductor_config, name) != value}
+    with inductor_config_patched(changes), mkldnn_enabled_as(mkldnn_enabled):
+        return bool(GraphLowering.decide_layout_opt(gm, is_inference=False))
 
 
 # PyTorch's placement predicates read a node's ``partitioner_tag`` and its target's schema only: their answers,
@@ -476,15 +485,19 @@ from .buffer_reuse import (  # noqa: E402
 # PyTorch's memory knobs and region annotations, as fxremat reads them (fxremat/knobs.py)
 from .knobs import (  # noqa: E402
     LAYOUT_SWITCHES,
+    MKLDNN_ENABLED_BY_DEFAULT,
     functorch_knob,
     functorch_knob_default,
     inductor_config_patched,
+    inductor_config_value,
     inductor_default,
     inductor_estimate_counts_outputs,
     inductor_layout_switches_at_default,
     inductor_reorders_for_peak_memory,
     inner_compile_with_layout,
     memory_budget_annotation,
+    mkldnn_enabled,
+    mkldnn_enabled_as,
     region_memory_budget,
 )
 

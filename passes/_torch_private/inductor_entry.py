@@ -35,7 +35,8 @@ def inductor_config_names() -> set[str]:
 
 
 def inductor_mode_options(mode: str) -> dict[str, Any]:
-    """The Inductor config a ``torch.compile`` mode stands for (``"max-autotune"`` -> ``{"max_autotune": True, ...}``)."""
+    """The Inductor config a ``torch.compile`` mode stands for (``"max-autotune"`` ->
+    ``{"max_autotune": True, ...}``)."""
     from torch._inductor import list_mode_options
 
     return list_mode_options(mode)

@@ -5,6 +5,7 @@ Inductor's layout switches (``FxrematBackend._layout_patches`` in ``fxremat/back
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -51,6 +52,37 @@ def inductor_layout_switches_at_default() -> bool:
     from torch._inductor import config as inductor_config
 
     return all(getattr(inductor_config, name) == inductor_config._config[name].default for name in LAYOUT_SWITCHES)
+
+
+def inductor_config_value(name: str):
+    """``torch._inductor.config.<name>`` under the config in force (a compile's patches included): read once per
+    partition into the simulator's inputs (``fxremat/partition.py``: ``simulator_inputs``)."""
+    from torch._inductor import config as inductor_config
+
+    return getattr(inductor_config, name)
+
+
+# ``torch.backends.mkldnn.enabled`` in a fresh process (``torch._C``'s default)
+MKLDNN_ENABLED_BY_DEFAULT = True
+
+
+def mkldnn_enabled() -> bool:
+    """``torch.backends.mkldnn.enabled`` now (Inductor's layout decision reads it)."""
+    return bool(torch.backends.mkldnn.enabled)
+
+
+@contextlib.contextmanager
+def mkldnn_enabled_as(enabled: bool):
+    """``torch.backends.mkldnn.enabled`` set to ``enabled`` inside, restored after (nothing set where it is so)."""
+    before = torch._C._get_mkldnn_enabled()
+    if before == enabled:
+        yield
+        return
+    torch._C._set_mkldnn_enabled(enabled)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(before)
 
 
 def inductor_config_patched(changes: dict):

@@ -15,8 +15,8 @@ from .judged import JudgedPlans
 
 log = logging.getLogger(__name__)
 
-# Backward checkpoint sets (passes/rewrite/segments.py) simulated for a plan that recomputes in segments, lowest estimated
-# peak first: each costs a simulation (about 2 s at 48 blocks, docs/DESIGN.md §5.4).
+# Backward checkpoint sets (passes/rewrite/segments.py) simulated for a plan that recomputes in segments, lowest
+# estimated peak first: each costs a simulation (about 2 s at 48 blocks, docs/DESIGN.md §5.4).
 SEGMENTATIONS_SIMULATED = 4
 
 

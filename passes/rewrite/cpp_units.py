@@ -5,8 +5,8 @@ recompute read by an extern weight-gradient matmul can split what would be one r
 ``join_kernel_runs`` reorders the built backward into one of ``kernel_runs.joined_orders`` where the simulation
 keeps it (``liveness._ForwardRun.joined``): no more simulated runs and a simulated step peak no higher than before,
 and fewer of one (``liveness._better``).
-The planner judged every plan by the same simulation (``SimulatorInputs.joins_kernel_runs``, throughout fxremat's partition
-under Inductor on CPU), so the peak a plan was compared by is the peak of the order it runs in: a reorder that
+The planner judged every plan by the same simulation (``SimulatorInputs.joins_kernel_runs``, throughout fxremat's
+partition under Inductor on CPU), so the peak a plan was compared by is the peak of the order it runs in: a reorder that
 lowers the peak is taken (docs/DESIGN.md §8), and cannot lift one setting's plan over another's (§5.3's monotone
 budgets).
 """

@@ -21,9 +21,8 @@ from typing import TYPE_CHECKING
 
 import torch.fx as fx
 
-from .. import _torch_private as tp
-
 if TYPE_CHECKING:  # the simulator loads with the first decision: a warm compile makes a LayoutChoice and no decision
+    from ..simulator.inputs import SimulatorInputs
     from ..simulator.liveness import PeakEstimate
 
 # Channels-last must lower the simulated peak by more than this fraction to be chosen: contiguous was also the faster
@@ -45,6 +44,11 @@ class LayoutChoice:
         """The Inductor config a compile of this graph runs under (empty: the compile's own)."""
         return {} if self.channels_last is None else {"layout_optimization": self.channels_last}
 
+    def simulator_inputs(self, inputs: SimulatorInputs) -> SimulatorInputs:
+        """``inputs`` (the partition's) as the compile of this graph will have them: the same change as
+        ``inductor_patch``, made to the simulator's inputs rather than to Inductor's config."""
+        return inputs if self.channels_last is None else inputs.with_changes(layout_optimisation=self.channels_last)
+
 
 def decide_layout(
     choice: LayoutChoice,
@@ -52,15 +56,15 @@ def decide_layout(
     bw: fx.GraphModule,
     num_fwd_outputs: int,
     contiguous_peak: int,
-    inputs=None,
+    inputs: SimulatorInputs,
 ) -> PeakEstimate | None:
     """Simulate the split laid out channels-last and record the decision in ``choice``; returns that simulation
-    where it wins (the report's peak is then its), else None.  Called with the contiguous layout in force, on a
-    forward with a convolution; ``inputs``: the partition's ``SimulatorInputs``."""
+    where it wins (the report's peak is then its), else None.  Called on a forward with a convolution, with the
+    partition's ``SimulatorInputs`` (the contiguous layout): the simulation asks for Inductor's layout optimisation
+    through them (``layout_optimisation``), not through Inductor's config."""
     from ..simulator.liveness import simulate_step
 
-    with tp.inductor_config_patched({"layout_optimization": True}):
-        channels_last = simulate_step(fw, bw, num_fwd_outputs, inputs=inputs)
+    channels_last = simulate_step(fw, bw, num_fwd_outputs, inputs=inputs.with_changes(layout_optimisation=True))
     choice.peaks = (contiguous_peak, channels_last.peak_bytes)
     choice.channels_last = channels_last.peak_bytes < contiguous_peak * (1 - CHANNELS_LAST_MIN_GAIN)
     return channels_last if choice.channels_last else None

@@ -10,6 +10,7 @@ import torch.fx as fx
 
 from .. import _torch_private as tp
 from ..graph.ops import CLONE, CONVOLUTION, CONVOLUTION_BACKWARD, STRIDE_SENSITIVE, VIEW
+from ..simulator.inputs import inputs_for
 from ..simulator.layout import SAVED_INPUT_VIEW, channels_last_copies, flat_viewable
 
 
@@ -93,9 +94,10 @@ def _pin(graph: fx.Graph, node: fx.Node) -> int:
     return 1
 
 
-def saved_inputs_as_views(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) -> int:
+def saved_inputs_as_views(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, inputs=None) -> int:
     """Make forward save a flat view of each input Inductor would otherwise save as its channels-last copy, and
-    backward view it back; returns how many.
+    backward view it back; returns how many.  ``inputs``: the ``SimulatorInputs`` of the layout Inductor gets
+    (``LayoutChoice.simulator_inputs``; by default Inductor's defaults for ``fw``'s device).
 
     Why (docs/DESIGN.md §7): under layout optimisation Inductor wants every 4-D value read by a convolution in
     channels-last (``GraphLowering.find_nodes_prefer_channels_last``, which includes the placeholders of weights and
@@ -111,7 +113,7 @@ def saved_inputs_as_views(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_output
     Only for graphs Inductor compiles: eager kernels (aot_eager, no-op compilers) get no copies to avoid, and the
     channels-last weight would make channels-last gradients meet contiguous saved activations there (measured on
     example("groupnorm_convnet") with no-op compilers: every gradient from the first GroupNorm backward on wrong)."""
-    copies = channels_last_copies(fw)
+    copies = channels_last_copies(fw, inputs_for(fw, inputs))
     if not copies:
         return 0
     outputs = list(fw.graph.output_node().args[0])

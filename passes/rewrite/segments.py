@@ -49,8 +49,8 @@ log = logging.getLogger(__name__)
 
 class _JointReads:
     """What this pass reads of a recipe's joint graph: the ``GraphFacts`` the partition attached to it
-    (``passes/graph/graph_facts.py``: inputs, alias roots, op classes, bytes and order, read once), or, for a recipe made
-    elsewhere (a test's, a benchmark's), each node read by itself."""
+    (``passes/graph/graph_facts.py``: inputs, alias roots, op classes, bytes and order, read once), or, for a recipe
+    made elsewhere (a test's, a benchmark's), each node read by itself."""
 
     def __init__(self, recipe: SplitRecipe) -> None:
         # the rules of the backend that compiles the joint graph's splits (``simulator/backends``)

@@ -381,8 +381,8 @@ class SplitRecipe:
     bw_outputs: list
     bw_descs: list
     bw_copy_input_meta: bool  # PyTorch's backward reordering copies its placeholders' meta
-    # backward checkpoints (passes/rewrite/segments.py): bw_order then holds FirstPass entries, and every backward read of
-    # one of these nodes reads its first-pass copy
+    # backward checkpoints (passes/rewrite/segments.py): bw_order then holds FirstPass entries, and every backward
+    # read of one of these nodes reads its first-pass copy
     bw_checkpoints: frozenset[fx.Node] = frozenset()
 
     def build(self, lazy: bool = False) -> tuple[fx.GraphModule, fx.GraphModule]:

@@ -2,8 +2,9 @@
 that it would silently corrupt (``pin_as_strided_inputs``).
 
 When a graph has 2-D convolutions and mkldnn is available, Inductor compiles it with ``layout_opt`` (its own
-decision, ``GraphLowering.decide_layout_opt``, asked through ``_torch_private``).  Two things follow that no
-partitioner sees, both measured on ``example("convnet")`` (CPU profiler memory events, one step):
+decision, ``GraphLowering.decide_layout_opt``, asked through ``_torch_private`` under the switches the simulator's
+inputs carry).  Two things follow that no partitioner sees, both measured on ``example("convnet")`` (CPU profiler
+memory events, one step):
 
 * Channels-last copies of graph inputs.  The convolution lowering requires its input and weight in channels-last
   (``kernel/conv.py``: ``require_channels_last``); a placeholder has fixed (contiguous) strides, so forward copies
@@ -24,6 +25,8 @@ intermediate values whose layout Inductor cannot choose (it makes the producer w
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.fx as fx
 
@@ -31,6 +34,9 @@ from .. import _torch_private as tp
 from ..graph.costs import value_nbytes
 from ..graph.ops import CONVOLUTION, CONVOLUTION_BACKWARD
 from .phase_graph import PhaseGraph
+
+if TYPE_CHECKING:  # the inputs' module loads the backends, whose rules read this one
+    from .inputs import SimulatorInputs
 
 
 def conv_weight(node: fx.Node) -> torch.Tensor | None:
@@ -50,17 +56,25 @@ def has_convolution(gm: fx.GraphModule) -> bool:
     return any(n.target is CONVOLUTION for n in gm.graph.nodes)
 
 
-def layout_optimised(gm: fx.GraphModule) -> bool:
-    """Whether Inductor compiles ``gm`` with convolutions in channels-last (False without any convolution)."""
-    if not has_convolution(gm):
+def layout_optimised(gm: fx.GraphModule, inputs: SimulatorInputs) -> bool:
+    """Whether Inductor compiles ``gm`` with convolutions in channels-last (False without any convolution): its own
+    decision, replayed from what ``inputs`` say it reads besides the graph (``SimulatorInputs``), never from its live
+    config (docs/DESIGN.md §6.0)."""
+    if not has_convolution(gm) or not inputs.layout_optimisation:
         return False
-    return tp.inductor_layout_optimisation(gm)
+    return tp.inductor_layout_optimisation(
+        gm,
+        layout_optimization=inputs.layout_optimisation,
+        force_layout_optimization=inputs.forces_layout_optimisation,
+        mkldnn_enabled=inputs.mkldnn_enabled,
+    )
 
 
-def channels_last_copies(fw: fx.GraphModule) -> dict[str, int]:
+def channels_last_copies(fw: fx.GraphModule, inputs: SimulatorInputs) -> dict[str, int]:
     """Forward's placeholders that Inductor copies to channels-last (name -> bytes of the copy): those read as the
-    input or the weight of a 2-D convolution in a layout-optimised forward, unless already channels-last."""
-    if not layout_optimised(fw):
+    input or the weight of a 2-D convolution in a layout-optimised forward (under ``inputs``), unless already
+    channels-last."""
+    if not layout_optimised(fw, inputs):
         return {}
     copies: dict[str, int] = {}
     for node in fw.graph.nodes:

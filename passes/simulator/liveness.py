@@ -105,7 +105,11 @@ def saved_views_of_inputs(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_output
 
 
 def simulate_step(
-    fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, recopy: bool = True, inputs: SimulatorInputs | None = None
+    fw: fx.GraphModule,
+    bw: fx.GraphModule,
+    num_fwd_outputs: int,
+    recopy: bool = True,
+    inputs: SimulatorInputs | None = None,
 ) -> PeakEstimate:
     return next(simulate_backwards(fw, [bw], num_fwd_outputs, recopy, inputs))
 
@@ -119,7 +123,8 @@ def simulate_backwards(fw: fx.GraphModule, bws, num_fwd_outputs: int, recopy: bo
     inputs = inputs_for(fw, inputs)
     # Channels-last copies of graph inputs (Inductor's layout optimisation) are allocated as forward starts and
     # stand in for their placeholder from then on: freed after its last reader, or carried into backward if saved.
-    fw_view, copies, channels_last = graph_view(fw.graph), channels_last_copies(fw), layout_optimised(fw)
+    fw_view, channels_last = graph_view(fw.graph), layout_optimised(fw, inputs)
+    copies = channels_last_copies(fw, inputs)
     bw_views = (graph_view(bw.graph) for bw in bws)
     yield from simulate_views(fw_view, bw_views, num_fwd_outputs, channels_last, copies, inputs, recopy)
 
@@ -151,8 +156,9 @@ def _with_facts(view: PhaseGraph, backend) -> PhaseGraph:
 def simulated_backward(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, inputs=None) -> _Phase:
     """The simulation of ``bw`` as it is (never reordered): its kernels and their order after fusion."""
     inputs = inputs_for(fw, inputs)
-    forward = _ForwardRun(graph_view(fw.graph), num_fwd_outputs, channels_last_copies(fw), graph_view(bw.graph), inputs)
-    forward.step(graph_view(bw.graph), layout_optimised(fw), join=False)
+    copies = channels_last_copies(fw, inputs)
+    forward = _ForwardRun(graph_view(fw.graph), num_fwd_outputs, copies, graph_view(bw.graph), inputs)
+    forward.step(graph_view(bw.graph), layout_optimised(fw, inputs), join=False)
     return forward.backward
 
 
@@ -162,7 +168,8 @@ def joined_step(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, in
     if too_large(len(fw.graph.nodes), len(bw.graph.nodes)):
         return None
     inputs = inputs_for(fw, inputs)
-    fw_view, copies, channels_last = graph_view(fw.graph), channels_last_copies(fw), layout_optimised(fw)
+    fw_view, channels_last = graph_view(fw.graph), layout_optimised(fw, inputs)
+    copies = channels_last_copies(fw, inputs)
     bw_view = _with_facts(graph_view(bw.graph), inputs.backend)
     forward = _ForwardRun(fw_view, num_fwd_outputs, copies, bw_view, inputs)
     return forward.joined(bw_view, channels_last, forward.step(bw_view, channels_last, join=False))
@@ -315,8 +322,9 @@ def simulated_kernels(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: i
     recorded Inductor schedule is compared with (``fxremat/replay.py``).  ``bw`` is simulated as it is (never
     reordered: a compiled split's backward is in its final order)."""
     inputs = inputs_for(fw, inputs)
-    forward = _ForwardRun(graph_view(fw.graph), num_fwd_outputs, channels_last_copies(fw), graph_view(bw.graph), inputs)
-    forward.step(graph_view(bw.graph), layout_optimised(fw), join=False)
+    copies = channels_last_copies(fw, inputs)
+    forward = _ForwardRun(graph_view(fw.graph), num_fwd_outputs, copies, graph_view(bw.graph), inputs)
+    forward.step(graph_view(bw.graph), layout_optimised(fw, inputs), join=False)
 
     def kernels(phase: _Phase) -> list[dict]:
         return [

@@ -50,11 +50,12 @@ KERNEL_CLASSES = frozenset({OpClass.POINTWISE, OpClass.COPY, OpClass.CREATION, O
 
 def concat_kernel(node: fx.Node, backend) -> bool:
     """Whether Inductor lowers ``node`` to a ``ConcatKernel``: every ``cat`` on a backend whose rules say so (the C++
-    backend's: ``lowering.cat``: "if cpu_device: return ConcatKernel.create"; the pointwise cat is GPU-only).  A ConcatKernel is a NopKernel: its buffer is
-    allocated on its own, before the kernels that compute its inputs write into their slices (``NonOwningLayout``),
-    so it is never an in-place update of a kernel's input (``SchedulerBuffer.allocate`` takes one only inside a real
-    kernel).  A recomputed SwiGLU's backward writes the gate's and up's gradients into one fresh gate-and-up-sized
-    buffer while the recomputed projection it reads is still live (docs/DESIGN.md §6)."""
+    backend's: ``lowering.cat``: "if cpu_device: return ConcatKernel.create"; the pointwise cat is GPU-only).  A
+    ConcatKernel is a NopKernel: its buffer is allocated on its own, before the kernels that compute its inputs write
+    into their slices (``NonOwningLayout``), so it is never an in-place update of a kernel's input
+    (``SchedulerBuffer.allocate`` takes one only inside a real kernel).  A recomputed SwiGLU's backward writes the
+    gate's and up's gradients into one fresh gate-and-up-sized buffer while the recomputed projection it reads is still
+    live (docs/DESIGN.md §6)."""
     return backend.cat_is_concat_kernel and node.target is CAT and isinstance(node.meta.get("val"), torch.Tensor)
 
 
@@ -98,7 +99,8 @@ def inductor_class(node: fx.Node, cls: OpClass, graph: PhaseGraph | None = None,
     into their readers, scatters are kernels their values' producers fuse into, and on CPU a ``bmm`` with one row or
     one column per batch (``kernel/bmm.py``: M == 1 or N == 1, e.g. MoE experts applied one token at a time) is
     lowered to a multiply and a sum, a reduction kernel into which its operands' producers fuse (a recomputed gather
-    of expert weights never exists whole; ``SchedulingRules.bmm_is_reduction`` of the ``backend``; Mixtral, docs/DESIGN.md §6)."""
+    of expert weights never exists whole; ``SchedulingRules.bmm_is_reduction`` of the ``backend``; Mixtral,
+    docs/DESIGN.md §6)."""
     target = getattr(node, "target", None)
     packet = getattr(target, "overloadpacket", None)
     if cls is OpClass.GATHER:
@@ -111,7 +113,8 @@ def inductor_class(node: fx.Node, cls: OpClass, graph: PhaseGraph | None = None,
         return OpClass.POINTWISE
     if cls is OpClass.MATMUL and packet is BMM and len(node.args) >= 2:
         a, b = (arg.meta.get("val") if isinstance(arg, fx.Node) else None for arg in node.args[:2])
-        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == 3 and backend.bmm_is_reduction(a, b):
+        tensors = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+        if tensors and a.dim() == 3 and backend.bmm_is_reduction(a, b):
             return OpClass.REDUCTION
     return cls
 

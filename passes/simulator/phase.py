@@ -317,7 +317,10 @@ class _Phase:
         """Whether ``unit`` is a generated kernel of a backend that groups them (``SchedulingRules.
         groups_generated_kernels``: the group frees what it read when flushed), read by ``walk.Walk.grouped`` and
         ``backends/kernel_runs.py``.  A unit whose value is a tuple (a norm's backward) is not taken as one (DESIGN
-        §6.0: kept from the per-node rule the seam replaced; not checked against Inductor's output code)."""
+        §6.0: kept from the per-node rule the seam replaced).  Inductor's output code groups one: under its
+        decompositions the tuple-valued generated kernel is ``var_mean``, which its C++ backend runs in one kernel
+        with its readers inside the group; here such a kernel's dead reads are freed after it, not at the group's
+        flush."""
         grouped = self.backend.groups_generated_kernels and self.facts.is_tensor(unit)
         return grouped and self.classes[unit] in KERNEL_CLASSES
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from .. import _torch_private as tp
 from .peak_order import Buffer, OrderProblem, reordered
 
 # A sort replaces the order Inductor was given only where it is lower by more than this, by the simulator's
@@ -41,7 +40,7 @@ def order_problem(phase, order: list[fx.Node]) -> OrderProblem:
         if node not in produced and node.name in phase.estimated_inputs:
             buffers.append(Buffer(phase.estimated_inputs[node.name], -1, frozenset(read), node.name in outputs))
     preds = tuple(frozenset(place[p] for p in phase.kernel_pred[head]) for head in order)
-    return OrderProblem(preds, tuple(buffers), tp.inductor_estimate_counts_outputs())
+    return OrderProblem(preds, tuple(buffers), phase.inputs.estimate_counts_outputs)
 
 
 def peak_reordered(phase, order: list[fx.Node]) -> list[fx.Node]:

@@ -78,7 +78,7 @@ def build_joint_memory(
         facts = joint_facts(joint, num_fwd_outputs)
     except UnsupportedSplit:
         facts = None
-    channels_last = layout_optimised(joint)
+    channels_last = layout_optimised(joint, inputs)
     return JointMemory(
         inputs=tuple(tuple(index[a] for a in dict.fromkeys(graph.inputs_of[n])) for n in nodes),
         users=tuple(tuple(index[u] for u in graph.users_of[n]) for n in nodes),
@@ -96,7 +96,7 @@ def build_joint_memory(
         facts=facts,
         static_inputs=roles.static_inputs,
         channels_last=channels_last,
-        layout_copies=tuple(sorted(channels_last_copies(joint).items())) if channels_last else (),
+        layout_copies=tuple(sorted(channels_last_copies(joint, inputs).items())) if channels_last else (),
         node_facts=NodeFacts(inputs.backend, graph),
         simulator=inputs,
     )

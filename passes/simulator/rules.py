@@ -16,8 +16,13 @@ whose own schedule the rules simulate as a nested phase.  Both add methods here;
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.fx as fx
+
+if TYPE_CHECKING:  # the inputs hold a backend's rules
+    from .inputs import SimulatorInputs
 
 # The most reads any backend's realization rule compares a count of loads with (the C++ backend's
 # ``max_reads``): ``access.add_loads`` keeps one more than that.
@@ -80,6 +85,7 @@ class SchedulingRules:
         """A buffer a depthwise convolution's weight gradient allocates inside itself from a channels-last input."""
         return 0
 
-    def convolutions_kept(self, joint: fx.GraphModule, candidates) -> dict[fx.Node, str]:
-        """Forward convolutions no plan may recompute on this backend, each with the reason."""
+    def convolutions_kept(self, joint: fx.GraphModule, candidates, inputs: SimulatorInputs) -> dict[fx.Node, str]:
+        """Forward convolutions no plan may recompute on this backend (``inputs``: the partition's simulator
+        inputs), each with the reason."""
         return {}

@@ -151,6 +151,7 @@ def test_convnet_simulated_peak_counts_inductors_channels_last_copies(layout, to
 
 def test_channels_last_copies_are_the_placeholders_a_2d_convolution_reads():
     from fxremat_passes.simulator.backends.mkldnn import workspace_bytes
+    from fxremat_passes.simulator.inputs import SimulatorInputs
     from fxremat_passes.simulator.layout import channels_last_copies
 
     captured = {}
@@ -166,7 +167,7 @@ def test_channels_last_copies_are_the_placeholders_a_2d_convolution_reads():
     model, inputs = example("convnet")  # conv1 3->16, conv2 16->16, 3x3; input (4, 3, 16, 16)
     run_aot(model, inputs, partition_fn)
     fw, bw = captured["fw"], captured["bw"]
-    copies = channels_last_copies(fw)
+    copies = channels_last_copies(fw, SimulatorInputs.default("cpu"))
     convs = [n for n in fw.graph.nodes if n.target is torch.ops.aten.convolution.default]
     expected = {a.name for c in convs for a in c.args[:2] if a.op == "placeholder"}
     assert set(copies) == expected and len(expected) == 3  # x, conv1.weight, conv2.weight

@@ -154,3 +154,21 @@ def test_a_profile_and_options_survive_the_record():
     assert recording.profile_from_dict(json.loads(json.dumps(recording.profile_to_dict(profile)))) == profile
     options = recording.options_to_dict(Options.create(peak_budget=0.5))
     assert options["peak_budget"] == 0.5 and "device" not in options
+
+
+def test_simulator_inputs_survive_the_record():
+    """Every field of ``SimulatorInputs`` round-trips (the layout switches and the estimate's output rule too), and a
+    recording made before those were recorded gets Inductor's defaults and its release's rule."""
+    from fxremat_passes.simulator.inputs import SimulatorInputs
+
+    inputs = SimulatorInputs.default("cpu").with_changes(
+        layout_optimisation=False, forces_layout_optimisation=True, mkldnn_enabled=False, estimate_counts_outputs=False
+    )
+    data = json.loads(json.dumps(recording.simulator_to_dict(inputs)))
+    assert replay.simulator_from_dict(data) == inputs
+    new = ("layout_optimisation", "forces_layout_optimisation", "mkldnn_enabled", "estimate_counts_outputs")
+    older = {k: v for k, v in data.items() if k not in new}
+    rebuilt = replay.simulator_from_dict({**older, "backend_torch": [2, 11]})
+    default = SimulatorInputs.default("cpu")
+    assert [getattr(rebuilt, k) for k in new[:3]] == [getattr(default, k) for k in new[:3]]
+    assert rebuilt.estimate_counts_outputs is False  # before torch 2.13

@@ -2,7 +2,7 @@
 counting every import that runs, inside functions too (a cycle dodged by a late import is still a cycle; an import
 under ``if TYPE_CHECKING:`` never runs and names a type only); graph facts and the solver never import the
 simulator or plan choice; private torch APIs only under ``passes/_torch_private/``; no
-simulator module outside the backend-rule modules tests a device."""
+simulator module outside the backend-rule modules tests a device; the simulator reads no live config."""
 
 from __future__ import annotations
 
@@ -187,6 +187,34 @@ def test_the_device_test_pattern_finds_device_tests():
     for line in ('if val.device.type == "cpu":', "x.is_cuda", "a.device != b.device", 'kind != "cuda"'):
         assert DEVICE_TEST.search(line), line
     assert not DEVICE_TEST.search("backend_for_device(device_type)")
+
+
+# What reads the config in force (Inductor's, functorch's, mkldnn's switch, a compile's buffer reuse): read once per
+# partition into the simulator's inputs (``fxremat/partition.py`` ``simulator_inputs``), never by the simulator.
+LIVE_CONFIG = re.compile(
+    r"\b(inductor_config_value|inductor_reorders_for_peak_memory|inductor_buffer_reuse|stock_buffer_reuse"
+    r"|mkldnn_enabled|inductor_config_patched|functorch_knob|inductor_layout_switches_at_default)\(|"
+    r"_inductor\.config|_inductor import config|backends\.mkldnn\.enabled"
+)
+
+
+def test_the_simulator_reads_no_live_config():
+    """A simulated step depends on its ``SimulatorInputs`` alone (docs/DESIGN.md §6.0;
+    ``tests/passes/test_layout_inputs.py`` checks the answer itself)."""
+    simulator = ROOT / "passes" / "simulator"
+    found = [
+        f"{path.relative_to(ROOT)}:{k} {line.strip()}"
+        for path in sorted(simulator.rglob("*.py"))
+        for k, line in _code_lines(path)
+        if LIVE_CONFIG.search(line)
+    ]
+    assert not found
+
+
+def test_the_live_config_pattern_finds_live_reads():
+    for line in ("tp.inductor_reorders_for_peak_memory()", "from torch._inductor import config", "tp.mkldnn_enabled()"):
+        assert LIVE_CONFIG.search(line), line
+    assert not LIVE_CONFIG.search("with tp.mkldnn_enabled_as(inputs.mkldnn_enabled):")
 
 
 def test_small_modules_and_short_functions():

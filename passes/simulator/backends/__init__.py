@@ -1,5 +1,5 @@
-"""Inductor's code-generation backends as the simulator sees them: ``BACKENDS``, each backend's ``SchedulingRules``
-by name (``simulator/rules.py`` is the interface; ``cpp.py`` and ``triton.py`` the rules), and ``backend_for_device``, the
+"""Inductor's code-generation backends as the simulator sees them: ``BACKENDS``, each backend's ``SchedulingRules`` by
+name (``simulator/rules.py`` is the interface; ``cpp.py`` and ``triton.py`` the rules), and ``backend_for_device``, the
 one place a device type chooses a backend.  Whoever starts a simulation says which backend it simulates
 (``simulator/inputs.py``): a plan for a GPU is computed on a machine without one."""
 

@@ -20,7 +20,8 @@ class CppRules(SchedulingRules):
     cat_is_concat_kernel = True
     # ``CppScheduling``: a reduction's loop runs first (tests/passes/test_fusion_index.py)
     reduction_fuses_first = True
-    # ``Scheduler.codegen`` flushes the backend's ``KernelGroup`` before an extern kernel (tests/passes/test_liveness.py)
+    # ``Scheduler.codegen`` flushes the backend's ``KernelGroup`` before an extern kernel
+    # (tests/passes/test_liveness.py)
     groups_generated_kernels = True
     joins_kernel_runs = True  # tests/passes/test_cpp_units.py
 
@@ -37,5 +38,5 @@ class CppRules(SchedulingRules):
     def depthwise_buffer_bytes(self, node: fx.Node) -> int:
         return depthwise_buffer_bytes(node)  # tests/passes/test_layout_depthwise.py
 
-    def convolutions_kept(self, joint: fx.GraphModule, candidates) -> dict[fx.Node, str]:
-        return convolutions_kept_for_depthwise(joint, candidates)
+    def convolutions_kept(self, joint: fx.GraphModule, candidates, inputs) -> dict[fx.Node, str]:
+        return convolutions_kept_for_depthwise(joint, candidates, inputs)

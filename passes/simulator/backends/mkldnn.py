@@ -72,10 +72,10 @@ def _mkldnn_depthwise_weight_gradient(node: fx.Node) -> bool:
     )
 
 
-def convolutions_kept_for_depthwise(joint: fx.GraphModule, candidates) -> dict[fx.Node, str]:
-    """The forward convolutions no plan may recompute in a CPU joint graph Inductor will layout-optimise that has an
-    mkldnn depthwise weight gradient with a kernel above 3x3, each with the reason (``candidates``: the untagged
-    forward nodes the cut decides on).
+def convolutions_kept_for_depthwise(joint: fx.GraphModule, candidates, inputs) -> dict[fx.Node, str]:
+    """The forward convolutions no plan may recompute in a CPU joint graph Inductor will layout-optimise (under the
+    simulator's ``inputs``) that has an mkldnn depthwise weight gradient with a kernel above 3x3, each with the reason
+    (``candidates``: the untagged forward nodes the cut decides on).
 
     Why (docs/DESIGN.md §7; MobileNetV3, EfficientNet): Inductor decides layout optimisation per graph, on whether it
     has a ``convolution`` (``GraphLowering.decide_layout_opt``).  A backward that recomputes one is layout-optimised, so
@@ -85,7 +85,7 @@ def convolutions_kept_for_depthwise(joint: fx.GraphModule, candidates) -> dict[f
     convolution's output).  Saving a convolution's output costs its bytes; at the issue's batch (2x3x64x64) the buffer
     is larger than any activation of
     these nets."""
-    if not any(_mkldnn_depthwise_weight_gradient(n) for n in joint.graph.nodes) or not layout_optimised(joint):
+    if not any(_mkldnn_depthwise_weight_gradient(n) for n in joint.graph.nodes) or not layout_optimised(joint, inputs):
         return {}
     largest = max(depthwise_buffer_bytes(n) for n in joint.graph.nodes)
     reason = (
