@@ -39,13 +39,13 @@ from fxremat_passes.rewrite.layout_choice import LayoutChoice, decide_layout
 from fxremat_passes.rewrite.layout_pins import pin_as_strided_inputs, saved_inputs_as_views
 from fxremat_passes.rewrite.loss_chunks import chunk_loss_regions
 from fxremat_passes.rewrite.split import SplitRecipe, split_with_recipe
-from fxremat_passes.simulator.backends import backend_for_device
 from fxremat_passes.simulator.inputs import SimulatorInputs
 from fxremat_passes.simulator.layout import has_convolution
 from fxremat_passes.simulator.liveness import PeakEstimate, saved_views_of_inputs
 from fxremat_passes.solver.budget import Plan
 
 from . import recording, simulated
+from .compile_inputs import graph_device, simulator_inputs
 from .deferred import Deferred
 from .knobs import TORCH_CONFIG_SOURCE, effective_options
 from .options import Options
@@ -114,39 +114,6 @@ class PartitionRequest:
     # what every simulation of this partition assumes (``simulator_inputs``), set as the partition starts unless given
     # (a replay gives the recorded inputs: fxremat/replay.py)
     simulator: SimulatorInputs | None = None
-
-
-def simulator_inputs(
-    request: PartitionRequest, stock: bool = False, caller_bytes: int | None = None
-) -> SimulatorInputs:
-    """What the simulation of this compile's splits assumes (``passes/simulator/inputs.py``), read once from the
-    compile: the backend Inductor generates code with for the graph's device, the compile's buffer reuse
-    (``stock``: the one stock Inductor would use, for PyTorch's split), whether Inductor reorders for peak memory
-    and what its layout decision reads, under the config in force (a layout the partitioner chooses later changes
-    these inputs, ``LayoutChoice.simulator_inputs``), whether fxremat hands the backward over reordered for fewer
-    C++ units, and the user's figure for the caller's work between the graphs (``Options.caller_bytes``)."""
-    backend = backend_for_device(graph_device(request.joint)[0] or "cpu")
-    return SimulatorInputs(
-        backend=backend,
-        buffer_reuse=tp.stock_buffer_reuse() if stock else tp.inductor_buffer_reuse(),
-        reorders_for_peak=tp.inductor_reorders_for_peak_memory(),
-        estimate_counts_outputs=tp.inductor_estimate_counts_outputs(),
-        layout_optimisation=bool(tp.inductor_config_value("layout_optimization")),
-        forces_layout_optimisation=bool(tp.inductor_config_value("force_layout_optimization")),
-        mkldnn_enabled=tp.mkldnn_enabled(),
-        joins_kernel_runs=not stock and request.inductor and backend.joins_kernel_runs,
-        caller_bytes=caller_bytes,
-    )
-
-
-def graph_device(joint: fx.GraphModule) -> tuple[str | None, str | None]:
-    for node in joint.graph.nodes:
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor) and val.device.type != "meta":
-            if val.device.type == "cuda" and torch.cuda.is_available():
-                return "cuda", torch.cuda.get_device_name(val.device)
-            return val.device.type, None
-    return None, None
 
 
 def _why_recomputed(node: fx.Node, checkpoints: str) -> str:

@@ -45,7 +45,6 @@ from torch._functorch.partitioners import (  # noqa: E402
 from torch._inductor import config as inductor_config  # noqa: E402
 from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_files  # noqa: E402
 from torch._inductor.decomposition import select_decomp_table  # noqa: E402
-from torch._inductor.graph import GraphLowering  # noqa: E402
 from torch._inductor.lowering import needs_realized_inputs as _needs_realized_inputs  # noqa: E402
 from torch._inductor.utils import fresh_cache as _fresh_cache  # noqa: E402
 from torch._library.fake_class_registry import FakeScriptObject  # noqa: E402
@@ -127,20 +126,6 @@ def storage_identity(tensor: torch.Tensor) -> int:
     address, without taking and dropping a weak reference per tensor.  Meaningful while the tensor lives (every
     graph keeps its values in ``meta``)."""
     return tensor.untyped_storage()._cdata
-
-
-def inductor_layout_optimisation(
-    gm: torch.fx.GraphModule, layout_optimization: bool, force_layout_optimization: bool, mkldnn_enabled: bool
-) -> bool:
-    """Whether Inductor compiles this graph with layout optimisation (convolutions and their inputs in channels-last)
-    where its config's two layout switches and ``torch.backends.mkldnn.enabled`` hold the given values: Inductor's
-    own per-graph decision (``GraphLowering.decide_layout_opt``), read off the same FX graph (its nodes'
-    ``meta["val"]``) under a scoped patch of those three values, restored after, so the simulator cannot drift from
-    it and its answer depends on its inputs alone (docs/DESIGN.md §6.0)."""
-    wanted = {"layout_optimization": layout_optimization, "force_layout_optimization": force_layout_optimization}
-    changes = {name: value for name, value in wanted.items() if getattr(inductor_config, name) != value}
-    with inductor_config_patched(changes), mkldnn_enabled_as(mkldnn_enabled):
-        return bool(GraphLowering.decide_layout_opt(gm, is_inference=False))
 
 
 # PyTorch's placement predicates read a node's ``partitioner_tag`` and its target's schema only: their answers,
@@ -291,7 +276,6 @@ def is_script_object(node: torch.fx.Node) -> bool:
 
 def activation_quantization_enabled() -> bool:
     """PyTorch's extraction quantizes saved activations when this Inductor pass is configured."""
-    from torch._inductor import config as inductor_config
 
     return inductor_config.post_grad_fusion_options.get("activation_quantization_aten_pass", None) is not None
 
@@ -448,7 +432,6 @@ def after_inductor_joint_passes(partitioner: CustomPartitionerFn):
     with ``partitioner`` as its ``custom_partitioner_fn``, which torch 2.11 to 2.14 honour alike (2.13's
     ``partitioner_fn_override`` argument is not in 2.11)."""
     import torch._inductor.compile_fx as compile_fx
-    from torch._inductor import config as inductor_config
 
     def partition_fn(gm, joint_inputs, **kwargs):
         with inductor_config.patch(custom_partitioner_fn=partitioner):
@@ -492,6 +475,7 @@ from .knobs import (  # noqa: E402
     inductor_config_value,
     inductor_default,
     inductor_estimate_counts_outputs,
+    inductor_layout_optimisation,
     inductor_layout_switches_at_default,
     inductor_reorders_for_peak_memory,
     inner_compile_with_layout,

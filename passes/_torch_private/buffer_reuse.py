@@ -28,7 +28,7 @@ CONFIG_NAME = "allow_buffer_reuse"
 # an estimate of the buffers really allocated (fxremat's compiles) or within stock Inductor's estimate.
 ALLOCATED, ESTIMATED = "allocated", "estimated"
 # (the compile's mode, stock Inductor's mode): set around fxremat's compiles, read by the partition once
-# (``fxremat/partition.py`` ``simulator_inputs``); unset, fxremat's compile under the global config
+# (``fxremat/compile_inputs.py`` ``simulator_inputs``); unset, fxremat's compile under the global config
 _REUSE = contextvars.ContextVar("fxremat_buffer_reuse", default=None)
 # The estimate fxremat's compiles bound the reuse by (``ESTIMATED``: stock Inductor's; benchmarks compare the two)
 FXREMAT_ESTIMATE = ALLOCATED

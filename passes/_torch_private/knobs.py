@@ -56,7 +56,7 @@ def inductor_layout_switches_at_default() -> bool:
 
 def inductor_config_value(name: str):
     """``torch._inductor.config.<name>`` under the config in force (a compile's patches included): read once per
-    partition into the simulator's inputs (``fxremat/partition.py``: ``simulator_inputs``)."""
+    partition into the simulator's inputs (``fxremat/compile_inputs.py``: ``simulator_inputs``)."""
     from torch._inductor import config as inductor_config
 
     return getattr(inductor_config, name)
@@ -146,3 +146,20 @@ def inductor_estimate_counts_outputs() -> bool:
         return memory.estimate_peak_memory([_Kernel()], {}, OrderedSet(["out"]))[0] == 1
     except Exception:  # noqa: BLE001 -- a probe: the release decides instead
         return TORCH >= (2, 13)
+
+
+def inductor_layout_optimisation(
+    gm: torch.fx.GraphModule, layout_optimization: bool, force_layout_optimization: bool, mkldnn_enabled: bool
+) -> bool:
+    """Whether Inductor compiles this graph with layout optimisation (convolutions and their inputs in channels-last)
+    where its config's two layout switches and ``torch.backends.mkldnn.enabled`` hold the given values: Inductor's
+    own per-graph decision (``GraphLowering.decide_layout_opt``), read off the same FX graph (its nodes'
+    ``meta["val"]``) under a scoped patch of those three values, restored after, so the simulator cannot drift from
+    it and its answer depends on its inputs alone (docs/DESIGN.md §6.0)."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.graph import GraphLowering
+
+    wanted = {"layout_optimization": layout_optimization, "force_layout_optimization": force_layout_optimization}
+    changes = {name: value for name, value in wanted.items() if getattr(inductor_config, name) != value}
+    with inductor_config_patched(changes), mkldnn_enabled_as(mkldnn_enabled):
+        return bool(GraphLowering.decide_layout_opt(gm, is_inference=False))

@@ -343,11 +343,11 @@ def lowest_peak_segments(
     memory=None,
 ) -> tuple[SplitRecipe, PeakEstimate]:
     """The recipe itself or one of its segmentations (one per ``checkpoint_grid`` entry; ``limit``: only that many,
-    lowest estimates first), whichever has the lowest simulated step peak (``_simulated_backwards``); within ``PEAK_TOLERANCE`` of it, the one with the fewest extra FLOPs.  Returns the recipe
-    and its simulation.  Each candidate costs a simulation of its backward (about 0.4 s at 48 blocks, ``Stack(48,
-    64)``); ``simulation``: the recipe's own, where the caller has it already (the same graphs, so the same result:
-    one simulation fewer); ``memory``: the joint graph's ``plan_memory.JointMemory``, where made: then no graph
-    is built (``_simulated_backwards``)."""
+    lowest estimates first), whichever has the lowest simulated step peak (``_simulated_backwards``); within
+    ``PEAK_TOLERANCE`` of it, the one with the fewest extra FLOPs.  Returns the recipe and its simulation.  Each
+    candidate costs a simulation of its backward; ``simulation``: the recipe's own, where the caller has it already
+    (the same graphs, so the same result: one simulation fewer); ``memory``: the joint graph's
+    ``plan_memory.JointMemory``, where made: then no graph is built (``_simulated_backwards``)."""
     grid = sorted(checkpoint_grid(recipe), key=lambda entry: entry[0])[:limit]
     candidates = [recipe, *(segment_backward(recipe, sets) for _, sets in grid)]
     extra = [segment_recompute_flops(recipe, c, profile) for c in candidates]

@@ -190,7 +190,7 @@ def test_the_device_test_pattern_finds_device_tests():
 
 
 # What reads the config in force (Inductor's, functorch's, mkldnn's switch, a compile's buffer reuse): read once per
-# partition into the simulator's inputs (``fxremat/partition.py`` ``simulator_inputs``), never by the simulator.
+# partition into the simulator's inputs (``fxremat/compile_inputs.py`` ``simulator_inputs``), never by the simulator.
 LIVE_CONFIG = re.compile(
     r"\b(inductor_config_value|inductor_reorders_for_peak_memory|inductor_buffer_reuse|stock_buffer_reuse"
     r"|mkldnn_enabled|inductor_config_patched|functorch_knob|inductor_layout_switches_at_default)\(|"
