@@ -20,6 +20,7 @@ import torch.fx as fx
 
 from fxremat_passes import _torch_private as tp
 from fxremat_passes._torch_private import recording as tp_recording
+from fxremat_passes.graph.ops import overload_named
 
 SCHEMA_VERSION = 1
 # The node meta fxremat's passes and PyTorch's partitioner read (docs/DESIGN.md §15); "val" is encoded apart.
@@ -58,8 +59,7 @@ def _target(text: str, op: str):
         return text
     kind, _, name = text.partition(":")
     if kind == "op":
-        namespace, packet, overload = name.split(".")
-        return getattr(getattr(getattr(torch.ops, namespace), packet), overload)
+        return overload_named(name)
     module, _, function = name.rpartition(".")
     return getattr(importlib.import_module(module), function)
 

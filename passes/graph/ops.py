@@ -293,6 +293,12 @@ def packet(node: fx.Node):
     return getattr(target, "overloadpacket", None)
 
 
+def overload_named(name: str):
+    """The op overload ``name`` names (``"aten.mm.default"``): how a recorded graph's targets are read back."""
+    namespace, op, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, namespace), op), overload)
+
+
 def qualified_name(node: fx.Node) -> str:
     target = node.target
     if isinstance(target, torch._ops.OpOverload):
