@@ -125,7 +125,7 @@ def _caller_rows(report: CutReport) -> list[list[str]]:
     """The part of the step outside the graph (the caller's loss: Options.caller_bytes), where there is one."""
     if not report.simulated_caller_bytes:
         return []
-    return [["of it outside the graph (caller's loss)", format_bytes(report.simulated_caller_bytes), "-", "-"]]
+    return [["caller's loss between the graphs", format_bytes(report.simulated_caller_bytes), "-", "-"]]
 
 
 def saved_value_cells(r: SavedValue) -> list[str]:
