@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,13 +17,14 @@ import torch._inductor.config as inductor_config
 import torch.nn as nn
 from helpers import capture_joint
 from torch._inductor.graph import GraphLowering
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._pytree import tree_map
 
 from fxremat.examples import example
 from fxremat_passes.simulator.inputs import SimulatorInputs
 from fxremat_passes.simulator.layout import has_convolution, layout_optimised
 from fxremat_passes.simulator.liveness import simulate_step
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import gpu_shaped  # noqa: E402  (benchmarks/: graphs given cuda metadata, as at GPU shapes)
 
 SWITCHES = list(itertools.product([False, True], repeat=3))  # (layout_optimisation, forced, mkldnn_enabled)
 
@@ -48,17 +51,7 @@ MODELS = {
 
 def _as_cuda(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """``gm`` with every value's metadata a fake ``cuda`` tensor (Inductor's GPU path of the decision)."""
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-
-    def to_cuda(value):
-        if not isinstance(value, torch.Tensor):
-            return value
-        with mode:
-            return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="cuda")
-
-    for node in gm.graph.nodes:
-        if "val" in node.meta:
-            node.meta["val"] = tree_map(to_cuda, node.meta["val"])
+    gpu_shaped.as_cuda_metadata(gm)
     return gm
 
 
