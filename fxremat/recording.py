@@ -86,19 +86,10 @@ def options_to_dict(options: Options) -> dict[str, Any]:
 
 
 def simulator_to_dict(inputs) -> dict[str, Any]:
-    """A ``SimulatorInputs`` as plain data: its backend by name and the torch release its rules describe."""
-    return dict(
-        backend=inputs.backend.name,
-        backend_torch=list(inputs.backend.torch_version),
-        buffer_reuse=inputs.buffer_reuse,
-        reorders_for_peak=inputs.reorders_for_peak,
-        estimate_counts_outputs=inputs.estimate_counts_outputs,
-        layout_optimisation=inputs.layout_optimisation,
-        forces_layout_optimisation=inputs.forces_layout_optimisation,
-        mkldnn_enabled=inputs.mkldnn_enabled,
-        joins_kernel_runs=inputs.joins_kernel_runs,
-        caller_bytes=inputs.caller_bytes,
-    )
+    """A ``SimulatorInputs`` as plain data: every field as it is, the backend by name and the torch release its
+    rules describe (a field added to ``SimulatorInputs`` is recorded without a change here)."""
+    fields = {f.name: getattr(inputs, f.name) for f in dataclasses.fields(inputs) if f.name != "backend"}
+    return dict(fields, backend=inputs.backend.name, backend_torch=list(inputs.backend.torch_version))
 
 
 def plan_of(saved, recomputed, saved_symbols=()) -> dict[str, list[str]]:

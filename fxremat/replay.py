@@ -36,23 +36,11 @@ def rebuild(joint_data: dict[str, Any]) -> fx.GraphModule:
 
 
 def simulator_from_dict(data: dict[str, Any]) -> SimulatorInputs:
-    """The recorded ``SimulatorInputs``: the backend's rules of the recording's torch release.  A recording made
-    before the layout switches and the estimate's output rule were recorded gets Inductor's defaults for the
-    switches, and for the rule its release's (``tp.inductor_estimate_counts_outputs``: from torch 2.13 on)."""
-    release = tuple(data["backend_torch"])
-    return SimulatorInputs(
-        backend=backend_rules(data["backend"], release),
-        buffer_reuse=data["buffer_reuse"],
-        reorders_for_peak=data["reorders_for_peak"],
-        estimate_counts_outputs=data.get("estimate_counts_outputs", release >= (2, 13)),
-        layout_optimisation=data.get("layout_optimisation", bool(tp.inductor_default("layout_optimization"))),
-        forces_layout_optimisation=data.get(
-            "forces_layout_optimisation", bool(tp.inductor_default("force_layout_optimization"))
-        ),
-        mkldnn_enabled=data.get("mkldnn_enabled", tp.MKLDNN_ENABLED_BY_DEFAULT),
-        joins_kernel_runs=data["joins_kernel_runs"],
-        caller_bytes=data.get("caller_bytes"),
-    )
+    """The recorded ``SimulatorInputs``, its backend's rules those of the recording's torch release; a field the
+    recording lacks (one added to ``SimulatorInputs`` after it was made) takes ``SimulatorInputs.default``'s."""
+    recorded = {k: v for k, v in data.items() if k not in ("backend", "backend_torch")}
+    rules = backend_rules(data["backend"], tuple(data["backend_torch"]))
+    return SimulatorInputs.default("cpu").with_changes(**recorded, backend=rules)
 
 
 def _joint_inputs(joint: fx.GraphModule) -> list:
