@@ -15,19 +15,12 @@ docs/DESIGN.md §6.1.
 from __future__ import annotations
 
 import torch
-import torch.fx as fx
 
 from ..graph.costs import value_nbytes
 
 # The caller's loss holds this many copies of each output, at fp32 or the output's own precision if wider.
 LOSS_COPIES = 2
 LOSS_MIN_ITEMSIZE = 4
-
-
-def tangents_of(bw_inputs: list[fx.Node], first_tangent: int) -> list[torch.Tensor]:
-    """The values of backward's tangents: its inputs from ``first_tangent`` on (after the saved values)."""
-    values = [n.meta.get("val") for n in bw_inputs[first_tangent:]]
-    return [v for v in values if isinstance(v, torch.Tensor)]
 
 
 def estimated_caller_bytes(tangents: list[torch.Tensor]) -> int:

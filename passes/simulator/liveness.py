@@ -257,10 +257,9 @@ class _ForwardRun:
         )
 
     def _caller_bytes(self, bw: PhaseGraph) -> int:
-        """The bytes of the caller's work between forward and backward (``boundary.caller_bytes``); backward's
-        tangents follow its saved SymInts and tensors."""
-        bw_inputs = [n for n in bw.nodes if n in bw.inputs]
-        tangents = boundary.tangents_of(bw_inputs, len(self.saved))
+        """The bytes of the caller's work between forward and backward (``boundary.caller_bytes``)."""
+        values = [n.meta.get("val") for n in backward_tangents(bw, len(self.saved))]
+        tangents = [v for v in values if isinstance(v, torch.Tensor)]
         outside = boundary.caller_bytes(self.inputs.caller_bytes, tangents)
         return self.inputs.backend.allocated_bytes(outside) if outside else 0
 
@@ -272,6 +271,11 @@ def _better(joined: tuple[int, int], own: tuple[int, int]) -> bool:
     where the runs stay apart (recomputation between them) the later allocation alone lowers the peak, which can let an
     unsegmented plan peak as low as a segmented one, at less recompute (docs/DESIGN.md §8)."""
     return joined[0] <= own[0] and joined[1] <= own[1] and joined != own
+
+
+def backward_tangents(bw: PhaseGraph, num_saved: int) -> list[fx.Node]:
+    """Backward's tangents: its inputs after the saved values (the saved SymInts, then the saved tensors)."""
+    return [n for n in bw.nodes if n in bw.inputs][num_saved:]
 
 
 def _backward_phase(fw, bw, saved: list, live: dict, user_roots: set, channels_last: bool, arrivals: dict, inputs):
@@ -289,7 +293,7 @@ def _backward_phase(fw, bw, saved: list, live: dict, user_roots: set, channels_l
         if root_name in live and root_name not in carried_roots:
             carried_roots.add(root_name)  # two saved views of one storage: counted once (freed with the first)
             carried[placeholder.name] = live[root_name]
-    for placeholder in bw_placeholders[num_symbols + len(saved_tensors) :]:
+    for placeholder in backward_tangents(bw, len(saved)):
         carried[placeholder.name] = storage_bytes(placeholder, inputs.backend)
     gradients = {phase_root(a, bw).name for a in bw.returned}
     fw_inputs = set(fw.inputs)
