@@ -2,9 +2,9 @@
 
 Units of Inductor's own kernels fuse when they share a read or one reads the other, their loops match and fusing
 makes no cycle: most bytes read at one index first, then the closest pair (``Scheduler.score_fusion``,
-``access.py``); never horizontally
-across more than ``FUSION_DISTANCE`` scheduler nodes.  A fused kernel runs at its earliest member's place,
-dependencies first (``Scheduler.fuse_nodes`` then ``topological_sort_schedule``).
+``access.py``); never horizontally across more than ``FUSION_DISTANCE`` scheduler nodes; never where the backend
+simulated refuses it (``SchedulingRules.fusion_vetoes``, ``backends/``).  A fused kernel runs at its earliest
+member's place, dependencies first (``Scheduler.fuse_nodes`` then ``topological_sort_schedule``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch.fx as fx
 
 from .access import add_horizontal, at_another_index, priority
 from .lowering import KERNEL_CLASSES
-from .rules import NO_LOOP
+from .rules import FusionVetoes
 
 # Scheduler nodes apart beyond which Inductor does not fuse horizontally (torch/_inductor/scheduler.py).
 FUSION_DISTANCE = 64
@@ -65,8 +65,7 @@ class Fusion:
         self.members = {u: [u] for u in units}
         # group -> the storages its units read at another index than they are written at (``reads_at_another_index``)
         self.far = {u: {r for r, ps in access.get(u, {}).items() if any(map(at_another_index, ps))} for u in units}
-        self.reducing: set[fx.Node] = set()  # groups Inductor's C++ backend schedules as reductions (``fuse``)
-        self.shape: dict[fx.Node, tuple | None] = {}  # group -> its C++ loop's sizes (``cpu_loops.loop_sizes``)
+        self.vetoes = FusionVetoes()  # the backend's own refusals (``fuse``)
         self.topo = TopologicalOrder(units, self.succ)  # bounds ``creates_cycle``'s search
 
     def find(self, u):
@@ -116,7 +115,8 @@ class Fusion:
         ``InductorChoices.can_fuse``).  A stored gather of expert weights read by a one-row ``bmm`` as its second
         operand (a sum over the weights' rows): score 0, ``can_fuse_vertical`` False (tests/passes/
         test_fusion_index.py; docs/DESIGN.md §6).  The C++ backend's own refusal of a pointwise loop
-        whose sizes are not the reduction's (``CppScheduling._why_fuse_nodes``) is ``loops_differ``."""
+        whose sizes are not the reduction's (``CppScheduling._why_fuse_nodes``) is one of its vetoes
+        (``backends/cpp_fusion.py``)."""
         unit, find = self.unit, self.find
         for reader, writer in ((ga, gb), (gb, ga)):
             if any(unit.get(r) is not None and find(unit[r]) is writer for r in self.far[reader]):
@@ -175,38 +175,10 @@ class Fusion:
                     stack.append(p)
         return seen
 
-    def cpu_reduction_first(self, ga, gb) -> bool:
-        """Inductor's C++ backend refuses a horizontal fusion (neither group reads the other) whose earlier group
-        is a reduction and whose later one is not: ``CppScheduling._why_fuse_nodes(node1, node2)`` (the scheduler
-        pairs nodes in order, ``Scheduler.get_possible_fusions``) accepts only equal (loop, reduction) sizes or an
-        earlier pointwise node, and a fused node is a reduction where any member is (``FusedSchedulerNode``: its
-        ``group`` is its reduction's).  E.g. Mixtral's backward: an expert's one-column input-gradient ``bmm``
-        (lowered to a sum) and the weight gradient's ``index_put`` that reads the same output gradient run in
-        different kernels, with the router's ``addmm`` between them."""
-        if not self.reducing:
-            return False
-        early, late = (ga, gb) if self.lo[ga] <= self.lo[gb] else (gb, ga)
-        vertical = gb in self.succ[ga] or ga in self.succ[gb]
-        return not vertical and early in self.reducing and late not in self.reducing
-
-    def loops_differ(self, ga, gb) -> bool:
-        """A pointwise loop whose sizes are not a reduction's loop and reduction sizes side by side: Inductor's C++
-        backend fuses them neither way (``cpu_loops.py``); nor a ``ConcatKernel`` with a kernel that reads it
-        (``NO_LOOP``)."""
-        a, b = self.shape.get(ga), self.shape.get(gb)
-        if NO_LOOP in (a, b):
-            return (a is NO_LOOP and gb in self.succ[ga]) or (b is NO_LOOP and ga in self.succ[gb])
-        if a is None or b is None or bool(a[1]) == bool(b[1]):
-            return False
-        pointwise, reduction = (a, b) if not a[1] else (b, a)
-        return pointwise[0] != reduction[0] + reduction[1]
-
     def merge(self, ga, gb) -> None:
         succ, pred = self.succ, self.pred
         self.topo.merge(ga, gb)  # before the edges change: it reads the groups' successors as they were
-        if gb in self.reducing:
-            self.reducing.add(ga)
-        self.shape[ga] = _fused_sizes(self.shape.get(ga), self.shape.pop(gb, None))
+        self.vetoes.merged(ga, gb)
         self.first[ga], self.last[ga] = min(self.first[ga], self.first[gb]), max(self.last[ga], self.last[gb])
         self.group[gb] = ga
         self.far[ga] |= self.far.pop(gb)
@@ -225,19 +197,17 @@ class Fusion:
         succ[ga].discard(ga)
         pred[ga].discard(ga)
 
-    def fuse(self, classes: dict, loop_of, nbytes, reduces=None, shape_of=None) -> dict[fx.Node, list[fx.Node]]:
+    def fuse(self, classes: dict, loop_of, nbytes, vetoes_of=None) -> dict[fx.Node, list[fx.Node]]:
         """Merge in Inductor's order; the kernels: group head -> its units, in graph order.
 
         Most bytes shared at one index first (``access.priority``); of equal ones, the two closest in order
         (Inductor's ``score_fusion``: memory score, then proximity): the recomputed norm of a block's input fuses
         with the norm backward beside it, not with a recomputed norm of the same input twenty kernels earlier (which
-        would pull the whole recomputed block to there).  ``reduces(unit)``: whether the unit is a C++ reduction
-        kernel (``cpu_reduction_first``), or None; ``shape_of(unit)``: its C++ loop's sizes (``loops_differ``), or
-        None."""
+        would pull the whole recomputed block to there).  ``vetoes_of(fusible)``: the backend's own refusals of
+        fusions among the units that are kernels (``SchedulingRules.fusion_vetoes``), or None for none."""
         fusible = [u for u in self.units if classes[u] in KERNEL_CLASSES]
         loop = {u: loop_of(u) for u in fusible}
-        self.reducing = {u for u in fusible if reduces(u)} if reduces is not None else set()
-        self.shape = {u: shape_of(u) for u in fusible} if shape_of is not None else {}
+        self.vetoes = vetoes_of(fusible) if vetoes_of is not None else FusionVetoes()
         order, index = self.order, self.index
 
         def ranked(kv):
@@ -248,26 +218,13 @@ class Fusion:
             ga, gb = self.find(a), self.find(b)
             if ga is gb or self.too_far(ga, gb) or self.creates_cycle(ga, gb) or self.reads_at_another_index(ga, gb):
                 continue
-            if self.refused(ga, gb, score[0], nbytes) or self.cpu_reduction_first(ga, gb) or self.loops_differ(ga, gb):
+            if self.refused(ga, gb, score[0], nbytes) or self.vetoes.refuses(self, ga, gb):
                 continue
             self.merge(ga, gb)
         kernels: dict[fx.Node, list[fx.Node]] = {}
         for u in self.units:
             kernels.setdefault(self.find(u), []).append(u)
         return kernels
-
-
-def _fused_sizes(a: tuple | None, b: tuple | None) -> tuple | None:
-    """A fused node's sizes: its reduction's, else those of its node with more dims, to which a one-dim node is
-    re-indexed (``FusedSchedulerNode``, ``CppScheduling._can_fuse_nodes_with_compatible_ranges``); None where either
-    is not known."""
-    if NO_LOOP in (a, b):
-        return NO_LOOP  # its readers still wait for the whole of it
-    if a is None or b is None:
-        return None
-    if a[1] or b[1]:
-        return a if a[1] else b
-    return a if len(a[0]) >= len(b[0]) else b
 
 
 def fusion_order(kernels: dict, pred: dict, lo: dict) -> list[fx.Node]:

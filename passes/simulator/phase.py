@@ -30,6 +30,7 @@ from .walk import Walk
 _NO_UNIT = frozenset({OpClass.PLACEHOLDER, OpClass.OUTPUT, OpClass.VIEW, OpClass.SYMBOLIC})
 _UNKNOWN = object()
 
+
 def _numel(node: fx.Node) -> int:
     return hinted_numel(node.meta.get("val"))
 
@@ -147,10 +148,8 @@ class _Phase:
             if key in known:
                 return known[key]
         fusion = Fusion(self.units, self.unit_reads, self.unit, self.index, self.access, self.view.segmented)
-        loops = self.backend.loop_sizes
-        kernels = fusion.fuse(
-            self.classes, self._loop, self.facts.nbytes, self._reduction_first, lambda u: loops(self, u)
-        )
+        vetoes = self.backend.fusion_vetoes
+        kernels = fusion.fuse(self.classes, self._loop, self.facts.nbytes, lambda fusible: vetoes(self, fusible))
         found = (kernels, fusion.succ, fusion.pred, fusion.lo)
         if known is not None:
             known[key] = found
@@ -247,7 +246,8 @@ class _Phase:
         costly, table = facts.reads(node)
         paths: dict[fx.Node, set] = {}
         cls = self.classes[node]
-        far = another_index(node) if cls is OpClass.REDUCTION and self._reduction_first(node) else {}
+        fixed = cls is OpClass.REDUCTION and self.backend.reduction_loop_order_fixed and self.is_reduction(node)
+        far = another_index(node) if fixed else {}
         for arg in self.view.inputs_of[node]:
             if not facts.is_tensor(arg):
                 continue  # an item of a multi-output op: its kernel is the op's
@@ -324,13 +324,12 @@ class _Phase:
         grouped = self.backend.groups_generated_kernels and self.facts.is_tensor(unit)
         return grouped and self.classes[unit] in KERNEL_CLASSES
 
-    def _reduction_first(self, unit: fx.Node) -> bool:
-        """Whether the backend schedules the unit as a reduction that fuses only with the reduction first (the C++
-        backend's rule, ``fusion.Fusion.cpu_reduction_first``):
-        a reduction or a norm, not a scatter (a pointwise loop over its values, ``scatter_values``)."""
+    def is_reduction(self, unit: fx.Node) -> bool:
+        """Whether Inductor schedules the unit as a reduction (``SchedulerNode.is_reduction``): a reduction or a
+        norm, not a scatter (a pointwise loop over its values, ``scatter_values``)."""
         cls = self.classes[unit]
         reduces = cls is OpClass.NORM or (cls is OpClass.REDUCTION and self.facts.loop_facts(unit)[1] is None)
-        return reduces and self.backend.reduction_fuses_first and self.facts.is_tensor(unit)
+        return reduces and self.facts.is_tensor(unit)
 
     def _loop(self, unit: fx.Node) -> tuple:
         """What must match for two units to share a kernel: the loop's size (``_numel``); for a column reduction

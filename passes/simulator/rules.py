@@ -28,12 +28,17 @@ if TYPE_CHECKING:  # the inputs hold a backend's rules
 # ``max_reads``): ``access.add_loads`` keeps one more than that.
 MOST_READS_COMPARED = 12
 
-# The loop sizes ``SchedulingRules.loop_sizes`` gives a ``ConcatKernel``: a NopKernel (``lowering.concat_kernel``),
-# between the kernels that write its slices and those that read it (``Scheduler.can_fuse``: "node1 is nop", "node2
-# is extern or nop"), so a kernel that reads it never fuses with one that writes it (``fusion.Fusion.loops_differ``).
-# ViT's class token and patch embeddings: fused with the first block's norm backward in the simulation, three
-# kernels in Inductor's.
-NO_LOOP = ("no loop",)
+
+class FusionVetoes:
+    """A backend's own refusals of fusions that the simulator's common rules (``fusion.Fusion.fuse``) would make, for
+    one phase's fusion: asked before each merge (``refuses``: ``fusion`` is the ``Fusion``, ``ga`` and ``gb`` two of
+    its groups), told of each merge (``merged``).  This base refuses none."""
+
+    def refuses(self, fusion, ga: fx.Node, gb: fx.Node) -> bool:
+        return False
+
+    def merged(self, ga: fx.Node, gb: fx.Node) -> None:
+        """``gb``'s group has merged into ``ga``'s."""
 
 
 class SchedulingRules:
@@ -51,8 +56,10 @@ class SchedulingRules:
     cat_is_concat_kernel: bool = False
     # ``should_prefer_unfused_addmm``: ``add(mm, c)`` whose readers are all pointwise stays an mm and a fused add
     keeps_mm_before_pointwise_readers: bool = False
-    # a reduction and a pointwise loop fuse only with the reduction first (``fusion.Fusion.cpu_reduction_first``)
-    reduction_fuses_first: bool = False
+    # a reduction's loop runs over its kept dims, then its reduced ones, never reordered to match its producer's
+    # (``ComputedBuffer.simplify_and_reorder``): it reads a stored value laid out otherwise at another index
+    # (``access.another_index``), so never fuses into that value's kernel (``fusion.Fusion.reads_at_another_index``)
+    reduction_loop_order_fixed: bool = False
     # generated kernels run in groups that free what they read only when the group is flushed (``walk.Walk``)
     groups_generated_kernels: bool = False
     # fxremat hands this backend a backward reordered for fewer compile units (``rewrite/cpp_units.py``)
@@ -72,10 +79,10 @@ class SchedulingRules:
         """Whether Inductor lowers ``bmm(a, b)`` to a multiply and a sum (a reduction kernel)."""
         return False
 
-    def loop_sizes(self, phase, unit: fx.Node) -> tuple | None:
-        """(loop sizes, reduction sizes) of a unit's kernel where they decide whether two kernels fuse, or None
-        where the backend's fusion does not compare them."""
-        return None
+    def fusion_vetoes(self, phase, fusible: list[fx.Node]) -> FusionVetoes:
+        """The backend's refusals of fusions among ``fusible``, the units of ``phase`` (a ``phase._Phase``) that are
+        its own kernels."""
+        return FusionVetoes()
 
     def workspace_bytes(self, node: fx.Node, channels_last: bool) -> int:
         """Bytes an extern kernel allocates and frees inside itself, above its outputs, while it runs."""

@@ -1,6 +1,7 @@
 """A pointwise loop fuses with a row reduction on CPU only where its simplified sizes are the reduction's loop and
-reduction sizes side by side (``cpu_loops.py``, ``fusion.Fusion.loops_differ``; benchmarks/RESULTS.md, session 33:
-ViT's recomputed residual stream, a sum of blocks' outputs and a position table broadcast over the batch)."""
+reduction sizes side by side (``cpp_loops.py``, ``cpp_fusion.CppFusionVetoes.loops_differ``; benchmarks/RESULTS.md,
+session 33: ViT's recomputed residual stream, a sum of blocks' outputs and a position table broadcast over the
+batch)."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from fxremat_passes.simulator.backends.cpp_fusion import CppFusionVetoes
 from fxremat_passes.simulator.fusion import DRAG_FACTOR, HORIZONTAL_DRAG_FACTOR, Fusion, drags_too_much
 
 
@@ -88,14 +89,18 @@ def test_the_inductor_side_of_the_veto_never_fails_a_compile():
 
 def _kernels(fn, inputs, reduces) -> list[set[str]]:
     """The kernels ``Fusion.fuse`` makes of the graph's computations, every one a kernel of one loop size, each
-    reading its arguments at the same index; ``reduces``: the names of the C++ reductions (None: no such rule)."""
+    reading its arguments at the same index; ``reduces``: the names of the C++ reductions (None: no backend vetoes,
+    ``backends/cpp_fusion.py``)."""
     from fxremat_passes.graph.ops import OpClass
 
     fusion, node = _fusion_of(fn, *inputs)
     fusion.access = {u: {a: frozenset({()}) for a in u.all_input_nodes} for u in node.values()}
     classes = {u: OpClass.POINTWISE for u in node.values()}
-    flagged = None if reduces is None else (lambda u: u.name in reduces)
-    kernels = fusion.fuse(classes, lambda u: "one loop", _nbytes, flagged)
+
+    def vetoes(fusible):  # the C++ backend's over the named reductions, no loop sizes known
+        return CppFusionVetoes({u for u in fusible if u.name in reduces}, {})
+
+    kernels = fusion.fuse(classes, lambda u: "one loop", _nbytes, None if reduces is None else vetoes)
     return sorted(({u.name for u in members} for members in kernels.values()), key=sorted)
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ..rules import MOST_READS_COMPARED, SchedulingRules
-from .cpp_loops import loop_sizes
+from ..rules import MOST_READS_COMPARED, FusionVetoes, SchedulingRules
+from .cpp_fusion import CppFusionVetoes
 from .mkldnn import convolutions_kept_for_depthwise, depthwise_buffer_bytes, workspace_bytes
 
 
@@ -18,8 +18,8 @@ class CppRules(SchedulingRules):
     realizes_costly_on_reuse = True  # tests/passes/test_realize_reads.py
     # ``lowering.cat``: "if cpu_device: return ConcatKernel.create" (tests/passes/test_concat_scatter.py)
     cat_is_concat_kernel = True
-    # ``CppScheduling``: a reduction's loop runs first (tests/passes/test_fusion_index.py)
-    reduction_fuses_first = True
+    # the C++ backend never reorders a loop to match another node's (tests/passes/test_fusion_index.py)
+    reduction_loop_order_fixed = True
     # ``Scheduler.codegen`` flushes the backend's ``KernelGroup`` before an extern kernel
     # (tests/passes/test_liveness.py)
     groups_generated_kernels = True
@@ -29,8 +29,9 @@ class CppRules(SchedulingRules):
         """``kernel/bmm.py`` on CPU: M == 1 or N == 1 (every release we support)."""
         return a.shape[1] == 1 or b.shape[2] == 1
 
-    def loop_sizes(self, phase, unit: fx.Node) -> tuple | None:
-        return loop_sizes(phase, unit)  # tests/passes/test_cpp_loops.py
+    def fusion_vetoes(self, phase, fusible: list[fx.Node]) -> FusionVetoes:
+        # tests/passes/test_fusion_drag.py (a reduction first), tests/passes/test_cpp_loops.py (loop sizes)
+        return CppFusionVetoes.of(phase, fusible)
 
     def workspace_bytes(self, node: fx.Node, channels_last: bool) -> int:
         return workspace_bytes(node, channels_last)  # mkldnn's convolution backward (tests/passes/test_liveness.py)

@@ -24,8 +24,13 @@ import torch.fx as fx
 
 from ...graph.ops import OpClass
 from ..access import reduced_dims, sizes_strides
-from ..rules import NO_LOOP
 
+# The loop sizes ``loop_sizes`` gives a ``ConcatKernel``: a NopKernel (``lowering.concat_kernel``), between the kernels
+# that write its slices and those that read it (``Scheduler.can_fuse``: "node1 is nop", "node2 is extern or nop"), so
+# a kernel that reads it never fuses with one that writes it (``cpp_fusion.CppFusionVetoes.loops_differ``).  ViT's
+# class token and patch embeddings: fused with the first block's norm backward in the simulation, three kernels in
+# Inductor's.
+NO_LOOP = ("no loop",)
 # A read's stride in a dim where it does not line up with the loop: it merges with no neighbour (``_merged``).  Its own
 # object, so that it is never taken for ``_read_strides``' None (sizes not known) nor for a stride.
 BLOCKED = "blocked"
@@ -80,7 +85,7 @@ def loop_sizes(phase, unit: fx.Node) -> tuple | None:
         return NO_LOOP
     if not facts.is_tensor(unit) or facts.loop_facts(unit)[1] is not None:
         return None  # a scatter loops over its values, not its output
-    reducing = phase._reduction_first(unit)
+    reducing = phase.is_reduction(unit)
     if reducing and phase.classes[unit] is not OpClass.REDUCTION:
         return None
     reduced: tuple = ()

@@ -6,9 +6,10 @@ fusion of kernels whose loops have the same size, each kernel freeing what it re
 from __future__ import annotations
 
 import torch
+import torch.fx as fx
 
 from ... import _torch_private as tp
-from ..rules import SchedulingRules
+from ..rules import FusionVetoes, SchedulingRules
 
 # The CUDA caching allocator hands out blocks in multiples of 512 bytes (c10/cuda/CUDACachingAllocator.cpp:
 # ``kMinBlockSize``, ``round_size``), and ``torch.cuda.max_memory_allocated`` counts the rounded blocks.
@@ -42,3 +43,10 @@ class TritonRules(SchedulingRules):
         dot_shaped = tp.size_hint(m) == 1 and tp.size_hint(n) == 1
         short = isinstance(k, torch.SymInt) or k <= _DOT_BMM_MAX_K
         return dot_shaped and a.dtype == b.dtype and a.dtype in _DOT_BMM_DTYPES and short
+
+    def fusion_vetoes(self, phase, fusible: list[fx.Node]) -> FusionVetoes:
+        """None (not yet validated against Triton).  ``SIMDScheduling.can_fuse`` fuses a reduction and a pointwise
+        kernel in either order (it swaps them), so the C++ backend's reduction-first veto has no counterpart; its
+        size and tiling refusals (numel/rnumel, ``tiling_prevents_pointwise_fusion``) are left to the simulator's
+        common rules (``fusion.py``: fused units' loops match)."""
+        return FusionVetoes()
