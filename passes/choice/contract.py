@@ -19,10 +19,10 @@ from ..graph.flow_problem import RECOMPUTE_TAGS
 from ..graph.roles import Role, recompute_tag
 from ..solver.budget import Plan, SolveCache, solve_at
 from ..solver.shortlists import fastest_first, plan_key
-from ..solver.solvers import cheapest_within
+from ..solver.solvers import Budget, cheapest_within
 from ..solver.user_plan import ForcedProblem, force_recompute
 from .judged import judged_plans
-from .plan import candidate_plans, choose_plan
+from .plan import choose_plan, refinements_of
 from .records import Chooser, Choosing, PlanChoice
 from .settings import ChoiceSettings, prices
 
@@ -91,13 +91,13 @@ def contract_plan(
     user = contract.user
     bytes_cap, peak_cap = user.saved_bytes, judged.peak(user)
     fewest = cache.at(max_price)
-    within, _ = cheapest_within(problem, bytes_cap, price, max_price, cache.at(price), fewest, cache)
+    within, _ = cheapest_within(problem, price, Budget(bytes_cap, max_price, cache.at(price), fewest), cache)
     chosen = next(p for p in fastest_first([default, within, user]) if fits(p, bytes_cap, peak_cap, judged.peak))
     if plan_key(chosen) == plan_key(user):
         # the price search's other plans within the user's bytes and faster than it, fastest first
         more = [
             p
-            for p in candidate_plans(problem, settings, profile, cache)
+            for p in refinements_of(problem, (price, max_price), cache).every()
             if p.saved_bytes <= bytes_cap and p.seconds < user.seconds
         ]
         fitting = (p for p in fastest_first(more)[:CONTRACT_JUDGED] if fits(p, bytes_cap, peak_cap, judged.peak))

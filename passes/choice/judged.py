@@ -18,6 +18,7 @@ from ..solver.budget import Plan, SolveCache
 from ..solver.shortlists import plan_key
 from .plan import peak_candidates
 from .records import Choosing
+from .settings import prices
 
 log = logging.getLogger(__name__)
 
@@ -132,5 +133,5 @@ def candidate_parts(c: Choosing, budget_bytes: int | None, cache: SolveCache | N
     forward = [c.roles.role[n] is Role.FORWARD for n in c.flow.nodes]
     problem, sums = c.flow.parametric, block_sums(c.roles, c.flow.nodes)
     sums_problem = reads_only(problem, sums, c.profile.mem_bandwidth) if sums else None
-    parts = peak_candidates(problem, forward, c.settings, c.profile, budget_bytes, cache, sums_problem)
+    parts = peak_candidates(problem, forward, prices(c.settings, c.profile), budget_bytes, cache, sums_problem)
     return parts, graph_estimator(c)

@@ -18,7 +18,7 @@ from ..solver.shortlists import (
     peak_shortlist,
     plan_key,
 )
-from ..solver.solvers import cheapest_within
+from ..solver.solvers import Budget, cheapest_within
 from .contract import CONTRACT_FIELDS, contract_of, contract_plan
 from .default import block_sums_plan
 from .judged import PEAK_SIMULATED_CANDIDATES, judged_plans, ranked_candidates
@@ -121,7 +121,8 @@ def _within_contract(c: Choosing, simulated, default_plan, candidates, fields):
     elif default_plan.saved_bytes > cap:
         problem, (price, max_price) = c.flow.parametric, prices(c.settings, c.profile)
         cache = SolveCache(problem)
-        default_plan = cheapest_within(problem, cap, price, max_price, cache.at(price), cache.at(max_price), cache)[0]
+        budget = Budget(cap, max_price, cache.at(price), cache.at(max_price))
+        default_plan = cheapest_within(problem, price, budget, cache)[0]
     simulated.required = {plan_key(user), plan_key(default_plan)}
     candidates = [p for p in [*candidates, honoured, user] if p.saved_bytes <= cap]
     return default_plan, candidates, simulated.peak(user)

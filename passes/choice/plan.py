@@ -90,44 +90,35 @@ def frontier_field(
 PEAK_CANDIDATE_FRACTIONS = (0.75, 0.5, 0.35, 0.25, 0.2, 0.1)
 
 
-def candidate_plans(
-    problem: ParametricProblem,
-    settings: ChoiceSettings,
-    profile: DeviceProfile,
-    cache: SolveCache | None = None,
-    sums_problem: ParametricProblem | None = None,
-) -> list[Plan]:
-    """Distinct plans spanning default to fewest bytes, fastest (estimated) first (``cache``: the caller's
-    max-flows, shared).  ``sums_problem``: ``problem`` with its block sums' saves priced at one read
-    (``stored_sums.reads_only``), where the graph has block sums: its MILP-refined plans stand in for the plain
-    problem's, priced by ``problem``.  Saving a block sum in place of the projection it adds keeps the same bytes but
-    spares backward recomputing the residual stream, so these plans run with a lower step peak, and a peak-judged budget
-    can take them between the frontier's vertices (docs/DESIGN.md §5.3).  (Its frontier's plans are left out: a few
-    percent lower than the default's peak at nearly its bytes, they held every tighter budget of
-    ``shortlists.monotone_choice`` below them, where the plans between the vertices peak as the default does.)"""
-    return refinements_of(problem, settings, profile, cache, sums_problem).plans(len(PEAK_CANDIDATE_FRACTIONS))
-
-
 @dataclasses.dataclass
 class Refinements:
-    """``candidate_plans``' parts: the frontier's vertices and the MILP-refined plans at ``PEAK_CANDIDATE_FRACTIONS``
-    (solved on ``refined``: ``problem`` or its ``sums_problem``), made in that order, as many as asked for."""
+    """The price search's candidate plans, spanning default to fewest bytes: the frontier's vertices and the
+    MILP-refined plans at ``PEAK_CANDIDATE_FRACTIONS`` (solved on ``refined``: ``problem``, or the ``sums_problem``
+    of ``refinements_of``), made in that order, as many as asked for; fastest (estimated) first."""
 
     problem: ParametricProblem
     refined: ParametricProblem
     vertices: list[Plan]
-    targets: list[int]
-    prices: tuple[float, float]
-    ends: tuple[Plan, Plan]  # ``refined``'s default and fewest-bytes plans
+    price: float  # the default price
+    budgets: list[Budget]  # one per fraction, with ``refined``'s default and fewest-bytes plans
     cache: SolveCache
-    made: list = dataclasses.field(default_factory=list)  # (plan, its MILP's dual bound) per target, in order
+    made: list = dataclasses.field(default_factory=list)  # (plan, its MILP's dual bound) per budget, in order
 
     def plans(self, count: int) -> list[Plan]:
-        """``candidate_plans`` with the first ``count`` refinements."""
+        """The vertices and the first ``count`` refinements."""
         if count > len(self.made):
-            rest = self.targets[len(self.made) : count]
-            self.made += cheapest_within_each(self.refined, rest, *self.prices, *self.ends, self.cache)
+            rest = self.budgets[len(self.made) : count]
+            self.made += cheapest_within_each(self.refined, self.price, rest, self.cache)
         return fastest_first([*self.vertices, *self._priced([plan for plan, _ in self.made[:count]])])
+
+    def every(self) -> list[Plan]:
+        """Every candidate, all the refinements made."""
+        return self.plans(len(self.budgets))
+
+    @property
+    def targets(self) -> list[int]:
+        """The refinements' saved-bytes targets, in the order they are made."""
+        return [budget.target for budget in self.budgets]
 
     def slower_than(self) -> float:
         """A lower bound on the seconds of every plan the refinements not made yet can give (infinity where none
@@ -137,9 +128,10 @@ class Refinements:
         if not rest:
             return float("inf")
         dual = max((bound for _, bound in self.made), default=float("-inf"))
-        bound = seconds_below(self.refined, self.prices[0], dual, max(rest)) if dual > float("-inf") else dual
-        if self.ends[1].saved_bytes > min(rest):
-            bound = min(bound, self._priced([self.ends[1]])[0].seconds)
+        bound = seconds_below(self.refined, self.price, dual, max(rest)) if dual > float("-inf") else dual
+        fewest = self.budgets[0].fewest
+        if fewest.saved_bytes > min(rest):
+            bound = min(bound, self._priced([fewest])[0].seconds)
         return bound
 
     def _priced(self, plans: list[Plan]) -> list[Plan]:
@@ -148,13 +140,20 @@ class Refinements:
 
 def refinements_of(
     problem: ParametricProblem,
-    settings: ChoiceSettings,
-    profile: DeviceProfile,
+    prices: tuple[float, float],
     cache: SolveCache | None = None,
     sums_problem: ParametricProblem | None = None,
 ) -> Refinements:
-    """``candidate_plans``' frontier, and its refinements to be made (``Refinements.plans``)."""
-    price, max_price = prices(settings, profile)
+    """The candidate plans of ``problem`` between ``prices`` (the default's and the one standing for infinity), its
+    refinements made on demand (``Refinements.plans``, ``every``).  ``cache``: the caller's max-flows, shared.
+    ``sums_problem``: ``problem`` with its block sums' saves priced at one read (``stored_sums.reads_only``), where
+    the graph has block sums: its MILP-refined plans stand in for the plain problem's, priced by ``problem``.
+    Saving a block sum in place of the projection it adds keeps the same bytes but spares backward recomputing the
+    residual stream, so these plans run with a lower step peak, and a peak-judged budget can take them between the
+    frontier's vertices (docs/DESIGN.md §5.3).  (Its frontier's plans are left out: a few percent lower than the
+    default's peak at nearly its bytes, they held every tighter budget of ``shortlists.monotone_choice`` below
+    them, where the plans between the vertices peak as the default does.)"""
+    price, max_price = prices
     cache = cache or SolveCache(problem)
     plans = frontier(problem, price, max_price, cache=cache)
     default, fewest = plans[0], plans[-1]
@@ -163,7 +162,8 @@ def refinements_of(
         refined_cache = SolveCache(sums_problem)
         refined, ends = sums_problem, (refined_cache.at(price), refined_cache.at(max_price))
     targets = [budget_target_bytes(fraction, default, fewest) for fraction in PEAK_CANDIDATE_FRACTIONS]
-    return Refinements(problem, refined, plans, targets, (price, max_price), ends, refined_cache)
+    budgets = [Budget(target, max_price, *ends) for target in targets]
+    return Refinements(problem, refined, plans, price, budgets, refined_cache)
 
 
 def priced_by(problem: ParametricProblem, plans: list[Plan]) -> list[Plan]:
@@ -196,22 +196,20 @@ class PeakCandidates:
 def peak_candidates(
     problem: ParametricProblem,
     forward: list[bool],
-    settings: ChoiceSettings,
-    profile: DeviceProfile,
+    prices: tuple[float, float],
     budget_bytes: int | None = None,
     cache: SolveCache | None = None,
     sums_problem: ParametricProblem | None = None,
 ) -> PeakCandidates:
-    """Candidates for a peak budget: the price search's plans (``candidate_plans``, with ``sums_problem``) and, for
+    """Candidates for a peak budget: the price search's plans (``refinements_of``, with ``sums_problem``) and, for
     a range of checkpoint spacings (``checkpoints.py``), the plans that keep those checkpoints and recompute the
     segments between them lazily (the bytes-only frontier has no plan whose recompute is spread over backward).
     With a saved-bytes budget too, each checkpoint set also gets its cheapest plan within that budget.  The MILP
     refinements are made as ``PeakCandidates.plans`` asks for them (``PeakCandidates.every``: all)."""
-    refinements = refinements_of(problem, settings, profile, cache, sums_problem)
-    price, max_price = prices(settings, profile)
+    refinements = refinements_of(problem, prices, cache, sums_problem)
     checkpointed: list[Plan] = []
     for constrained in checkpoint_grid(problem, forward):
-        found = constrained_plans(constrained, (price, max_price), budget_bytes)
+        found = constrained_plans(constrained, prices, budget_bytes)
         checkpointed.extend(dataclasses.replace(plan, method="checkpoints") for plan in found)
     return PeakCandidates(refinements, checkpointed)
 
@@ -226,7 +224,7 @@ def constrained_plans(
     cache = SolveCache(constrained)
     found = frontier(constrained, price, max_price, max_solves=CHECKPOINT_FRONTIER_SOLVES, cache=cache)
     if budget_bytes is not None:
-        plan, met = cheapest_within(constrained, budget_bytes, price, max_price, found[0], found[-1], cache)
+        plan, met = cheapest_within(constrained, price, Budget(budget_bytes, max_price, found[0], found[-1]), cache)
         if met:
             found.append(plan)
     return found

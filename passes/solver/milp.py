@@ -18,6 +18,7 @@ Used as ``solver="milp"`` on small graphs, to refine budget plans, and as the te
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -29,29 +30,25 @@ class MilpFailed(RuntimeError):
     """HiGHS found no feasible plan within its time limit."""
 
 
+class MilpSolution(NamedTuple):
+    plan: Plan
+    # HiGHS's dual bound: no plan within the budgets has a lower ``objective``, even where a limit cut the search
+    # short; -inf where HiGHS gives none
+    dual_bound: float
+
+
 def solve_milp(
     problem: ParametricProblem,
     price: float,
     budget_bytes: int | None = None,
     time_limit: float = 10.0,
     storage_budgets: Sequence[tuple[Sequence[int], int]] = (),
-) -> Plan:
-    """``storage_budgets``: (storage ids, bytes) pairs, one more row each: the storages of one region keep at most
-    that many bytes (per-region budgets, ``region_search.py``)."""
-    return solve_milp_bounded(problem, price, budget_bytes, time_limit, storage_budgets)[0]
-
-
-def solve_milp_bounded(
-    problem: ParametricProblem,
-    price: float,
-    budget_bytes: int | None = None,
-    time_limit: float = 10.0,
-    storage_budgets: Sequence[tuple[Sequence[int], int]] = (),
     node_limit: int | None = None,
-) -> tuple[Plan, float]:
-    """(``solve_milp``'s plan, HiGHS's dual bound: no plan within these budgets has a lower ``objective``, even
-    where a limit cut the search short).  ``node_limit``: stop after that many branch-and-bound nodes, which, unlike
-    the time limit, gives the same plan whatever the machine's load."""
+) -> MilpSolution:
+    """The MILP's plan within ``budget_bytes`` saved bytes (None: no budget), and its dual bound.
+    ``storage_budgets``: (storage ids, bytes) pairs, one more row each: the storages of one region keep at most that
+    many bytes (per-region budgets, ``region_search.py``).  ``node_limit``: stop after that many branch-and-bound
+    nodes, which, unlike the time limit, gives the same plan whatever the machine's load."""
     from scipy.optimize import Bounds, LinearConstraint, milp  # imported on first use: see mincut.py
 
     n = problem.num_values
@@ -80,7 +77,7 @@ def solve_milp_bounded(
         recompute_seconds=problem.recompute_seconds_of(recomputed_t),
     )
     dual = getattr(result, "mip_dual_bound", None)
-    return plan, float(dual) if dual is not None and np.isfinite(dual) else float("-inf")
+    return MilpSolution(plan, float(dual) if dual is not None and np.isfinite(dual) else float("-inf"))
 
 
 def _objective_and_bounds(problem: ParametricProblem, price: float) -> tuple[np.ndarray, np.ndarray]:

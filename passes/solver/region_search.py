@@ -109,7 +109,7 @@ def _coordinate_search(problem, regions, targets, default: float, top: float, fe
 def _exact(problem, regions, targets, default: float, time_limit: float) -> Plan | None:
     rows = [(r.storages, t) for r, t in zip(regions, targets)]
     try:
-        plan = solve_milp(problem, default, None, time_limit, storage_budgets=rows)
+        plan = solve_milp(problem, default, None, time_limit, storage_budgets=rows).plan
     except MilpFailed as error:
         log.debug("per-region MILP failed: %s", error)
         return None

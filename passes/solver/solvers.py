@@ -17,8 +17,8 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-from .budget import Plan, SolveCache, search_budget
-from .milp import MilpFailed, objective, solve_milp, solve_milp_bounded
+from .budget import BudgetResult, Plan, SolveCache, search_budget
+from .milp import MilpFailed, objective, solve_milp
 from .parametric import ParametricProblem
 
 log = logging.getLogger(__name__)
@@ -63,35 +63,34 @@ class Solver(Protocol):
 
 
 def cheapest_within(
-    problem: ParametricProblem,
-    target: int,
-    price: float,
-    max_price: float,
-    default: Plan,
-    fewest: Plan,
-    cache: SolveCache | None = None,
+    problem: ParametricProblem, price: float, budget: Budget, cache: SolveCache | None = None
 ) -> tuple[Plan, bool]:
-    """The price search's plan within ``target`` saved bytes, refined by the MILP on graphs small enough; and
-    whether the budget was met (if not: the fewest-bytes plan)."""
-    result = search_budget(
-        problem, target, price, max_price, default_plan=default, fewest_bytes_plan=fewest, cache=cache
-    )
-    plan = result.plan
-    if result.budget_met and plan is not default and problem.num_values <= MILP_REFINE_LIMIT:
-        plan = _refine(problem, plan, price, target)
+    """The price search's plan within ``budget.target`` saved bytes, refined by the MILP on graphs small enough;
+    and whether the budget was met (if not: the fewest-bytes plan)."""
+    result = _searched(problem, price, budget, cache)
+    plan = _refine(problem, result.plan, price, budget.target) if _refines(problem, result) else result.plan
     return plan, result.budget_met
 
 
+def _searched(problem: ParametricProblem, price: float, budget: Budget, cache: SolveCache | None) -> BudgetResult:
+    """The price search from ``price`` within ``budget`` (``budget.search_budget``)."""
+    b = budget
+    return search_budget(
+        problem, b.target, price, b.max_price, default_plan=b.default, fewest_bytes_plan=b.fewest, cache=cache
+    )
+
+
+def _refines(problem: ParametricProblem, searched: BudgetResult) -> bool:
+    """Whether the MILP refines the price search's plan: a budget met by another plan than the default, on a graph
+    small enough."""
+    small = problem.num_values <= MILP_REFINE_LIMIT
+    return searched.budget_met and searched.plan is not searched.default_plan and small
+
+
 def cheapest_within_each(
-    problem: ParametricProblem,
-    targets: list[int],
-    price: float,
-    max_price: float,
-    default: Plan,
-    fewest: Plan,
-    cache: SolveCache,
+    problem: ParametricProblem, price: float, budgets: list[Budget], cache: SolveCache
 ) -> list[tuple[Plan, float]]:
-    """(``cheapest_within(...)[0]``, its MILP's dual bound or -inf: ``milp.solve_milp_bounded``) for each target:
+    """(``cheapest_within(...)[0]``, its MILP's dual bound or -inf: ``milp.solve_milp``) for each budget:
     the price searches in turn (they share ``cache``: the same solves, in the same order, as one call per target),
     then the MILP refinements all at once, one thread each.  HiGHS runs without holding the GIL, each calling
     thread with a scheduler of its own, and a refinement reads nothing the others write, so the plans are the ones
@@ -99,11 +98,9 @@ def cheapest_within_each(
     this way take the wall time of the slowest where cores are free (CPU seconds unchanged)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    searched = [
-        search_budget(problem, t, price, max_price, default_plan=default, fewest_bytes_plan=fewest, cache=cache)
-        for t in targets
-    ]
-    refined = [r.budget_met and r.plan is not default and problem.num_values <= MILP_REFINE_LIMIT for r in searched]
+    searched = [_searched(problem, price, b, cache) for b in budgets]
+    targets = [b.target for b in budgets]
+    refined = [_refines(problem, r) for r in searched]
     unrefined = [(r.plan, float("-inf")) for r in searched]
     if sum(refined) < 2:
         return [
@@ -126,7 +123,7 @@ def _refine(problem: ParametricProblem, plan: Plan, price: float, target: int) -
 def _refine_bounded(problem: ParametricProblem, plan: Plan, price: float, target: int) -> tuple[Plan, float]:
     """(``_refine``'s plan, the MILP's dual bound, or -inf where it failed)."""
     try:
-        exact, dual = solve_milp_bounded(problem, price, target, MILP_TIME_LIMIT, node_limit=MILP_NODE_LIMIT)
+        exact, dual = solve_milp(problem, price, target, MILP_TIME_LIMIT, node_limit=MILP_NODE_LIMIT)
     except MilpFailed as error:
         log.debug("MILP refinement failed: %s", error)
         return plan, float("-inf")
@@ -142,19 +139,18 @@ class MinCut:
         return cache.at(price)
 
     def within(self, problem: ParametricProblem, price: float, budget: Budget, cache: SolveCache) -> tuple[Plan, bool]:
-        b = budget
-        return cheapest_within(problem, b.target, price, b.max_price, b.default, b.fewest, cache)
+        return cheapest_within(problem, price, budget, cache)
 
 
 class Milp:
     name, exact, peak_judged = "milp", True, False
 
     def default(self, problem: ParametricProblem, price: float, cache: SolveCache) -> Plan:
-        return solve_milp(problem, price, None, MILP_TIME_LIMIT)
+        return solve_milp(problem, price, None, MILP_TIME_LIMIT).plan
 
     def within(self, problem: ParametricProblem, price: float, budget: Budget, cache: SolveCache) -> tuple[Plan, bool]:
         try:
-            return solve_milp(problem, price, budget.target, MILP_TIME_LIMIT), True
+            return solve_milp(problem, price, budget.target, MILP_TIME_LIMIT).plan, True
         except MilpFailed:
             return budget.fewest, budget.fewest.saved_bytes <= budget.target
 

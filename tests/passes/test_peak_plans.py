@@ -24,6 +24,7 @@ from fxremat_passes.solver.budget import frontier
 def _candidates_and_memory(name):
     from fxremat.options import Options
     from fxremat_passes.choice.plan import peak_candidates
+    from fxremat_passes.choice.settings import prices
     from fxremat_passes.graph.roles import Role
     from fxremat_passes.solver.budget import SolveCache
 
@@ -36,9 +37,8 @@ def _candidates_and_memory(name):
     flow = build_flow_problem(roles, annotate_costs(joint.graph, profile), profile)
     forward = [roles.role[n] is Role.FORWARD for n in flow.nodes]
     # the candidates a peak-aware choice ranks (passes/choice/judged.py, ranked_candidates)
-    plans = peak_candidates(
-        flow.parametric, forward, Options.create(), profile, None, SolveCache(flow.parametric)
-    ).every()
+    price_range = prices(Options.create(), profile)
+    plans = peak_candidates(flow.parametric, forward, price_range, None, SolveCache(flow.parametric)).every()
     if name == "convnet":  # no checkpoint grid there: the bytes frontier
         plans += frontier(flow.parametric, 0.0, 1e6 / profile.mem_bandwidth)
     return joint, roles, flow, plans, build_joint_memory(joint, roles, num_fwd_outputs), num_fwd_outputs
@@ -77,8 +77,8 @@ def test_plan_estimate_is_the_simulation_of_the_split(name):
 
 @pytest.mark.parametrize("name", ["block_sdpa", "llama_stack"])
 def test_plan_estimate_in_the_order_inductor_gets_is_the_simulation_of_the_reordered_split(name):
-    """With ``SimulatorInputs.joins_kernel_runs`` (fxremat's partition under Inductor on CPU) a plan's estimate is the step
-    of its backward as ``cpp_units.join_kernel_runs`` will reorder it: equal to the simulation of the real split
+    """With ``SimulatorInputs.joins_kernel_runs`` (fxremat's partition under Inductor on CPU) a plan's estimate is the
+    step of its backward as ``cpp_units.join_kernel_runs`` will reorder it: equal to the simulation of the real split
     once reordered, on every candidate plan, and never above the estimate in the split's own order."""
     joint, roles, flow, plans, memory, num_fwd_outputs = _candidates_and_memory(name)
     index = {n: i for i, n in enumerate(joint.graph.nodes)}
@@ -207,13 +207,14 @@ def test_the_report_names_the_method_that_found_the_chosen_plan(monkeypatch, set
 
 
 def test_the_candidates_between_the_vertices_save_the_block_sums_and_peak_no_higher():
-    """``candidate_plans(..., sums_problem)`` (passes/choice/plan.py): the MILP-refined candidates are solved with
+    """``refinements_of(..., sums_problem)`` (passes/choice/plan.py): the MILP-refined candidates are solved with
     the block sums' saves priced at one read, as the default plan may be, and priced back on the real problem; each
     fits its fraction's bytes, and saving the residual stream spares backward recomputing it, so none peaks above
     the plain problem's plan at the same fraction, and at least one saves a block sum (llama_stack, RESULTS.md
     "Session 21": the plain plans peaked above the default, and memory_budget=0.5 fell back to a slow one)."""
     from fxremat.options import Options
-    from fxremat_passes.choice.plan import PEAK_CANDIDATE_FRACTIONS, budget_target_bytes, candidate_plans
+    from fxremat_passes.choice.plan import PEAK_CANDIDATE_FRACTIONS, budget_target_bytes, refinements_of
+    from fxremat_passes.choice.settings import prices
     from fxremat_passes.graph.stored_sums import block_sums, reads_only
     from fxremat_passes.solver.budget import SolveCache
 
@@ -222,8 +223,9 @@ def test_the_candidates_between_the_vertices_save_the_block_sums_and_peak_no_hig
     sums = block_sums(roles, flow.nodes)
     assert sums
     sums_problem = reads_only(problem, sums, profile.mem_bandwidth)
-    plain = candidate_plans(problem, options, profile, SolveCache(problem))
-    with_sums = candidate_plans(problem, options, profile, SolveCache(problem), sums_problem)
+    price_range = prices(options, profile)
+    plain = refinements_of(problem, price_range, SolveCache(problem)).every()
+    with_sums = refinements_of(problem, price_range, SolveCache(problem), sums_problem).every()
     index = {n: i for i, n in enumerate(joint.graph.nodes)}
 
     def peak(plan) -> int:
@@ -249,20 +251,20 @@ def test_the_candidates_hold_the_cheapest_plan_at_the_budgets_users_set_most(bud
     the next refined plan below the cap, and at 0.2 on the benchmark stack that was a plan recomputed segment by
     segment, 1.13x PyTorch's step (benchmarks/RESULTS.md "Session 22")."""
     from fxremat.options import Options
-    from fxremat_passes.choice.plan import budget_target_bytes, candidate_plans
+    from fxremat_passes.choice.plan import budget_target_bytes, refinements_of
     from fxremat_passes.choice.settings import prices
     from fxremat_passes.solver.budget import SolveCache
-    from fxremat_passes.solver.solvers import cheapest_within
+    from fxremat_passes.solver.solvers import Budget, cheapest_within
 
     _, _, flow, _, _, _ = _candidates_and_memory("stack")
     problem, profile, options = flow.parametric, PROFILES["cpu"], Options.create()
     cache = SolveCache(problem)
-    plans = candidate_plans(problem, options, profile, cache)
+    price, max_price = prices(options, profile)
+    plans = refinements_of(problem, (price, max_price), cache).every()
     default = max(plans, key=lambda p: p.saved_bytes)
     fewest = min(plans, key=lambda p: p.saved_bytes)
     target = budget_target_bytes(budget, default, fewest)
-    price, max_price = prices(options, profile)
-    cheapest, met = cheapest_within(problem, target, price, max_price, default, fewest, cache)
+    cheapest, met = cheapest_within(problem, price, Budget(target, max_price, default, fewest), cache)
     assert met
     within = [p for p in plans if p.saved_bytes <= target]
     assert min(p.seconds for p in within) <= cheapest.seconds * (1 + 1e-9)

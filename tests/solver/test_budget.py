@@ -339,7 +339,7 @@ def test_milp_is_never_worse_than_the_cut(problem, fraction):
     fewest = solve_at(problem, MAX_PRICE)
     budget = int(fewest.saved_bytes + fraction * max(0, default.saved_bytes - fewest.saved_bytes))
     ours = search_budget(problem, budget, DEFAULT_PRICE, MAX_PRICE).plan
-    exact = solve_milp(problem, DEFAULT_PRICE, budget)
+    exact = solve_milp(problem, DEFAULT_PRICE, budget).plan
     assert exact.saved_bytes <= budget
     assert not check_plan(problem.at(DEFAULT_PRICE)[0], exact.saved, exact.recomputed)
     if ours.saved_bytes <= budget:
@@ -369,7 +369,7 @@ def test_milp_matches_brute_force(seed):
         with pytest.raises(Exception):
             solve_milp(problem, DEFAULT_PRICE, budget)
         return
-    exact = solve_milp(problem, DEFAULT_PRICE, budget)
+    exact = solve_milp(problem, DEFAULT_PRICE, budget).plan
     assert objective(problem, exact, DEFAULT_PRICE) == pytest.approx(expected, rel=1e-6, abs=1e-15)
 
 
@@ -391,7 +391,7 @@ def test_no_plan_within_a_smaller_budget_is_faster_than_the_milps_dual_bound_all
     above 1 as PREFER_RECOMPUTE values have)."""
     import dataclasses
 
-    from fxremat_passes.solver.milp import seconds_below, solve_milp_bounded
+    from fxremat_passes.solver.milp import seconds_below
 
     rng = random.Random(seed)
     problem = random_parametric(rng, rng.randint(3, 7), shared_storage=True)
@@ -400,7 +400,7 @@ def test_no_plan_within_a_smaller_budget_is_faster_than_the_milps_dual_bound_all
     budget = rng.randint(0, 200_000)
     if brute_force_budget(problem, DEFAULT_PRICE, budget) is None:
         return
-    dual = solve_milp_bounded(problem, DEFAULT_PRICE, budget)[1]
+    dual = solve_milp(problem, DEFAULT_PRICE, budget).dual_bound
     cut = problem.at(DEFAULT_PRICE)[0]
     for states in itertools.product((0, 1, 2), repeat=problem.num_values):
         saved = [v for v, s in enumerate(states) if s == 1]

@@ -104,7 +104,7 @@ def test_the_milp_with_a_row_per_region_matches_brute_force(seed):
         with pytest.raises(Exception):
             solve_milp(problem, DEFAULT_PRICE, storage_budgets=rows)
         return
-    exact = solve_milp(problem, DEFAULT_PRICE, storage_budgets=rows)
+    exact = solve_milp(problem, DEFAULT_PRICE, storage_budgets=rows).plan
     assert objective(problem, exact, DEFAULT_PRICE) == pytest.approx(expected, rel=1e-6, abs=1e-15)
 
 

@@ -54,7 +54,8 @@ def test_the_refinements_made_at_once_are_the_ones_made_in_turn_and_run_on_threa
     default, fewest = SolveCache(problem).at(DEFAULT_PRICE), SolveCache(problem).at(MAX_PRICE)
     targets = [budget_target(f, default.saved_bytes, fewest.saved_bytes) for f in (0.75, 0.5, 0.25, 0.1)]
     cache = SolveCache(problem)
-    in_turn = [cheapest_within(problem, t, DEFAULT_PRICE, MAX_PRICE, default, fewest, cache)[0] for t in targets]
+    budgets = [Budget(t, MAX_PRICE, default, fewest) for t in targets]
+    in_turn = [cheapest_within(problem, DEFAULT_PRICE, b, cache)[0] for b in budgets]
     threads, refine = [], solvers._refine_bounded
 
     def recorded(*args):
@@ -63,7 +64,7 @@ def test_the_refinements_made_at_once_are_the_ones_made_in_turn_and_run_on_threa
 
     monkeypatch.setattr(solvers, "_refine_bounded", recorded)
     cache = SolveCache(problem)
-    at_once = cheapest_within_each(problem, targets, DEFAULT_PRICE, MAX_PRICE, default, fewest, cache)
+    at_once = cheapest_within_each(problem, DEFAULT_PRICE, budgets, cache)
     assert [plan for plan, _ in at_once] == in_turn
     assert len(threads) < 2 or all(name.startswith("fxremat-milp") for name in threads)
 
