@@ -66,20 +66,40 @@ class LossBackward:
 
 @dataclass(frozen=True)
 class LossRegion:
-    projection: fx.Node  # mm(hidden, weight) or addmm(bias, hidden, weight): the logits
-    hidden: fx.Node  # [tokens, hidden]
-    weight: fx.Node  # [hidden, vocab]: the projection's right operand (a transpose of the head's weight)
-    bias: fx.Node | None
+    """The region's nodes; its projection's operands and shape are read from the projection (``hidden``,
+    ``weight``, ``bias``, ``tokens``, ``vocab``)."""
+
+    projection: fx.Node  # mm(hidden, weight) or addmm(bias, hidden, weight): the logits, [tokens, vocab]
     log_softmax: fx.Node  # its output (``_log_softmax``, or the last ``sub`` of its decomposition)
     loss: fx.Node  # the scalar loss
     target: fx.Node  # [tokens] class indices
     reduction: str  # "mean" or "sum"
     ignore_index: int
-    tokens: int
-    vocab: int
     logits_returned: bool  # a value of the logits' chain is read outside the region (a graph output, or another op)
     forward_nodes: tuple[fx.Node, ...]
     backward: LossBackward | None  # None where the backward is not the plain one this module knows
+
+    @property
+    def hidden(self) -> fx.Node:
+        """[tokens, hidden]: the projection's left operand."""
+        return _operands(self.projection)[1]
+
+    @property
+    def weight(self) -> fx.Node:
+        """[hidden, vocab]: the projection's right operand (a transpose of the head's weight)."""
+        return _operands(self.projection)[2]
+
+    @property
+    def bias(self) -> fx.Node | None:
+        return _operands(self.projection)[0]
+
+    @property
+    def tokens(self) -> int:
+        return _shape(self.projection)[0]
+
+    @property
+    def vocab(self) -> int:
+        return _shape(self.projection)[1]
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -166,25 +186,19 @@ def _region_of(nll: fx.Node) -> LossRegion | None:
 def _region(projection, chain, log_softmax, loss, target, reduction, ignore_index, forward, starts, scale):
     """The record, once a form's matcher has found its parts (``starts``: the backward's first nodes, beside the
     forward's readers; ``scale``: the loss's incoming gradient, None where not found)."""
-    bias, hidden, weight_operand = _operands(projection)
-    tokens, vocab = _shape(projection) or (0, 0)
-    if _shape(log_softmax) != (tokens, vocab) or _shape(target) != (tokens,):
+    logits = _shape(projection)
+    if logits is None or _shape(log_softmax) != logits or _shape(target) != logits[:1]:
         return None
-    backward = _backward_of(forward, starts, scale, hidden, (tokens, vocab))
+    backward = _backward_of(forward, starts, scale, _operands(projection)[1], logits)
     inside = set(forward) | set(backward.nodes if backward else ())
     logits_returned = any(u not in inside for n in (projection, *chain) for u in n.users)
     return LossRegion(
         projection=projection,
-        hidden=hidden,
-        weight=weight_operand,
-        bias=bias,
         log_softmax=log_softmax,
         loss=loss,
         target=target,
         reduction=reduction,
         ignore_index=ignore_index,
-        tokens=tokens,
-        vocab=vocab,
         logits_returned=logits_returned,
         forward_nodes=tuple(forward),
         backward=backward,

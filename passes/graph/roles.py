@@ -45,7 +45,6 @@ class GraphRoles:
     role: dict[fx.Node, Role]
     needed: tuple[fx.Node, ...]
     static_inputs: frozenset[fx.Node]
-    op_class: dict[fx.Node, OpClass]
     no_recompute: dict[fx.Node, str]
     no_save: dict[fx.Node, str]
     tag_conflicts: dict[fx.Node, str]
@@ -151,7 +150,6 @@ def classify(
         role=role,
         needed=tuple(sorted(needed, key=facts.index.__getitem__)),
         static_inputs=static,
-        op_class=classes,
         no_recompute=no_recompute,
         no_save=no_save,
         tag_conflicts=conflicts,
