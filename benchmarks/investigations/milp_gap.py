@@ -26,7 +26,7 @@ def gaps_for(problem, price, max_price, fractions):
     for fraction in fractions:
         target = int(fewest.saved_bytes + fraction * (default.saved_bytes - fewest.saved_bytes))
         ours = search_budget(problem, target, price, max_price, default_plan=default, fewest_bytes_plan=fewest).plan
-        exact = solve_milp(problem, price, target, time_limit=30.0).plan
+        exact = solve_milp(problem, price, target, time_limit=30.0, node_limit=None).plan
         best = objective(problem, exact, price)
         lagrangian = objective(problem, ours, price)
         refined = min(lagrangian, best) if exact.saved_bytes <= target else lagrangian

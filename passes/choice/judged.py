@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from .. import _torch_private as tp
 from ..graph.roles import Role
 from ..graph.stored_sums import block_sums, reads_only
+from ..rewrite.split import UnsupportedSplit, split_recipe
 from ..simulator.liveness import PeakEstimate, simulate_step
 from ..simulator.plan_memory import build_joint_memory, estimate_peak
 from ..solver.budget import Plan, SolveCache
@@ -40,8 +41,11 @@ class JudgedPlans:
     exact: bool = True
     inputs: object = None  # the ``SimulatorInputs`` of every simulation (None: the defaults for the graph)
     memory: object = None  # the estimate's ``plan_memory.JointMemory`` (its segmentations' forwards read it)
+    # plan -> its split's recipe, made without building the split (``plan_recipe``), or None where it cannot be
+    recipe_of: Callable | None = None
     splits: dict = field(default_factory=dict)
     simulations: dict = field(default_factory=dict)
+    recipes: dict = field(default_factory=dict)
 
     def simulation(self, plan: Plan) -> PeakEstimate | None:
         key = plan_key(plan)
@@ -75,6 +79,19 @@ class JudgedPlans:
         except Exception as error:  # a candidate that cannot be simulated is dropped
             log.debug("simulation of a candidate plan failed: %s", error, exc_info=True)
             return None
+
+    def recipe_and_simulation(self, plan: Plan) -> tuple:
+        """(the plan's split recipe, its simulation): ``handed_on``'s, where the estimate is exact without building
+        the split (a segmentation reads the recipe alone: ``segmented.py``)."""
+        key = plan_key(plan)
+        if not self.exact or self.recipe_of is None or key in self.splits:
+            (_, _, recipe), simulation = self.handed_on(plan)
+            return recipe, simulation
+        if key not in self.recipes:
+            self.recipes[key] = self.recipe_of(plan)
+        if self.recipes[key] is None:  # PyTorch splits it: no recipe, as ``split_with_recipe`` gives none
+            return None, self.simulation(plan)
+        return self.recipes[key], self.simulation(plan)
 
     def handed_on(self, plan: Plan) -> tuple[tuple, PeakEstimate]:
         """(the plan's (fw, bw, recipe), its simulation)."""
@@ -117,8 +134,34 @@ def judged_plans(c: Choosing, required: set, estimator=None) -> JudgedPlans:
     ``graph_estimator``)."""
     estimate, exact, memory = estimator or graph_estimator(c)
     return JudgedPlans(
-        c.split, estimate, c.request.num_fwd_outputs, required=required, exact=exact, inputs=c.simulator, memory=memory
+        c.split,
+        estimate,
+        c.request.num_fwd_outputs,
+        required=required,
+        exact=exact,
+        inputs=c.simulator,
+        memory=memory,
+        recipe_of=plan_recipe(c, memory),
     )
+
+
+def plan_recipe(c: Choosing, memory) -> Callable | None:
+    """plan -> the recipe of its split (``split.split_recipe``, as ``split_with_recipe`` makes it from the plan's saved
+    nodes in the same order, ``partition._splitter``), or None where PyTorch splits the graph; None where
+    ``memory`` has no split facts."""
+    if memory is None or memory.facts is None:
+        return None
+    nodes, num_fwd_outputs = c.flow.nodes, c.request.num_fwd_outputs
+
+    def recipe(plan: Plan):
+        saved = [nodes[i] for i in plan.saved]
+        values, symbols = [n for n in saved if not tp.is_sym_node(n)], [n for n in saved if tp.is_sym_node(n)]
+        try:
+            return split_recipe(memory.joint, values, symbols, num_fwd_outputs=num_fwd_outputs, facts=memory.facts)
+        except UnsupportedSplit:
+            return None
+
+    return recipe
 
 
 def ranked_candidates(c: Choosing, budget_bytes: int | None, cache: SolveCache | None = None):

@@ -19,7 +19,7 @@ import warnings
 from ..graph.costs import node_cost
 from ..graph.region_budget import REGION_SOURCE, RegionAnnotations, node_region_budget
 from ..solver.region_search import Region, region_bytes, solve_regions
-from ..solver.solvers import MILP_REFINE_LIMIT, MILP_TIME_LIMIT, SOLVERS
+from ..solver.solvers import MILP_REFINE_LIMIT, SOLVERS
 from .records import Chooser, Choosing, PlanChoice
 from .settings import FxrematBudgetWarning, prices
 
@@ -67,7 +67,6 @@ def choose_plan_for_regions(c: Choosing) -> PlanChoice:
         top,
         exact=problem.num_values <= MILP_REFINE_LIMIT,
         exact_only=SOLVERS[settings.solver].exact,
-        time_limit=MILP_TIME_LIMIT,
     )
     rows = [
         (name, region.budget, saved, target, default, fewest)

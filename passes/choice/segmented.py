@@ -45,7 +45,7 @@ class Segmentations:
         if key not in self.added:
             self.peak(plan)  # its segmentation, made on first demand
             segmentation = self.found[key][1]
-            recipe = self.simulated.handed_on(plan)[0][2] if segmentation is not None else None
+            recipe = self.simulated.recipe_and_simulation(plan)[0] if segmentation is not None else None
             added = segment_recompute_seconds(recipe, segmentation[0], self.profile) if recipe is not None else 0.0
             self.added[key] = added
         return plan.seconds + self.added[key]
@@ -58,7 +58,7 @@ def _segmentation(simulated: JudgedPlans, plan: Plan, request, profile):
     """The plan's lowest-peak segmentation (``lowest_segmentation``: recipe, simulation, report fields), or None
     where its split cannot be segmented or simulated (then it is not a way to run the plan)."""
     try:
-        (_, _, recipe), simulation = simulated.handed_on(plan)
+        recipe, simulation = simulated.recipe_and_simulation(plan)
         if recipe is None or simulation is None:  # a plan that cannot be simulated is not judged
             return None
         return lowest_segmentation(

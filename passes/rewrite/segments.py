@@ -39,7 +39,7 @@ from ..simulator.backends import backend_for_device, device_type_of_graph
 from ..simulator.layout import has_convolution
 from ..simulator.liveness import PeakEstimate, forward_run, simulate_backwards
 from ..simulator.lowering import inductor_class, readers_in
-from ..simulator.plan_memory import backward_view, forward_view
+from ..simulator.plan_memory import backward_view, forward_simulation, forward_view
 from ..simulator.storage import materialises
 from ..solver.checkpoints import SEGMENT_COUNTS, Waists, forward_waists, segment_checkpoints
 from .split import FirstPass, SplitRecipe
@@ -379,8 +379,11 @@ def _simulated_backwards(recipe: SplitRecipe, candidates: list, num_fwd_outputs:
     if not (exact and not has_convolution(recipe.joint)):
         backwards = (c.build_backward(lazy=True) for c in candidates)
         return list(simulate_backwards(recipe.build_forward(lazy=True), backwards, num_fwd_outputs, inputs=inputs))
-    forward, copies = forward_view(memory, recipe)
-    run = forward_run(forward, num_fwd_outputs, copies, inputs or memory.simulator)
+    # the plan's estimate's forward, where it has one
+    run = forward_simulation(memory, recipe) if inputs is None or inputs is memory.simulator else None
+    if run is None:
+        forward, copies = forward_view(memory, recipe)
+        run = forward_run(forward, num_fwd_outputs, copies, inputs or memory.simulator)
     if floor is not None and max((moment for _, _, moment in run.timeline), default=0) >= floor:
         return None
     return [run.step(backward_view(memory, c), False) for c in candidates]

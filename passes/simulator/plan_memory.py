@@ -29,7 +29,7 @@ from ..graph.roles import GraphRoles
 from ..rewrite.split import UnsupportedSplit, joint_facts, split_recipe
 from .inputs import SimulatorInputs, inputs_for
 from .layout import channels_last_copies, layout_optimised
-from .liveness import PeakEstimate, simulate_phases, simulate_step
+from .liveness import PeakEstimate, forward_run, simulate_phases, simulate_step
 from .node_facts import NodeFacts, joint_tables
 from .phase_graph import PhaseGraph, virtual_phase
 from .segment_view import ShadowNodes
@@ -63,6 +63,9 @@ class JointMemory:
     simulator: SimulatorInputs | None = field(default=None, compare=False)  # what every plan's simulation assumes
     # the stand-ins the views of its segmented backwards show (``segment_view.py``), kept for all of them
     shadows: ShadowNodes = field(default_factory=ShadowNodes, compare=False)
+    # each forward's simulation (``forward_simulation``), by the forward's nodes: a plan's segmentations reuse
+    # its estimate's (a segmentation changes backward alone)
+    forward_runs: dict = field(default_factory=dict, compare=False)
 
 
 def build_joint_memory(
@@ -114,9 +117,28 @@ def estimate_peak(memory: JointMemory, saved: set[int]) -> PeakEstimate:
         recipe = split_recipe(memory.joint, values, symbols, num_fwd_outputs=memory.num_fwd_outputs, facts=memory.facts)
     except UnsupportedSplit:
         return _simulate_pytorch_split(memory, values, symbols)
-    forward, copies = forward_view(memory, recipe)
     backward = _view(memory, recipe.bw_inputs, recipe.bw_order, recipe.bw_outputs)
+    run = forward_simulation(memory, recipe)
+    if run is not None:
+        return run.step(backward, memory.channels_last)
+    forward, copies = forward_view(memory, recipe)
     return simulate_phases(forward, backward, memory.num_fwd_outputs, memory.channels_last, copies, memory.simulator)
+
+
+def forward_simulation(memory: JointMemory, recipe):
+    """The simulation of ``recipe``'s forward (``liveness.forward_run``, its steps with backwards after it), made once
+    per forward and kept (``JointMemory.forward_runs``); None where its inputs have channels-last copies (then which
+    saved inputs backward recopies depends on the backward: ``liveness.simulate_phases``).  Without copies
+    ``simulate_phases`` simulates the same forward, whatever the backward: ``_ForwardRun.step`` reads it and leaves it
+    unchanged."""
+    key = (tuple(recipe.fw_inputs), tuple(recipe.fw_order), tuple(recipe.fw_outputs))
+    known = memory.forward_runs.get(key)
+    # a copy of ``memory`` with other inputs (``dataclasses.replace``) shares the dict: a run is its inputs' only
+    if known is None or known[0] is not memory.simulator:
+        forward, copies = forward_view(memory, recipe)
+        run = None if copies else forward_run(forward, memory.num_fwd_outputs, {}, memory.simulator)
+        known = memory.forward_runs[key] = (memory.simulator, run)
+    return known[1]
 
 
 def forward_view(memory: JointMemory, recipe) -> tuple[PhaseGraph, dict[str, int]]:

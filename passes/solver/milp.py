@@ -25,9 +25,18 @@ import numpy as np
 from .budget import Plan
 from .parametric import ParametricProblem
 
+# The solves' limits are counts of HiGHS's branch-and-bound nodes, never seconds: HiGHS is deterministic up to a
+# node count, so a graph gets the same plan whatever the machine's load (a wall-clock limit stops wherever the
+# load leaves it, with a different incumbent, so a different plan: docs/DESIGN.md §5.1).
+# A refinement of the price search's plan (``solvers.py``, ``region_search.py``): its value, docs/DESIGN.md §13.
+MILP_NODE_LIMIT = 200
+# The exact solver (``solver="milp"``, per-region budgets with it): small graphs; past this many nodes its plan is
+# HiGHS's best so far (method "milp (limit)").
+EXACT_NODE_LIMIT = 10_000
+
 
 class MilpFailed(RuntimeError):
-    """HiGHS found no feasible plan within its time limit."""
+    """HiGHS found no feasible plan within its node limit."""
 
 
 class MilpSolution(NamedTuple):
@@ -41,14 +50,15 @@ def solve_milp(
     problem: ParametricProblem,
     price: float,
     budget_bytes: int | None = None,
-    time_limit: float = 10.0,
+    time_limit: float | None = None,
     storage_budgets: Sequence[tuple[Sequence[int], int]] = (),
-    node_limit: int | None = None,
+    node_limit: int | None = EXACT_NODE_LIMIT,
 ) -> MilpSolution:
     """The MILP's plan within ``budget_bytes`` saved bytes (None: no budget), and its dual bound.
     ``storage_budgets``: (storage ids, bytes) pairs, one more row each: the storages of one region keep at most that
     many bytes (per-region budgets, ``region_search.py``).  ``node_limit``: stop after that many branch-and-bound
-    nodes, which, unlike the time limit, gives the same plan whatever the machine's load."""
+    nodes (None: none), which gives the same plan whatever the machine's load; ``time_limit`` (seconds, None: none)
+    does not, and is for investigations only: plan choice never sets it."""
     from scipy.optimize import Bounds, LinearConstraint, milp  # imported on first use: see mincut.py
 
     n = problem.num_values
@@ -60,7 +70,7 @@ def solve_milp(
         constraints=LinearConstraint(matrix, lower, upper_rows),
         integrality=np.ones(2 * n + m),
         bounds=Bounds(np.zeros(2 * n + m), upper),
-        options={"time_limit": time_limit, **({"node_limit": node_limit} if node_limit is not None else {})},
+        options=_limits(time_limit, node_limit),
     )
     if result.x is None:
         raise MilpFailed(f"MILP found no plan ({result.message})")
@@ -78,6 +88,12 @@ def solve_milp(
     )
     dual = getattr(result, "mip_dual_bound", None)
     return MilpSolution(plan, float(dual) if dual is not None and np.isfinite(dual) else float("-inf"))
+
+
+def _limits(time_limit: float | None, node_limit: int | None) -> dict:
+    """scipy ``milp``'s options for these limits (a limit left None is not set)."""
+    limits = {"time_limit": time_limit, "node_limit": node_limit}
+    return {name: value for name, value in limits.items() if value is not None}
 
 
 def _objective_and_bounds(problem: ParametricProblem, price: float) -> tuple[np.ndarray, np.ndarray]:

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .budget import PRICE_RESOLUTION, Plan, budget_target
-from .milp import MilpFailed, objective, solve_milp
+from .milp import EXACT_NODE_LIMIT, MILP_NODE_LIMIT, MilpFailed, objective, solve_milp
 from .mincut import solve_min_cut
 from .parametric import ParametricProblem
 
@@ -106,10 +106,10 @@ def _coordinate_search(problem, regions, targets, default: float, top: float, fe
     return plan if all(_fits(problem, plan, regions, targets)) else fewest
 
 
-def _exact(problem, regions, targets, default: float, time_limit: float) -> Plan | None:
+def _exact(problem, regions, targets, default: float, node_limit: int) -> Plan | None:
     rows = [(r.storages, t) for r, t in zip(regions, targets)]
     try:
-        plan = solve_milp(problem, default, None, time_limit, storage_budgets=rows).plan
+        plan = solve_milp(problem, default, None, storage_budgets=rows, node_limit=node_limit).plan
     except MilpFailed as error:
         log.debug("per-region MILP failed: %s", error)
         return None
@@ -124,10 +124,10 @@ def solve_regions(
     *,
     exact: bool,
     exact_only: bool = False,
-    time_limit: float = 5.0,
 ) -> RegionResult:
     """The cheapest plan found (time plus ``default_price`` times saved bytes) where every region keeps at most its
-    budget.  ``exact``: refine with the MILP; ``exact_only``: the MILP alone (the search where it fails)."""
+    budget.  ``exact``: refine with the MILP (within ``milp.MILP_NODE_LIMIT`` nodes); ``exact_only``: the MILP alone
+    (within ``milp.EXACT_NODE_LIMIT``; the search where it fails)."""
     default_plan = _solve(problem, regions, [default_price] * len(regions), default_price)
     fewest = _solve(problem, regions, [top_price] * len(regions), default_price)
     default_bytes = tuple(region_bytes(problem, default_plan.saved, r) for r in regions)
@@ -139,11 +139,11 @@ def solve_regions(
     elif not met:
         plan = fewest
     else:
-        plan = _exact(problem, regions, targets, default_price, time_limit) if exact_only else None
+        plan = _exact(problem, regions, targets, default_price, EXACT_NODE_LIMIT) if exact_only else None
         if plan is None:
             plan = _coordinate_search(problem, regions, targets, default_price, top_price, fewest)
         if exact and not exact_only:
-            refined = _exact(problem, regions, targets, default_price, time_limit)
+            refined = _exact(problem, regions, targets, default_price, MILP_NODE_LIMIT)
             if refined is not None and objective(problem, refined, default_price) < objective(
                 problem, plan, default_price
             ):

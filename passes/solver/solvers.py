@@ -18,20 +18,16 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .budget import BudgetResult, Plan, SolveCache, search_budget
-from .milp import MilpFailed, objective, solve_milp
+from .milp import MILP_NODE_LIMIT, MilpFailed, objective, solve_milp
 from .parametric import ParametricProblem
 
 log = logging.getLogger(__name__)
 
-# Refine a budget plan with the exact MILP up to this many values, within MILP_TIME_LIMIT seconds (HiGHS returns
-# its best plan so far at the limit); above it the Lagrangian plan stands.  Why refine at all, and why these sizes:
-# docs/DESIGN.md §5.1 and §13 (benchmarks/investigations/milp_gap.py, benchmarks/solve_time.py's 48 blocks).
+# Refine a budget plan with the exact MILP up to this many values, within ``milp.MILP_NODE_LIMIT`` branch-and-bound
+# nodes (HiGHS returns its best plan so far at the limit; no wall-clock limit, so the plan does not depend on the
+# machine's load); above it the Lagrangian plan stands.  Why refine at all, and why these sizes: docs/DESIGN.md
+# §5.1 and §13 (benchmarks/investigations/milp_gap.py, benchmarks/solve_time.py's 48 blocks).
 MILP_REFINE_LIMIT = 20_000
-MILP_TIME_LIMIT = 5.0
-# A refinement also stops after this many branch-and-bound nodes: a time limit alone makes the plan depend on the
-# machine's load (a different incumbent at the limit, so a different plan), while HiGHS is deterministic up to a
-# node count.  The value: docs/DESIGN.md §13 (``plan_rows.py``'s T5 row at ``memory_budget=0.5``).
-MILP_NODE_LIMIT = 200
 
 
 @dataclass(frozen=True)
@@ -123,7 +119,7 @@ def _refine(problem: ParametricProblem, plan: Plan, price: float, target: int) -
 def _refine_bounded(problem: ParametricProblem, plan: Plan, price: float, target: int) -> tuple[Plan, float]:
     """(``_refine``'s plan, the MILP's dual bound, or -inf where it failed)."""
     try:
-        exact, dual = solve_milp(problem, price, target, MILP_TIME_LIMIT, node_limit=MILP_NODE_LIMIT)
+        exact, dual = solve_milp(problem, price, target, node_limit=MILP_NODE_LIMIT)
     except MilpFailed as error:
         log.debug("MILP refinement failed: %s", error)
         return plan, float("-inf")
@@ -146,11 +142,11 @@ class Milp:
     name, exact, peak_judged = "milp", True, False
 
     def default(self, problem: ParametricProblem, price: float, cache: SolveCache) -> Plan:
-        return solve_milp(problem, price, None, MILP_TIME_LIMIT).plan
+        return solve_milp(problem, price, None).plan
 
     def within(self, problem: ParametricProblem, price: float, budget: Budget, cache: SolveCache) -> tuple[Plan, bool]:
         try:
-            return solve_milp(problem, price, budget.target, MILP_TIME_LIMIT).plan, True
+            return solve_milp(problem, price, budget.target).plan, True
         except MilpFailed:
             return budget.fewest, budget.fewest.saved_bytes <= budget.target
 

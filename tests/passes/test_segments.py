@@ -20,6 +20,7 @@ from fxremat_passes.rewrite.segments import segment_backward
 from fxremat_passes.rewrite.split import FIRST_PASS_SUFFIX
 from fxremat_passes.simulator.liveness import simulate_step
 from fxremat_passes.simulator.phase_graph import graph_view
+from fxremat_passes.solver.shortlists import plan_key
 
 
 def _mlp_stack():
@@ -265,3 +266,55 @@ def test_a_gather_inductor_never_stores_holds_nothing_in_the_segments_region():
     assert grid and all(estimate < reads.nbytes(gather) for estimate, _ in grid)
     # and no checkpoint carries it to a later segment, where a second reader would make Inductor store it
     assert all(gather not in checkpoints for _, sets in grid for checkpoints in sets)
+
+
+def test_a_segmentation_reads_the_recipe_its_plans_split_would_have():
+    """A budget's segmentations read a plan's split recipe made without building the split
+    (``JudgedPlans.recipe_and_simulation``): the recipe the split is built from, and the plan's own simulation."""
+    from fxremat_passes.choice.judged import JudgedPlans
+
+    calls, original = [], JudgedPlans.recipe_and_simulation
+
+    def recorded(self, plan):
+        unsplit = plan_key(plan) not in self.splits
+        found = original(self, plan)
+        calls.append((self, plan, unsplit, found))
+        return found
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(JudgedPlans, "recipe_and_simulation", recorded)
+        _partition(*MODELS["stack6"](), memory_budget=0.0)
+    assert any(unsplit for _, _, unsplit, _ in calls)  # else this proves nothing
+    for judged, plan, _, (recipe, simulation) in calls:
+        assert recipe == judged.split(plan)[2]
+        assert simulation == judged.simulation(plan)
+
+
+def test_a_forward_is_simulated_once_for_every_plan_and_segmentation_that_has_it():
+    """A plan's segmentations step from its estimate's forward simulation (``plan_memory.forward_simulation``); the
+    step they make from it is the one a fresh forward simulation makes."""
+    import fxremat_passes.rewrite.segments as segments
+    from fxremat_passes.simulator import plan_memory
+    from fxremat_passes.simulator.liveness import forward_run
+
+    runs, reused = [], []
+    original, simulation = plan_memory.forward_run, plan_memory.forward_simulation
+
+    def recorded(*args):
+        runs.append(original(*args))
+        return runs[-1]
+
+    def segmentation_reads(memory, recipe):
+        reused.append(simulation(memory, recipe))
+        return reused[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plan_memory, "forward_run", recorded)
+        patch.setattr(segments, "forward_simulation", segmentation_reads)
+        _partition(*MODELS["llama_stack"](), memory_budget=0.0)
+    assert runs and reused and all(any(r is run for run in runs) for r in reused)
+    forwards = [(tuple(n.name for n in run.fw.nodes), tuple(n.name for n in run.fw.returned_args)) for run in runs]
+    assert len(forwards) == len(set(forwards))  # each forward simulated once
+    for run in runs:
+        fresh = forward_run(run.fw, run.num_fwd_outputs, {}, run.inputs)
+        assert fresh.timeline == run.timeline and fresh.phase.live == run.phase.live

@@ -70,23 +70,50 @@ def test_the_refinements_made_at_once_are_the_ones_made_in_turn_and_run_on_threa
 
 
 def test_a_refinement_stops_at_a_node_limit_so_its_plan_does_not_depend_on_the_load(monkeypatch):
-    """A time limit alone made the refined plan depend on how many nodes HiGHS reached in it (T5, RESULTS session
-    23); the node limit comes first on any machine that is not overloaded, and HiGHS is deterministic up to it."""
+    """A time limit made the refined plan depend on how many nodes HiGHS reached before it (T5 under load; GPT-2's
+    refinements at GPU shapes, six threads on a loaded machine): only the node limit stops it, and HiGHS is
+    deterministic up to it."""
     import scipy.optimize
 
     problem = next(p for seed in range(20) if feasible(p := random_parametric(random.Random(seed), 14)))
     default, fewest = SolveCache(problem).at(DEFAULT_PRICE), SolveCache(problem).at(MAX_PRICE)
     target = budget_target(0.5, default.saved_bytes, fewest.saved_bytes)
-    options, milp = [], scipy.optimize.milp
+    options = _recorded_milp_options(monkeypatch, scipy.optimize)
+    first = solvers._refine_bounded(problem, fewest, DEFAULT_PRICE, target)
+    assert options == [{"node_limit": solvers.MILP_NODE_LIMIT}]
+    assert solvers._refine_bounded(problem, fewest, DEFAULT_PRICE, target) == first
+
+
+def test_no_solve_of_the_solver_tier_has_a_wall_clock_limit(monkeypatch):
+    """The exact solver and the per-region MILP stop at a node count too, never at a time."""
+    import scipy.optimize
+
+    from fxremat_passes.solver.milp import EXACT_NODE_LIMIT, MILP_NODE_LIMIT
+    from fxremat_passes.solver.region_search import Region, solve_regions
+
+    problem = next(p for seed in range(20) if feasible(p := random_parametric(random.Random(seed), 14)))
+    options = _recorded_milp_options(monkeypatch, scipy.optimize)
+    cache = SolveCache(problem)
+    default, fewest = SOLVERS["milp"].default(problem, DEFAULT_PRICE, cache), cache.at(MAX_PRICE)
+    target = budget_target(0.5, default.saved_bytes, fewest.saved_bytes)
+    SOLVERS["milp"].within(problem, DEFAULT_PRICE, Budget(target, MAX_PRICE, default, fewest), cache)
+    region = Region(tuple(range(len(problem.storage_bytes))), 0.5)
+    solve_regions(problem, [region], DEFAULT_PRICE, MAX_PRICE, exact=True)
+    solve_regions(problem, [region], DEFAULT_PRICE, MAX_PRICE, exact=True, exact_only=True)
+    assert options and all(set(o) == {"node_limit"} for o in options)
+    assert {o["node_limit"] for o in options} <= {EXACT_NODE_LIMIT, MILP_NODE_LIMIT}
+
+
+def _recorded_milp_options(monkeypatch, scipy_optimize) -> list[dict]:
+    """The options of every scipy ``milp`` call from now on, as the caller passed them."""
+    options, milp = [], scipy_optimize.milp
 
     def recorded(*args, **kwargs):
         options.append(dict(kwargs["options"]))  # scipy pops what it reads
         return milp(*args, **kwargs)
 
-    monkeypatch.setattr(scipy.optimize, "milp", recorded)
-    first = solvers._refine_bounded(problem, fewest, DEFAULT_PRICE, target)
-    assert options and options[0]["node_limit"] == solvers.MILP_NODE_LIMIT and options[0]["time_limit"] > 0
-    assert solvers._refine_bounded(problem, fewest, DEFAULT_PRICE, target) == first
+    monkeypatch.setattr(scipy_optimize, "milp", recorded)
+    return options
 
 
 def test_the_registry_does_not_import_torch():
