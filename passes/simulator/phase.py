@@ -238,7 +238,8 @@ class _Phase:
         """What ``node``'s computation reads (``computed``: the nodes before it), as (the storages it reads: through
         views to their root, through fused-away values to theirs; what sizes its loop: the same, less the tables a
         fused load picks rows from (an embedding's weight), plus the fused-away values computed inside it (the rows
-        picked); whether it has a costly op, fused-away producers included; storage read -> its access paths
+        picked), and a value read through a view with fewer elements than its root (a slice) sized by that view
+        alone; whether it has a costly op, fused-away producers included; storage read -> its access paths
         (``access.py``); its loads as Inductor counts them, ``access.add_loads``).  None of these is changed after."""
         facts, inputs, roots = self.facts, self.view.inputs, self.roots
         found: set[fx.Node] = set()
@@ -254,17 +255,19 @@ class _Phase:
             root = roots[arg]
             step = facts.access_step(arg, root)
             chain = (far[arg],) if arg in far else step  # the loop's order, where that is not the storage's
+            # a slice: the loop runs over its elements only, whatever the storage (or the fused-away value) it is cut
+            # from (Inductor's loop ranges are the node's own; a chunk's loss sums over its rows of the labels)
+            narrowed = arg is not root and facts.numel(arg) < facts.numel(root)
             if root in inputs or self.unit[root] is not None:
                 found.add(root)
                 add_paths(paths, root, (chain,))
                 add_loads(loads, ((root, step, ()),))
                 if arg is not table:
-                    sized.add(root)
+                    sized.add(arg if narrowed else root)
             else:
                 root_reads, root_loop, root_heavy, root_access, root_loads = computed[root]
                 found |= root_reads
-                sized |= root_loop
-                sized.add(root)
+                sized |= {arg} if narrowed else {*root_loop, root}
                 costly = costly or root_heavy
                 prefix = chain + facts.access_through(root, self.classes.get(root))
                 for r, known in root_access.items():
