@@ -18,6 +18,7 @@ from .inputs import SimulatorInputs
 from .lowering import (
     KERNEL_CLASSES,
     REALIZE_READS_THRESHOLD,
+    reduced_input,
     unrolled_elements,
 )
 from .node_facts import NodeFacts
@@ -238,8 +239,7 @@ class _Phase:
         """What ``node``'s computation reads (``computed``: the nodes before it), as (the storages it reads: through
         views to their root, through fused-away values to theirs; what sizes its loop: the same, less the tables a
         fused load picks rows from (an embedding's weight), plus the fused-away values computed inside it (the rows
-        picked), and a value read through a view with fewer elements than its root (a slice) sized by that view
-        alone; whether it has a costly op, fused-away producers included; storage read -> its access paths
+        picked); whether it has a costly op, fused-away producers included; storage read -> its access paths
         (``access.py``); its loads as Inductor counts them, ``access.add_loads``).  None of these is changed after."""
         facts, inputs, roots = self.facts, self.view.inputs, self.roots
         found: set[fx.Node] = set()
@@ -255,19 +255,17 @@ class _Phase:
             root = roots[arg]
             step = facts.access_step(arg, root)
             chain = (far[arg],) if arg in far else step  # the loop's order, where that is not the storage's
-            # a slice: the loop runs over its elements only, whatever the storage (or the fused-away value) it is cut
-            # from (Inductor's loop ranges are the node's own; a chunk's loss sums over its rows of the labels)
-            narrowed = arg is not root and facts.numel(arg) < facts.numel(root)
             if root in inputs or self.unit[root] is not None:
                 found.add(root)
                 add_paths(paths, root, (chain,))
                 add_loads(loads, ((root, step, ()),))
                 if arg is not table:
-                    sized.add(arg if narrowed else root)
+                    sized.add(root)
             else:
                 root_reads, root_loop, root_heavy, root_access, root_loads = computed[root]
                 found |= root_reads
-                sized |= {arg} if narrowed else {*root_loop, root}
+                sized |= root_loop
+                sized.add(root)
                 costly = costly or root_heavy
                 prefix = chain + facts.access_through(root, self.classes.get(root))
                 for r, known in root_access.items():
@@ -308,12 +306,16 @@ class _Phase:
         return self.roots[node] is node and self.facts.is_tensor(node) and self.classes[node] is not OpClass.MUTATION
 
     def _numel(self, unit: fx.Node) -> int:
-        """The iteration space of a unit's loop: the largest tensor it writes or reads (a reduction's input); a
-        scatter's loop runs over the values it scatters (``scatter_values``), whatever the size of its output."""
+        """The iteration space of a unit's loop: the largest tensor it writes or reads; a reduction's, the tensor it
+        reduces (``lowering.reduced_input``: not the storages it reads slices of); a scatter's loop runs over the
+        values it scatters (``scatter_values``), whatever the size of its output."""
         numel = self.facts.numel
         values = self.facts.loop_facts(unit)[1]
         if values is not None:
             return numel(values)
+        reduced = reduced_input(unit) if self.classes[unit] is OpClass.REDUCTION else None
+        if reduced is not None:
+            return max((numel(n) for n in (reduced, *self.owned[unit])))
         return max((numel(n) for n in (*self.owned[unit], *self.loop_reads[unit])), default=0)
 
     def in_kernel_group(self, unit: fx.Node) -> bool:
