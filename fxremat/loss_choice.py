@@ -29,6 +29,8 @@ from .report import LossRegions
 def loss_split(joint: fx.GraphModule, request, options, profile, cut: Callable):
     """The split of the prepared ``joint`` (``cut(joint, loss_record)``: the partition's passes from there on, a
     ``_Split``), its loss region chunked as ``options`` say."""
+    if options.loss_chunks == 0:  # the user's: left as traced
+        return cut(joint, LossRegions())
     if options.loss_chunks is not None and not options.compare_default:
         return cut(joint, chunk_as_asked(joint, request.graph_id, options.loss_chunks))
     found = find_loss_regions(joint.graph)
