@@ -107,6 +107,10 @@ def _rows(regions) -> tuple:
 def _trials(joint: fx.GraphModule, request, profile, cut: Callable) -> Callable[[int | None], ChunkTrial]:
     """``trial(chunks)``: a copy of ``joint`` in ``chunks`` chunks (None: as traced), cut and simulated."""
 
+    # the backward simulated in its own order: the reordering for fewer C++ units (``_fewer_cpp_units``) simulates
+    # many orders, and moves the backward, not the loss region's forward
+    inputs = request.simulator.with_changes(joins_kernel_runs=False) if request.simulator is not None else None
+
     def trial(chunks: int | None) -> ChunkTrial:
         graph = _copy(joint)
         done = chunk_loss_regions(graph, chunks) if chunks else []
@@ -116,7 +120,7 @@ def _trials(joint: fx.GraphModule, request, profile, cut: Callable) -> Callable[
         with warnings.catch_warnings(record=True) as caught:  # said once, for the count chosen (``loss_split``)
             warnings.simplefilter("always")
             split = cut(graph, LossRegions(loss_regions=rows))
-        peak = split.peak or simulate_step(split.fw, split.bw, request.num_fwd_outputs, inputs=request.simulator)
+        peak = split.peak or simulate_step(split.fw, split.bw, request.num_fwd_outputs, inputs=inputs)
         seconds = step_seconds([*split.fw.graph.nodes, *split.bw.graph.nodes], profile)
         target = next((r.peak_budget_bytes for r in split.records if hasattr(r, "peak_budget_bytes")), None)
         return ChunkTrial(chunks, peak.peak_bytes, seconds, target, result=(split, caught))
