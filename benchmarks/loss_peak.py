@@ -1,16 +1,20 @@
 """The loss-side peak (issue #55, docs/DESIGN.md §14): a Llama-style model whose step peaks at its loss, one setting
 per process, under real Inductor on CPU.
 
-    python benchmarks/loss_peak.py SETTING [--vocab V] [--hidden H] [--layers L] [--tokens T]
-        # SETTING: eager, inductor (Inductor's default partitioner), default (fxremat), kN (fxremat loss_chunks=N),
-        #          pbX (fxremat peak_budget=X; X > 1: bytes)
+    python benchmarks/loss_peak.py SETTING [--model llama|qwen3|gpt2] [--vocab V] [--hidden H] [--layers L]
+        [--tokens T] [--json PATH]
+        # SETTING: eager, inductor (Inductor's default partitioner), default (fxremat: the chunks chosen), nochunk
+        #          (fxremat, loss_chunks=0), kN (fxremat loss_chunks=N), pbX (fxremat peak_budget=X; X > 1: bytes)
 
-transformers' ``LlamaForCausalLM`` from its config (random weights; by default vocabulary 65,536, hidden 256, 2 layers,
-1 x 1,024 tokens, fp32, one thread), ``labels=`` given, the compiled function returning the loss alone.  Gradients of
+A transformers causal LM from its config (random weights, fp32, one thread), ``labels=`` given, the compiled function
+returning the loss alone: ``llama`` (``LlamaForCausalLM``; by default vocabulary 65,536, hidden 256, 2 layers, 1 x 1,024
+tokens), ``qwen3`` (``Qwen3ForCausalLM``, vocabulary 151,936 unless ``--vocab``), ``gpt2`` (``GPT2LMHeadModel`` at
+124M, 1 x 512 tokens unless ``--tokens``; its head tied to the embedding).  Gradients of
 the first step against an eager copy (``grad_rule.relative_errors``), two warm-up steps, then one step's peak above
 what it starts with (CPU profiler memory events, ``fxremat.measure``), the parameters' gradients set to None before
 it (so the step allocates them, as a training step after ``zero_grad`` does).  Prints one JSON line: measured and
-simulated peak bytes, the chunked loss regions, the worst gradient error.
+simulated peak bytes, the loss regions, each chunk count tried with its simulated peak, the floor, the worst gradient
+error; ``--json PATH`` also appends it to PATH's ``rows`` (the results generator's input).
 """
 
 from __future__ import annotations
@@ -34,12 +38,14 @@ def backend_of(setting: str):
         return setting
     if setting == "default":
         return fxremat.backend(compare_default=False)
+    if setting == "nochunk":
+        return fxremat.backend(compare_default=False, loss_chunks=0)
     if setting.startswith("k"):
         return fxremat.backend(compare_default=False, loss_chunks=int(setting[1:]))
     if setting.startswith("pb"):
         value = float(setting[2:])
         return fxremat.backend(compare_default=False, peak_budget=value if value <= 1 else int(value))
-    raise SystemExit(f"unknown setting {setting!r}: eager, inductor, default, kN, pbX")
+    raise SystemExit(f"unknown setting {setting!r}: eager, inductor, default, nochunk, kN, pbX")
 
 
 class LossOnly(torch.nn.Module):
@@ -53,35 +59,50 @@ class LossOnly(torch.nn.Module):
         return self.model(input_ids=ids, labels=ids).loss
 
 
-def build(vocab: int, hidden: int, layers: int, tokens: int):
+def build(model: str, vocab: int, hidden: int, layers: int, tokens: int):
     import transformers as t
 
-    config = t.LlamaConfig(
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=max(1, hidden // 64),
-        vocab_size=vocab,
-        max_position_embeddings=tokens,
-        attention_dropout=0.0,
-        use_cache=False,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-    )
     torch.manual_seed(0)
-    model = LossOnly(t.LlamaForCausalLM(config))
+    if model == "gpt2":
+        config = t.GPT2Config(
+            vocab_size=vocab,
+            n_positions=max(1024, tokens),
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            use_cache=False,
+        )
+        net = t.GPT2LMHeadModel(config)
+    else:
+        kind = t.Qwen3Config if model == "qwen3" else t.LlamaConfig
+        config = kind(
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=max(1, hidden // 64),
+            num_key_value_heads=max(1, hidden // 64),
+            head_dim=64 if hidden >= 64 else hidden,
+            vocab_size=vocab,
+            max_position_embeddings=tokens,
+            attention_dropout=0.0,
+            use_cache=False,
+            bos_token_id=0,
+            eos_token_id=0,
+            pad_token_id=0,
+            tie_word_embeddings=False,
+        )
+        net = (t.Qwen3ForCausalLM if model == "qwen3" else t.LlamaForCausalLM)(config)
     ids = torch.randint(0, vocab, (1, tokens))
-    return model, ids
+    return LossOnly(net), ids
 
 
-def row(setting: str, vocab: int, hidden: int, layers: int, tokens: int) -> dict:
+def row(setting: str, model_name: str, vocab: int, hidden: int, layers: int, tokens: int) -> dict:
     import grad_rule
 
     from fxremat.measure import step_peak_bytes
 
     torch.set_num_threads(1)
-    model, ids = build(vocab, hidden, layers, tokens)
+    model, ids = build(model_name, vocab, hidden, layers, tokens)
     reference = copy.deepcopy(model)
     reference(ids).backward()
     expected = {k: p.grad for k, p in reference.named_parameters() if p.grad is not None}
@@ -104,24 +125,38 @@ def row(setting: str, vocab: int, hidden: int, layers: int, tokens: int) -> dict
     reports = getattr(backend, "reports", [])
     return dict(
         setting=setting,
+        model=model_name,
         shape=dict(vocab=vocab, hidden=hidden, layers=layers, tokens=tokens),
         measured=peak,
         simulated=sum(r.simulated_peak_bytes or 0 for r in reports) if reports else None,
-        loss_chunks=[r.loss_chunks for r in reports if getattr(r, "loss_chunks", None)],
+        loss_regions=[list(row) for r in reports for row in r.loss_regions],
+        loss_chunks_tried=[list(t) for r in reports for t in r.loss_chunks_tried],
+        floor=sum(r.loss_peak_floor_bytes or 0 for r in reports) if reports else None,
         grad=max(errors.values()) if errors else 0.0,
         first_step_seconds=round(first_step, 1),
     )
 
 
+DEFAULTS = {"llama": (65536, 1024), "qwen3": (151936, 1024), "gpt2": (50257, 512)}  # vocabulary, tokens
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("setting")
-    parser.add_argument("--vocab", type=int, default=65536)
+    parser.add_argument("--model", choices=sorted(DEFAULTS), default="llama")
+    parser.add_argument("--vocab", type=int)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--tokens", type=int, default=1024)
+    parser.add_argument("--tokens", type=int)
+    parser.add_argument("--json", type=Path, help="append the row to this file's rows")
     args = parser.parse_args(argv)
-    print(json.dumps(row(args.setting, args.vocab, args.hidden, args.layers, args.tokens)))
+    vocab, tokens = DEFAULTS[args.model]
+    result = row(args.setting, args.model, args.vocab or vocab, args.hidden, args.layers, args.tokens or tokens)
+    print(json.dumps(result))
+    if args.json is not None:
+        data = json.loads(args.json.read_text()) if args.json.exists() else {"rows": []}
+        data["rows"].append(result)
+        args.json.write_text(json.dumps(data, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -370,6 +370,38 @@ def zoo(data: dict[str, Any]) -> Record:
     )
 
 
+def loss_peak(data: dict[str, Any]) -> Record:
+    rows = data["rows"]
+    inductor = {(r["model"], json.dumps(r["shape"])): r["measured"] for r in rows if r["setting"] == "inductor"}
+    body = []
+    for r in rows:
+        base = inductor.get((r["model"], json.dumps(r["shape"])))
+        sim = r.get("simulated")
+        chunks = ", ".join(str(row[3]) for row in r.get("loss_regions") or []) or "-"
+        body.append((
+            r["model"], f"{r['shape']['vocab']:,} x {r['shape']['tokens']:,}", r["setting"], _mib(r["measured"]),
+            _mib(sim), "" if not sim else f"{sim / r['measured'] - 1:+.1%}",
+            "" if not base else _ratio(r["measured"] / base), chunks, _mib(r.get("floor") or None),
+            f"{r['grad']:.1e}",
+        ))
+    return Record(
+        title="The loss-side peak: the LM head and its cross-entropy in chunks (`loss_peak.py`)",
+        about="Per model and setting, one step's measured peak in MiB (CPU profiler, above the bytes live at the "
+        "step's start, the parameters' gradients allocated in the step), fxremat's simulated peak and its error, the "
+        "measured peak against Inductor's default partitioner, the chunks the loss region ran in (0: as traced), and "
+        "the floor no chunking goes below (the gradients backward returns at once). The compiled function returns "
+        "the loss alone; each row a fresh process, one thread. Settings: inductor (its default partitioner), "
+        "nochunk (fxremat, loss_chunks=0), default (fxremat, the chunks chosen), kN (loss_chunks=N), pb0.0 "
+        "(peak_budget=0.0).",
+        **provenance(data),
+        gradients="each row's worst relative gradient error against an eager copy (grad_rule), in the last column",
+        headers=("model", "vocab x tokens", "setting", "measured MiB", "simulated MiB", "sim err", "vs inductor",
+                 "chunks", "floor MiB", "grad err"),
+        rows=tuple(body),
+        notes=tuple(filter(None, [(data.get("annotations") or {}).get("note")])),
+    )
+
+
 ENTRIES = (
     Entry(("run_issue15.json",), at_a_glance),
     Entry(("run_issue15.json", "step_interleaved_issue15.json"), training_step),
@@ -378,6 +410,7 @@ ENTRIES = (
     Entry(("gpu_check_gpt2/gpu_check.json", "gpu_check_llama/gpu_check.json"), gpu_check),
     Entry(("opinfo_static_3samples.json", "opinfo_dynamic_3samples.json"), opinfo),
     Entry(("zoo.json",), zoo),
+    Entry(("loss_peak.json",), loss_peak),
 )
 
 

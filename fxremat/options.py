@@ -107,9 +107,12 @@ def _check_loss_chunks(value: Any) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"loss_chunks must be None or an int >= 1 (the number of chunks), got {value!r}")
-    if value < 1:
-        raise ValueError(f"loss_chunks={value!r}: the number of chunks must be >= 1 (None leaves the loss as traced)")
+        raise TypeError(f"loss_chunks must be None or an int >= 0 (the number of chunks), got {value!r}")
+    if value < 0:
+        raise ValueError(
+            f"loss_chunks={value!r}: the number of chunks must be >= 1, or 0 to leave the loss as traced (None: "
+            "chosen from the simulated peak)"
+        )
 
 
 def resolve_device(value: Any) -> DeviceProfile | str:
@@ -194,9 +197,10 @@ class Options:
     backward_segments  None (default): backward recomputes the forward segment by segment, from checkpoints it
                      recomputes first (passes/rewrite/segments.py), where a memory_budget leaves no plan as low as a
                      looser budget's (budget 0.0: the whole forward recomputed); True: for every plan; False: never.
-    loss_chunks      None (default): the loss is left as traced; an int k >= 1: each loss region (the LM head and its
-                     cross-entropy, the loss returned alone) runs in k chunks along the tokens, its gradients
-                     computed in forward (passes/rewrite/loss_chunks.py, docs/DESIGN.md §14).
+    loss_chunks      None (default): each loss region (the LM head and its cross-entropy, the loss returned alone)
+                     runs in the number of chunks along the tokens that the simulated step peak chooses (none where
+                     chunking gains little: passes/choice/loss_chunks.py); an int k >= 1: in k chunks, its gradients
+                     computed in forward (passes/rewrite/loss_chunks.py, docs/DESIGN.md §14); 0: left as traced.
     caller_bytes     what the code around the compiled module holds between its forward and backward, beyond the
                      outputs (an eager loss's buffers), in bytes (int or "64MiB"); None (default): estimated, where
                      no scalar output receives a gradient, as two fp32 copies of each output that does (a

@@ -29,7 +29,6 @@ from fxremat_passes.graph.costs import DeviceProfile, annotate_costs
 from fxremat_passes.graph.cse import MetaSnapshot, prepare_joint_graph
 from fxremat_passes.graph.flow_problem import VALUE_ROLES, build_flow_problem
 from fxremat_passes.graph.graph_facts import attach as attach_graph_facts
-from fxremat_passes.graph.loss_region import unrecognised_cross_entropies
 from fxremat_passes.graph.phase_copies import copy_gathers_per_phase
 from fxremat_passes.graph.region_budget import annotations_hidden
 from fxremat_passes.graph.roles import Policy, Role, classify, recompute_tag
@@ -37,7 +36,6 @@ from fxremat_passes.rewrite.cpp_units import join_kernel_runs
 from fxremat_passes.rewrite.describe import describe_split, step_seconds
 from fxremat_passes.rewrite.layout_choice import LayoutChoice, decide_layout
 from fxremat_passes.rewrite.layout_pins import pin_as_strided_inputs, saved_inputs_as_views
-from fxremat_passes.rewrite.loss_chunks import chunk_loss_regions
 from fxremat_passes.rewrite.split import SplitRecipe, split_with_recipe
 from fxremat_passes.simulator.inputs import SimulatorInputs
 from fxremat_passes.simulator.layout import has_convolution
@@ -48,6 +46,7 @@ from . import recording, simulated
 from .compile_inputs import graph_device, simulator_inputs
 from .deferred import Deferred
 from .knobs import TORCH_CONFIG_SOURCE, effective_options
+from .loss_choice import loss_split
 from .options import Options
 from .report import (
     BASELINE_PEAK_FIELDS,
@@ -218,34 +217,21 @@ def _keep_convolutions_for_depthwise(joint: fx.GraphModule, roles, inputs: Simul
         roles.no_recompute.setdefault(node, why)
 
 
-def _chunk_losses(joint: fx.GraphModule, graph_id: str, chunks: int) -> LossRegions:
-    """``loss_chunks`` is the user's setting: where it chunks nothing in a graph, one warning says so and why (a
-    cross-entropy in a form the loss region does not know is named as such, never passed over in silence)."""
-    unknown = unrecognised_cross_entropies(joint.graph)
-    done = chunk_loss_regions(joint, chunks)
-    rows = tuple((d.projection, d.tokens, d.vocab, d.chunks if d.rewritten else 0, d.why_not) for d in done)
-    if not any(d.rewritten for d in done):
-        why = "; ".join(sorted({d.why_not for d in done if d.why_not}))
-        if unknown:
-            why = (why + "; " if why else "") + (
-                f"{unknown} cross-entropy(ies) in a form the loss region does not know (label_smoothing, class "
-                "weights, reduction='none', logits sliced or not from a matmul; docs/DESIGN.md §14)"
-            )
-        why = why or "no LM head and cross-entropy in it (is the loss computed outside the compiled function?)"
-        warnings.warn(
-            f"fxremat: loss_chunks={chunks} left {graph_id}'s loss as traced: {why}", UserWarning, stacklevel=5
-        )
-    return LossRegions(loss_regions=rows)
-
-
 def _fxremat_partition(request: PartitionRequest, options: Options, profile: DeviceProfile, regions=None) -> _Split:
     """Our passes, in order (``regions``: the graph's per-region budgets, ``knobs.effective_options``)."""
     joint = request.joint
     _enter("prepare")
     joint = prepare_joint_graph(joint)  # request.joint itself, cleaned up (see _partition's snapshot)
-    loss = LossRegions()
-    if options.loss_chunks is not None:  # before the cut, which then prices the chunked gradients (DESIGN §14)
-        loss = _chunk_losses(joint, request.graph_id, options.loss_chunks)
+
+    def cut(joint: fx.GraphModule, loss: LossRegions) -> _Split:
+        return _cut(joint, request, options, profile, regions, loss)
+
+    # the loss region chunked before the cut, which then prices the chunked gradients (DESIGN §14)
+    return loss_split(joint, request, options, profile, cut)
+
+
+def _cut(joint: fx.GraphModule, request: PartitionRequest, options: Options, profile, regions, loss) -> _Split:
+    """The passes from the prepared (and chunked) joint to its split (``loss``: the loss regions' report record)."""
     copy_gathers_per_phase(joint, request.num_fwd_outputs)  # so no plan makes Inductor store one for two readers
     attach_graph_facts(joint, request.num_fwd_outputs)  # the one view of the joint graph every pass reads (roles.facts)
     _enter("classify")

@@ -200,6 +200,25 @@ def budget_lines(report: CutReport) -> list[str]:
     return lines
 
 
+def loss_lines(report: CutReport) -> list[str]:
+    """The loss regions (docs/DESIGN.md §14): each region, its chunks or why it was left as traced; each count of
+    chunks tried with its simulated step peak and estimated step time; the floor no count goes below."""
+    lines = []
+    for projection, tokens, vocab, chunks, why in report.loss_regions:
+        done = f"{chunks} chunks" if chunks else f"left as traced ({why})" if why else "left as traced"
+        lines.append(f"loss region {projection} ({tokens:,} tokens x {vocab:,} vocabulary): {done}")
+    if report.loss_chunks_tried:
+        tried = ", ".join(
+            f"{'as traced' if k == 1 else f'{k} chunks'} {format_bytes(peak)} ({seconds * 1e3:.2f} ms est.)"
+            for k, peak, seconds in report.loss_chunks_tried
+        )
+        lines.append(f"  simulated step peak: {tried}")
+    if report.loss_peak_floor_bytes is not None:
+        floor = format_bytes(report.loss_peak_floor_bytes)
+        lines.append(f"  floor (the gradients, and any returned logits with their zero gradient): {floor}")
+    return lines
+
+
 def format_text(report: CutReport, max_rows: int = 20, diff: bool = False) -> str:
     from tabulate import tabulate
 
@@ -223,6 +242,7 @@ def format_text(report: CutReport, max_rows: int = 20, diff: bool = False) -> st
             f"channels-last {channels_last})"
         )
     lines.extend(budget_lines(report))
+    lines.extend(loss_lines(report))
     saved = saved_by_bytes(report.saved)
     if saved:
         lines.append("")

@@ -70,6 +70,17 @@ def realized_when_lowered(node: fx.Node) -> bool:
     return node.op == "call_function" and qualified_name(node) == INDUCTOR_RANDOM
 
 
+def reduced_input(node: fx.Node) -> fx.Node | None:
+    """The tensor a reduction (``sum``, ``amax``, ``mean``, ...) reduces, or None for any other op.  Inductor's loop
+    for it runs over that tensor's elements (its ranges and reduction ranges are the tensor's shape), however large
+    the storages its fused-away producers read slices of: a chunk's loss, summed over its rows of the labels, loops
+    over those rows, not over every label, and so fuses with the chunk's log-sum-exp (docs/DESIGN.md §14)."""
+    if getattr(node.target, "overloadpacket", None) not in REDUCTIONS_WITH_DIMS or not node.args:
+        return None
+    x = node.args[0]
+    return x if isinstance(x, fx.Node) and isinstance(x.meta.get("val"), torch.Tensor) else None
+
+
 def column_reduction(node: fx.Node) -> tuple[int, int] | None:
     """(kept, reduced) elements of a reduction that keeps its input's innermost dimension (a column reduction: the
     weight gradient of a norm or a bias sums over the rows), or None.  Such a loop reads its input at index

@@ -18,6 +18,7 @@ from .inputs import SimulatorInputs
 from .lowering import (
     KERNEL_CLASSES,
     REALIZE_READS_THRESHOLD,
+    reduced_input,
     unrolled_elements,
 )
 from .node_facts import NodeFacts
@@ -305,12 +306,16 @@ class _Phase:
         return self.roots[node] is node and self.facts.is_tensor(node) and self.classes[node] is not OpClass.MUTATION
 
     def _numel(self, unit: fx.Node) -> int:
-        """The iteration space of a unit's loop: the largest tensor it writes or reads (a reduction's input); a
-        scatter's loop runs over the values it scatters (``scatter_values``), whatever the size of its output."""
+        """The iteration space of a unit's loop: the largest tensor it writes or reads; a reduction's, the tensor it
+        reduces (``lowering.reduced_input``: not the storages it reads slices of); a scatter's loop runs over the
+        values it scatters (``scatter_values``), whatever the size of its output."""
         numel = self.facts.numel
         values = self.facts.loop_facts(unit)[1]
         if values is not None:
             return numel(values)
+        reduced = reduced_input(unit) if self.classes[unit] is OpClass.REDUCTION else None
+        if reduced is not None:
+            return max((numel(n) for n in (reduced, *self.owned[unit])))
         return max((numel(n) for n in (*self.owned[unit], *self.loop_reads[unit])), default=0)
 
     def in_kernel_group(self, unit: fx.Node) -> bool:

@@ -179,12 +179,12 @@ def test_label_smoothing_is_left_as_traced_and_said():
     assert_grads_close(grads, expected)
 
 
-@pytest.mark.parametrize(("value", "error"), [(0, ValueError), (-2, ValueError), (True, TypeError), ("4", TypeError)])
+@pytest.mark.parametrize(("value", "error"), [(-1, ValueError), (-2, ValueError), (True, TypeError), ("4", TypeError)])
 def test_loss_chunks_is_validated(value, error):
     with pytest.raises(error, match="loss_chunks"):
         Options.create(loss_chunks=value)
 
 
-def test_loss_chunks_is_off_by_default_and_in_the_cache_key():
-    assert Options.create().loss_chunks is None
+def test_loss_chunks_is_chosen_by_default_and_in_the_cache_key():
+    assert Options.create().loss_chunks is None and Options.create(loss_chunks=0).loss_chunks == 0
     assert Options.create().cache_key() != Options.create(loss_chunks=4).cache_key()

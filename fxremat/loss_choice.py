@@ -1,0 +1,138 @@
+"""The loss region's chunks for one partition (docs/DESIGN.md §14): as the user set them (``loss_chunks``), or
+chosen by the simulated step peak (``passes/choice/loss_chunks.py``), each count's graph cut as any graph is.
+
+``loss_split`` is the partition's step between ``prepare_joint_graph`` and the cut: a graph with no loss region the
+rewrite can chunk goes straight to the cut, its report's ``loss_regions`` empty, at no cost; one with such a region
+is cut once per count tried, each on its own copy of the prepared joint."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import warnings
+from collections.abc import Callable
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from fxremat_passes.choice.loss_chunks import ChunkTrial, choose_chunks
+from fxremat_passes.graph.costs import alias_root
+from fxremat_passes.graph.loss_region import find_loss_regions, unrecognised_cross_entropies
+from fxremat_passes.rewrite.describe import step_seconds
+from fxremat_passes.rewrite.loss_chunks import chunk_loss_regions, why_not_chunked
+from fxremat_passes.simulator.liveness import simulate_step
+
+from .report import LossRegions
+
+
+def loss_split(joint: fx.GraphModule, request, options, profile, cut: Callable):
+    """The split of the prepared ``joint`` (``cut(joint, loss_record)``: the partition's passes from there on, a
+    ``_Split``), its loss region chunked as ``options`` say."""
+    if options.loss_chunks == 0:  # the user's: left as traced
+        return cut(joint, LossRegions())
+    if options.loss_chunks is not None and not options.compare_default:
+        return cut(joint, chunk_as_asked(joint, request.graph_id, options.loss_chunks))
+    found = find_loss_regions(joint.graph)
+    if not found:  # the common case: nothing to try, nothing to say
+        return cut(joint, LossRegions())
+    floor = floor_bytes(joint, request.num_fwd_outputs, found)
+    regions = [r for r in found if why_not_chunked(r) is None]
+    if not regions:
+        record = LossRegions(loss_regions=_rows(found), loss_peak_floor_bytes=floor)
+        if options.loss_chunks is not None:
+            record = dataclasses.replace(chunk_as_asked(joint, request.graph_id, options.loss_chunks), **_floor(floor))
+        return cut(joint, record)
+    trial = _trials(joint, request, profile, cut)
+    if options.loss_chunks is not None:  # the user's count, and the graph as traced beside it for the report
+        chosen = trial(options.loss_chunks)
+        tried = (trial(None), chosen)
+    else:
+        chosen, tried = choose_chunks(trial, options.peak_budget, min(r.tokens for r in regions))
+    split, caught = chosen.result
+    for said in caught:
+        warnings.warn_explicit(said.message, said.category, said.filename, said.lineno)
+    tried_rows = tuple((t.chunks or 1, t.peak_bytes, t.step_seconds) for t in tried)
+    split.records = [
+        dataclasses.replace(r, loss_chunks_tried=tried_rows, **_floor(floor)) if isinstance(r, LossRegions) else r
+        for r in split.records
+    ]
+    return split
+
+
+def _floor(floor: int) -> dict:
+    return {"loss_peak_floor_bytes": floor}
+
+
+def floor_bytes(joint: fx.GraphModule, num_fwd_outputs: int, regions) -> int:
+    """What no chunking goes below (DESIGN §14): the gradients backward returns at once (the joint's outputs after
+    forward's, each storage once), plus, for each region whose logits are returned, the logits and the zero gradient
+    autograd hands backward for them."""
+    outputs = joint.graph.output_node().args[0]
+    grads = [a for a in pytree.tree_leaves(outputs[num_fwd_outputs:]) if isinstance(a, fx.Node)]
+    storages = {}
+    for node in grads:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            storages[alias_root(node)] = val.untyped_storage().nbytes()
+    logits = sum(2 * r.projection.meta["val"].untyped_storage().nbytes() for r in regions if r.logits_returned)
+    return sum(storages.values()) + logits
+
+
+def chunk_as_asked(joint: fx.GraphModule, graph_id: str, chunks: int) -> LossRegions:
+    """``loss_chunks`` is the user's setting: where it chunks nothing in a graph, one warning says so and why (a
+    cross-entropy in a form the loss region does not know is named as such, never passed over in silence)."""
+    unknown = unrecognised_cross_entropies(joint.graph)
+    done = chunk_loss_regions(joint, chunks)
+    rows = tuple((d.projection, d.tokens, d.vocab, d.chunks if d.rewritten else 0, d.why_not) for d in done)
+    if not any(d.rewritten for d in done):
+        why = "; ".join(sorted({d.why_not for d in done if d.why_not}))
+        if unknown:
+            why = (why + "; " if why else "") + (
+                f"{unknown} cross-entropy(ies) in a form the loss region does not know (label_smoothing, class "
+                "weights, reduction='none', logits sliced or not from a matmul; docs/DESIGN.md §14)"
+            )
+        why = why or "no LM head and cross-entropy in it (is the loss computed outside the compiled function?)"
+        warnings.warn(
+            f"fxremat: loss_chunks={chunks} left {graph_id}'s loss as traced: {why}", UserWarning, stacklevel=6
+        )
+    return LossRegions(loss_regions=rows)
+
+
+def _rows(regions) -> tuple:
+    """The loss regions of a graph left as traced, each with why."""
+    return tuple((r.projection.name, r.tokens, r.vocab, 0, why_not_chunked(r)) for r in regions)
+
+
+def _trials(joint: fx.GraphModule, request, profile, cut: Callable) -> Callable[[int | None], ChunkTrial]:
+    """``trial(chunks)``: a copy of ``joint`` in ``chunks`` chunks (None: as traced), cut and simulated."""
+
+    # the backward simulated in its own order: the reordering for fewer C++ units (``_fewer_cpp_units``) simulates
+    # many orders, and moves the backward, not the loss region's forward
+    inputs = request.simulator.with_changes(joins_kernel_runs=False) if request.simulator is not None else None
+
+    def trial(chunks: int | None) -> ChunkTrial:
+        graph = _copy(joint)
+        done = chunk_loss_regions(graph, chunks) if chunks else []
+        rows = tuple((d.projection, d.tokens, d.vocab, d.chunks if d.rewritten else 0, d.why_not) for d in done)
+        if not done:
+            rows = tuple((r.projection.name, r.tokens, r.vocab, 0, None) for r in find_loss_regions(graph.graph))
+        with warnings.catch_warnings(record=True) as caught:  # said once, for the count chosen (``loss_split``)
+            warnings.simplefilter("always")
+            split = cut(graph, LossRegions(loss_regions=rows))
+        peak = split.peak or simulate_step(split.fw, split.bw, request.num_fwd_outputs, inputs=inputs)
+        seconds = step_seconds([*split.fw.graph.nodes, *split.bw.graph.nodes], profile)
+        target = next((r.peak_budget_bytes for r in split.records if hasattr(r, "peak_budget_bytes")), None)
+        return ChunkTrial(chunks, peak.peak_bytes, seconds, target, result=(split, caught))
+
+    return trial
+
+
+def _copy(joint: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``joint``'s graph, its nodes' meta copied one level (fake values shared), the module's attributes
+    shared: the passes after this one mark and rewrite the copy alone."""
+    graph = fx.Graph(owning_module=joint, tracer_cls=joint.graph._tracer_cls)
+    graph._codegen = copy.deepcopy(joint.graph._codegen)
+    value, output = graph.graph_copy(joint.graph, {}, return_output_node=True)
+    graph.output(value, type_expr=output.type).meta = copy.copy(output.meta)
+    return fx.GraphModule(joint, graph)

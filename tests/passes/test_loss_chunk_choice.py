@@ -1,0 +1,176 @@
+"""The loss region's chunk count chosen from the simulated step peak (``passes/choice/loss_chunks.py``,
+``fxremat/loss_choice.py``, docs/DESIGN.md §14): the rule on literal trials, then through AOTAutograd with no-op
+compilers on a model whose step peaks at its loss, gradients against eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import assert_grads_close, eager_grads, run_aot
+
+import fxremat
+from fxremat.examples import example
+from fxremat.options import Options
+from fxremat_passes.choice.loss_chunks import ChunkTrial, choose_chunks
+from fxremat_passes.graph.ops import LOG_SOFTMAX
+
+# --- the rule, on literal trials ----------------------------------------------------------------------------------
+
+# chunks -> (simulated peak, estimated seconds): the peak falls with the count, the time rises past 8
+TRIALS = {None: (1000, 1.0), 2: (600, 1.0), 4: (400, 1.0), 8: (300, 1.005), 16: (295, 1.02), 32: (290, 1.5)}
+
+
+def _trial(target=None):
+    asked = []
+
+    def trial(chunks):
+        asked.append(chunks)
+        peak, seconds = TRIALS[chunks]
+        return ChunkTrial(chunks, peak, seconds, target)
+
+    return trial, asked
+
+
+@pytest.mark.parametrize(
+    ("budget", "target", "chosen", "asked"),
+    [
+        (None, None, 8, [None, 2, 4, 8, 16]),  # 16 lowers the peak by under 2%: the search stops there
+        (0.0, 1000, 32, [None, 2, 4, 8, 16, 32]),  # the lowest peak, whatever the time
+        (450, None, 4, [None, 2, 4]),  # bytes: the smallest count that fits
+        (1000, None, None, [None]),  # the graph as traced fits: no chunks
+        (10, None, 32, [None, 2, 4, 8, 16, 32]),  # nothing fits: the lowest
+        (0.5, 500, 4, [None, 2, 4]),  # a fraction: the bytes the graph as traced reads it as
+    ],
+)
+def test_the_count_chosen(budget, target, chosen, asked):
+    trial, seen = _trial(target)
+    picked, tried = choose_chunks(trial, budget, tokens=1024)
+    assert picked.chunks == chosen
+    assert seen == asked and [t.chunks for t in tried] == asked
+
+
+def test_no_count_beyond_the_tokens():
+    trial, seen = _trial()
+    choose_chunks(trial, 0.0, tokens=5)
+    assert seen == [None, 2, 4]
+
+
+def test_time_beyond_negligible_stops_the_default():
+    slow = {**TRIALS, 2: (600, 1.2)}
+    picked, tried = choose_chunks(lambda k: ChunkTrial(k, *slow[k]), None, tokens=1024)
+    assert picked.chunks is None and [t.chunks for t in tried] == [None, 2]
+
+
+# --- through AOTAutograd --------------------------------------------------------------------------------------------
+
+VOCAB, TOKENS = 2048, (2, 64)  # logits 1 MiB in fp32 beside 0.4 MiB of parameters: the step peaks at the loss
+
+
+def _inputs():
+    torch.manual_seed(0)
+    ids, labels = torch.randint(0, VOCAB, TOKENS), torch.randint(0, VOCAB, TOKENS)
+    labels[0, :3] = -100
+    return ids, labels
+
+
+class BigVocabLM(torch.nn.Module):
+    """Embedding -> a small body -> LM head -> mean cross-entropy, the loss alone returned."""
+
+    def __init__(self, hidden=16):
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, hidden)
+        self.body = torch.nn.Sequential(torch.nn.Linear(hidden, hidden), torch.nn.Tanh())
+        self.head = torch.nn.Linear(hidden, VOCAB, bias=False)
+
+    def forward(self, ids, labels):
+        logits = self.head(self.body(self.embed(ids)))
+        return torch.nn.functional.cross_entropy(logits.view(-1, VOCAB), labels.view(-1))
+
+
+def _step(**settings):
+    """(the report, the graphs' nodes) of one step of the big-vocabulary LM; its gradients checked against eager."""
+    model, inputs = BigVocabLM(), _inputs()
+    _, expected = eager_grads(model, inputs)
+    reports, graphs = [], []
+    inner = fxremat.make_partition_fn(Options.create(strict=True, **settings), reports)
+
+    def partition_fn(joint, joint_inputs, **kwargs):
+        fw, bw = inner(joint, joint_inputs, **kwargs)
+        graphs.extend((fw, bw))
+        return fw, bw
+
+    _, grads, _ = run_aot(model, inputs, partition_fn)
+    assert_grads_close(grads, expected)
+    (report,) = reports
+    assert report.fallback_reason is None
+    return report, [n for g in graphs for n in g.graph.nodes]
+
+
+def _chunks(report) -> int:
+    ((_, tokens, vocab, chunks, why),) = report.loss_regions
+    assert (tokens, vocab, why) == (TOKENS[0] * TOKENS[1], VOCAB, None)
+    return chunks
+
+
+def test_the_default_chunks_where_the_simulated_peak_falls():
+    report, nodes = _step()
+    chunks = _chunks(report)
+    tried = dict((k, peak) for k, peak, _ in report.loss_chunks_tried)
+    assert chunks > 1 and tried[chunks] < 0.7 * tried[1]  # chunked, and well below the graph as traced
+    assert report.simulated_peak_bytes is not None
+    assert report.loss_peak_floor_bytes is not None and report.loss_peak_floor_bytes < tried[chunks]
+    assert not any(n.target is LOG_SOFTMAX for n in nodes)
+
+
+def test_a_peak_budget_in_bytes_takes_the_smallest_count_that_fits():
+    tried = {k: peak for k, peak, _ in _step(peak_budget=0.0)[0].loss_chunks_tried}
+    assert min(tried, key=tried.get) > 1  # the lowest peak is a chunked one
+    budget = (tried[2] + tried[4]) // 2  # 2 chunks miss it, 4 fit
+    report, _ = _step(peak_budget=budget)
+    assert _chunks(report) == 4
+    assert [k for k, _, _ in report.loss_chunks_tried] == [1, 2, 4]
+
+
+def test_an_explicit_count_is_honoured_and_compared_with_the_graph_as_traced():
+    report, nodes = _step(loss_chunks=3, compare_default=True)
+    assert _chunks(report) == 3
+    assert [k for k, _, _ in report.loss_chunks_tried] == [1, 3]
+    largest = max(n.meta["val"].numel() for n in nodes if isinstance(n.meta.get("val"), torch.Tensor))
+    assert largest < TOKENS[0] * TOKENS[1] * VOCAB  # no full-size logits
+
+
+def test_a_graph_without_a_loss_region_tries_nothing():
+    model, inputs = example("mlp")
+    reports = []
+    run_aot(model, inputs, fxremat.make_partition_fn(Options.create(compare_default=True), reports))
+    assert reports[0].loss_regions == () and reports[0].loss_chunks_tried == ()
+    assert reports[0].loss_peak_floor_bytes is None
+
+
+def test_returned_logits_are_left_as_traced_with_their_floor():
+    """The logits returned: nothing to chunk, and the floor counts them and their zero gradient (DESIGN §14)."""
+
+    class Returning(BigVocabLM):
+        def forward(self, ids, labels):
+            logits = self.head(self.body(self.embed(ids)))
+            return torch.nn.functional.cross_entropy(logits.view(-1, VOCAB), labels.view(-1)), logits
+
+    model, inputs = Returning(), _inputs()
+    _, expected = eager_grads(model, inputs, loss=lambda out: out[0])
+    reports = []
+    _, grads, _ = run_aot(
+        model, inputs, fxremat.make_partition_fn(Options.create(strict=True), reports), loss=lambda out: out[0]
+    )
+    assert_grads_close(grads, expected)
+    ((_, _, _, chunks, why),) = reports[0].loss_regions
+    assert chunks == 0 and "returned" in why and reports[0].loss_chunks_tried == ()
+    parameters = sum(p.numel() * 4 for p in model.parameters())
+    logits = TOKENS[0] * TOKENS[1] * VOCAB * 4
+    assert reports[0].loss_peak_floor_bytes == parameters + 2 * logits
+
+
+def test_the_text_report_names_the_region_its_chunks_and_the_floor():
+    from fxremat.render import format_text
+
+    text = format_text(_step(peak_budget=0.0)[0])
+    assert "loss region" in text and "chunks" in text and "as traced" in text and "floor" in text
