@@ -295,7 +295,7 @@ class Options:
             return PROFILES[self.device]
         if device_type == "cuda" and device_name:
             lowered = device_name.lower()
-            for key in ("h200", "h100", "a100"):
+            for key in ("gh200", "h200", "h100", "a100"):  # GH200 before H200: its name holds both
                 if key in lowered:
                     return PROFILES[key]
             return PROFILES["h100"]
