@@ -205,6 +205,10 @@ class Options:
     checkpoints      "honour" (default): with checkpoint tags in the graph, no plan saves more bytes or has a
                      higher simulated step peak than the user's plan (passes/choice/contract.py); "replan": fxremat's
                      costs decide inside the regions too (a PREFER_RECOMPUTE tag is a bias).
+    offload          False (default): saved values are kept or recomputed; "plan": under peak_budget, saved
+                     storages may also be offloaded to host memory where the plan is then faster within the budget
+                     (docs/DESIGN.md §16); the report lists them, but the graphs keep them on the device (the
+                     offload rewrite is not built yet: one warning says so).  True is refused until it is.
     """
 
     memory_budget: float | int | None = None
@@ -221,6 +225,7 @@ class Options:
     checkpoints: str = "honour"
     loss_chunks: int | None = None
     caller_bytes: int | None = None
+    offload: bool | str = False
 
     @classmethod
     def create(cls, **kwargs: Any) -> Options:
@@ -257,6 +262,7 @@ class Options:
         if values.get("backward_segments") not in (None, True, False):
             raise TypeError(f"backward_segments must be None, True or False, got {values['backward_segments']!r}")
         _check_loss_chunks(values.get("loss_chunks"))
+        _check_offload(values.get("offload", False), values.get("peak_budget"))
         if values.get("caller_bytes") is not None:
             values["caller_bytes"] = _caller_bytes(values["caller_bytes"])
         if "report_dir" not in values:
@@ -300,3 +306,15 @@ class Options:
                     return PROFILES[key]
             return PROFILES["h100"]
         return PROFILES["cpu"]
+
+
+def _check_offload(value, peak_budget) -> None:
+    if value is True:
+        raise ValueError(
+            "offload=True is not available yet: fxremat chooses offloads (offload='plan' reports them) but does not "
+            "rewrite the graphs with PyTorch's offload ops yet (docs/DESIGN.md §16); use offload='plan' or False"
+        )
+    if value not in (False, "plan"):
+        raise ValueError(f"offload must be False or 'plan', got {value!r}")
+    if value and peak_budget is None:
+        raise ValueError("offload='plan' chooses offloads under a peak_budget only; set peak_budget too")
