@@ -62,3 +62,19 @@ def test_offload_is_refused_where_it_cannot_apply():
 def test_a_profile_without_a_host_link_says_so(small_storages):
     with pytest.warns(UserWarning, match="no host link"):
         gpu_shaped.partition("gpt2", "fxremat", dict(peak_budget=0.5, offload="plan", device="cpu"), small=True)
+
+
+def test_the_report_lists_each_offloaded_storage(small_storages):
+    import fxremat
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        (report,), _ = gpu_shaped.partition("llama", "fxremat", dict(peak_budget=0.5, offload="plan"), small=True)
+    assert report.offloaded
+    text = fxremat.format_text(report)
+    assert "offload (planned, not applied)" in text
+    for name, _, _ in report.offloaded:
+        assert f"  {name}: " in text
+    data = report.to_dict()
+    assert [list(row) for row in data["offloaded"]] == [list(row) for row in report.offloaded]
+    assert data["offload_peak_bytes"] <= data["peak_budget_bytes"]
