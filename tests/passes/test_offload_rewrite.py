@@ -8,6 +8,7 @@ choices) that no offloaded value is read before its reload's wait."""
 from __future__ import annotations
 
 import random
+import warnings
 
 import pytest
 import torch
@@ -168,3 +169,47 @@ def test_no_offloaded_value_is_read_before_its_reload_wait_property():
         for key, grad in eager_grads.items():
             torch.testing.assert_close(grads[key], grad)
         read_after_wait(record["bw"], record["names"])
+
+
+def test_the_planned_offloads_run_through_the_rewrite(monkeypatch):
+    """The chain on CPU: fxremat's plan with ``offload="plan"`` (the C++ backend given a host link here, as a GPU's
+    Triton backend has one), its planned storages rewritten by PyTorch's machinery, run with the stand-ins:
+    gradients equal eager's, and no offloaded value is read before its reload's wait."""
+    from functorch.compile import aot_function, make_boxed_func
+
+    import fxremat
+    import fxremat_passes.choice.offload as choice_offload
+    from fxremat.options import Options
+    from fxremat_passes.simulator.backends.cpp import CppRules
+
+    monkeypatch.setattr(CppRules, "transfer_seconds", lambda self, nbytes, link: nbytes / link, raising=False)
+    monkeypatch.setattr(choice_offload, "OFFLOAD_MIN_BYTES", 0)
+    torch.manual_seed(0)
+    model, x = Mlp(width=64, depth=6), torch.randn(256, 64)
+    reports: list = []
+    inner = fxremat.make_partition_fn(Options.create(device="h100", peak_budget=0.3, offload="plan"), reports)
+    record: dict = {}
+
+    def partition(gm, joint_inputs, **kwargs):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fw, bw = inner(gm, joint_inputs, **kwargs)
+        names = [name for name, _, _ in reports[-1].offloaded]
+        tp_offload.rewrite_offloads(fw, bw, names)
+        record.update(bw=bw, names=names)
+        return stand_in(fw), stand_in(bw)
+
+    noop = lambda gm, _: make_boxed_func(gm.forward)  # noqa: E731
+    fn = aot_function(
+        lambda p, x: torch.func.functional_call(model, p, (x,)),
+        fw_compiler=noop,
+        bw_compiler=noop,
+        partition_fn=partition,
+    )
+    p = {k: v.detach().clone().requires_grad_() for k, v in model.named_parameters()}
+    fn(p, x).backward()
+    assert record["names"], "the plan offloads"
+    _, eager_grads = eager_step(model, x)
+    for key, grad in eager_grads.items():
+        torch.testing.assert_close(p[key].grad, grad)
+    read_after_wait(record["bw"], record["names"])
