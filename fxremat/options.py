@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fxremat_passes import _torch_private as tp
+from fxremat_passes._torch_private import offload as tp_offload
 from fxremat_passes.graph.costs import PROFILES, DeviceProfile
 
 ENV_REPORT_DIR = "FXREMAT_REPORT_DIR"
@@ -207,8 +208,9 @@ class Options:
                      costs decide inside the regions too (a PREFER_RECOMPUTE tag is a bias).
     offload          False (default): saved values are kept or recomputed; "plan": under peak_budget, saved
                      storages may also be offloaded to host memory where the plan is then faster within the budget
-                     (docs/DESIGN.md §16); the report lists them, but the graphs keep them on the device (the
-                     offload rewrite is not built yet: one warning says so).  True is refused until it is.
+                     (docs/DESIGN.md §16); the report lists them, but the graphs keep them on the device (one
+                     warning says so); True: the same plan, and the split rewritten by PyTorch's offload machinery
+                     (torch 2.13 or later; not yet run on a GPU).
     """
 
     memory_budget: float | int | None = None
@@ -309,12 +311,16 @@ class Options:
 
 
 def _check_offload(value, peak_budget) -> None:
-    if value is True:
-        raise ValueError(
-            "offload=True is not available yet: fxremat chooses offloads (offload='plan' reports them) but does not "
-            "rewrite the graphs with PyTorch's offload ops yet (docs/DESIGN.md §16); use offload='plan' or False"
-        )
-    if value not in (False, "plan"):
-        raise ValueError(f"offload must be False or 'plan', got {value!r}")
+    if value not in (False, True, "plan"):
+        raise ValueError(f"offload must be False, True or 'plan', got {value!r}")
     if value and peak_budget is None:
-        raise ValueError("offload='plan' chooses offloads under a peak_budget only; set peak_budget too")
+        raise ValueError(f"offload={value!r} chooses offloads under a peak_budget only; set peak_budget too")
+    if value is True:
+        reason = tp_offload.offload_unavailable() or (
+            None if tp_offload.is_async() else "this torch's rewrite copies synchronously (prims.device_put)"
+        )
+        if reason is not None:
+            raise ValueError(
+                f"offload=True needs PyTorch's asynchronous offload rewrite (torch 2.13 or later): {reason}; "
+                "use offload='plan' to see the plan (docs/DESIGN.md §16)"
+            )

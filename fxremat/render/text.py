@@ -201,17 +201,17 @@ def budget_lines(report: CutReport) -> list[str]:
 
 
 def _offload_lines(report: CutReport) -> list[str]:
-    """``offload="plan"``'s storages (docs/DESIGN.md §16): each one's bytes and the stalls it causes."""
+    """The offloaded storages (docs/DESIGN.md §16): each one's bytes and the stalls it causes."""
     if not report.offloaded:
         return []
     lines = [
-        f"offload (planned, not applied): {len(report.offloaded)} storages, "
+        f"offload: {len(report.offloaded)} storages, "
         f"{format_bytes(sum(row[1] for row in report.offloaded))}, step peak -> "
         f"{format_bytes(report.offload_peak_bytes)} simulated, exposed {report.offload_exposed_seconds * 1e3:.3f} ms"
     ]
     lines += [
         f"  {name}: {format_bytes(nbytes)}, exposed {exposed * 1e3:.3f} ms"
-        for name, nbytes, exposed in report.offloaded
+        for name, nbytes, exposed, *_ in report.offloaded
     ]
     return lines
 

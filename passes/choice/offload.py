@@ -36,12 +36,22 @@ class Offloaded:
     units: tuple[OffloadUnit, ...]
     placement: OffloadPlacement
     seconds: float
+    points: tuple[str, ...] = ()  # the schedule's points, by node name
+    forward_points: int = 0
 
-    def rows(self) -> list[dict]:
-        """The report's rows: each offloaded storage, its bytes, the stalls it causes."""
+    def rows(self) -> list[tuple[str, int, float, str, str]]:
+        """The report's rows: each offloaded storage, its bytes, the stalls it causes, the forward node its
+        offload's wait goes before ("": the forward's end) and the backward node its reload is issued before."""
+        placed = zip(self.units, self.placement.stalls, self.placement.waits, self.placement.reloads)
         return [
-            dict(name=unit.name, nbytes=unit.nbytes, exposed_seconds=stall)
-            for unit, stall in zip(self.units, self.placement.stalls)
+            (
+                unit.name,
+                unit.nbytes,
+                stall,
+                self.points[wait] if wait < self.forward_points else "",
+                self.points[reload],
+            )
+            for unit, stall, wait, reload in placed
         ]
 
 
@@ -168,7 +178,9 @@ def offloaded_choice(c, candidates, target: int, fastest_seconds: float, simulat
         found = _offloads_for(c, fw, bw, peak, inputs_for(fw, inputs), target)
         if found is not None:
             units, placement = found
-            best = Offloaded(plan, units, placement, plan.seconds + placement.exposed_seconds)
+            names = tuple(name for _, name, _ in peak.timeline)
+            forward_points = sum(phase == "forward" for phase, _, _ in peak.timeline)
+            best = Offloaded(plan, units, placement, plan.seconds + placement.exposed_seconds, names, forward_points)
     return best
 
 

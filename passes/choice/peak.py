@@ -69,7 +69,7 @@ def choose_plan_for_peak(c: Choosing) -> PlanChoice:
         fastest = chosen.seconds if chosen is not None else float("inf")
         offloaded = offloaded_choice(c, candidates, target, fastest, simulated)
         if offloaded is not None:
-            return _offloading(offloaded, fields, simulated)
+            return _offloading(offloaded, fields, simulated, applied=c.settings.offload is True)
     if chosen is None and segmented is not None:  # the segmented plan: it meets the target, or it is the lowest
         segmented_plan, recipe, peak, segment_fields = segmented
         fields.update(segment_fields, peak_budget_met=peak.peak_bytes <= target)
@@ -88,14 +88,16 @@ def choose_plan_for_peak(c: Choosing) -> PlanChoice:
     return _handed_on(plan, dict(fields, peak_budget_met=chosen is not None), *simulated.handed_on(plan))
 
 
-def _offloading(offloaded: Offloaded, fields: dict, simulated) -> PlanChoice:
-    """The choice of a plan with offloads: its split and simulation as without them, the offloads in its fields."""
-    rows = tuple((row["name"], row["nbytes"], row["exposed_seconds"]) for row in offloaded.rows())
-    warnings.warn(
-        f"fxremat: {len(rows)} saved storages are planned for offload (offload='plan'), but the graphs keep them on "
-        "the device: the offload rewrite is not built yet (docs/DESIGN.md §16)",
-        stacklevel=4,
-    )
+def _offloading(offloaded: Offloaded, fields: dict, simulated, applied: bool) -> PlanChoice:
+    """The choice of a plan with offloads: its split and simulation as without them, the offloads in its fields
+    (``applied``: the partition rewrites the split with them, ``offload=True``)."""
+    rows = tuple(offloaded.rows())
+    if not applied:
+        warnings.warn(
+            f"fxremat: {len(rows)} saved storages are planned for offload (offload='plan'), but the graphs keep them "
+            "on the device; offload=True applies them (docs/DESIGN.md §16)",
+            stacklevel=4,
+        )
     fields = dict(
         fields,
         peak_budget_met=True,

@@ -194,7 +194,7 @@ def test_the_planned_offloads_run_through_the_rewrite(monkeypatch):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             fw, bw = inner(gm, joint_inputs, **kwargs)
-        names = [name for name, _, _ in reports[-1].offloaded]
+        names = [row[0] for row in reports[-1].offloaded]
         tp_offload.rewrite_offloads(fw, bw, names)
         record.update(bw=bw, names=names)
         return stand_in(fw), stand_in(bw)
@@ -213,3 +213,59 @@ def test_the_planned_offloads_run_through_the_rewrite(monkeypatch):
     for key, grad in eager_grads.items():
         torch.testing.assert_close(p[key].grad, grad)
     read_after_wait(record["bw"], record["names"])
+
+
+@pytest.mark.skipif(not tp_offload.is_async(), reason="offload=True: torch 2.13 and later")
+def test_offload_true_rewrites_the_split_where_the_schedule_says(monkeypatch):
+    """``offload=True``: the partition rewrites its split with the planned offloads, each wait and reload where the
+    report's rows say; gradients equal eager's."""
+    from functorch.compile import aot_function, make_boxed_func
+
+    import fxremat
+    import fxremat_passes.choice.offload as choice_offload
+    from fxremat.options import Options
+    from fxremat_passes.simulator.backends.cpp import CppRules
+
+    monkeypatch.setattr(CppRules, "transfer_seconds", lambda self, nbytes, link: nbytes / link, raising=False)
+    monkeypatch.setattr(choice_offload, "OFFLOAD_MIN_BYTES", 0)
+    torch.manual_seed(0)
+    model, x = Mlp(width=64, depth=6), torch.randn(256, 64)
+    reports: list = []
+    graphs: dict = {}
+
+    def compiler(kind):
+        def compile(gm, _inputs):
+            graphs[kind] = gm
+            return make_boxed_func(stand_in(gm).forward)
+
+        return compile
+
+    def step(p, x):
+        return torch.func.functional_call(model, p, (x,))
+
+    partition = fxremat.make_partition_fn(Options.create(device="h100", peak_budget=0.3, offload=True), reports)
+    fn = aot_function(step, fw_compiler=compiler("fw"), bw_compiler=compiler("bw"), partition_fn=partition)
+    p = {k: v.detach().clone().requires_grad_() for k, v in model.named_parameters()}
+    fn(p, x).backward()
+    (report,) = reports
+    assert report.offloaded and report.fallback_reason is None
+    _, eager_grads = eager_step(model, x)
+    for key, grad in eager_grads.items():
+        torch.testing.assert_close(p[key].grad, grad)
+    names = [row[0] for row in report.offloaded]
+    read_after_wait(graphs["bw"], names)
+    fw_order = [n.name for n in graphs["fw"].graph.nodes]
+    bw_order = [n.name for n in graphs["bw"].graph.nodes]
+    for name, _, _, wait_before, reload_before in report.offloaded:
+        wait = fw_order.index(f"cpu_offload_{name}")
+        assert fw_order[wait + 1] == (wait_before or "output")
+        reload = bw_order.index(f"async_gpu_reload_{name}")
+        assert bw_order[reload + 1] == reload_before or bw_order[reload + 1].startswith("async_gpu_reload_")
+
+
+@pytest.mark.skipif(tp_offload.is_async(), reason="torch 2.11's synchronous rewrite")
+def test_offload_true_is_refused_where_the_rewrite_copies_synchronously():
+    from fxremat.options import Options
+
+    with pytest.raises(ValueError, match="torch 2.13 or later"):
+        Options.create(peak_budget=0.5, offload=True)
