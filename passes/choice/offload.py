@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from .._torch_private import offload as tp_offload
 from ..graph.costs import DeviceProfile, alias_root, node_cost
 from ..graph.ops import OpClass, op_class
 from ..simulator.inputs import inputs_for
@@ -88,8 +89,9 @@ def _point_index(gm: fx.GraphModule, timeline, phase: str) -> dict[str, int]:
 def offload_units(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, indices, inputs) -> list[OffloadUnit]:
     """The storages of a split's saved values that may be offloaded (DESIGN §16): one per alias root that is
     computed in forward (not a graph input), held by no forward output the caller gets, of at least
-    ``OFFLOAD_MIN_BYTES``; its last forward use over every alias, its first backward use over every saved value on
-    it.  ``indices``: ``schedule_of``'s point indices."""
+    ``OFFLOAD_MIN_BYTES``, and saved as itself alone, as PyTorch's rewrite can offload it (``refusal``: saved views
+    would need their base saved instead, not built); its last forward use over every alias, its first backward
+    use over every saved value on it.  ``indices``: ``schedule_of``'s point indices."""
     forward_index, backward_index = indices
     outputs = fw.graph.output_node().args[0]
     caller_roots = {alias_root(n) for n in outputs[:num_fwd_outputs] if isinstance(n, fx.Node)}
@@ -106,6 +108,8 @@ def offload_units(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, 
     for root, saved in by_root.items():
         nbytes = storage_bytes(root, inputs.backend)
         if root.op != "call_function" or root in caller_roots or nbytes < OFFLOAD_MIN_BYTES:
+            continue
+        if saved != [root] or tp_offload.refusal(root) is not None:  # what PyTorch's rewrite can offload
             continue
         readers = [u for a in aliases.get(root, [root]) for u in _reads_through_views(a)]
         last = max((forward_index[u.name] for u in readers), default=forward_index[root.name])
