@@ -50,9 +50,9 @@ IGNORED_KNOBS = {
     "like any value",
     "treat_parameters_as_free_to_save": "fxremat always counts graph inputs (parameters included) as free",
     "unsafe_allow_optimization_of_collectives": "fxremat never recomputes a collective",
-    "enable_activation_offloading": "fxremat does not apply offloads yet: a value tagged MUST_CPU_OFFLOAD is saved, "
-    "PREFER_CPU_OFFLOAD is weighed as PREFER_SAVE; offload='plan' with a peak_budget shows the offloads fxremat would "
-    "choose (docs/DESIGN.md §16)",
+    "enable_activation_offloading": "fxremat offloads only the storages it chooses itself (offload=True or 'plan' "
+    "with a peak_budget, docs/DESIGN.md §16); a value tagged MUST_CPU_OFFLOAD is saved, PREFER_CPU_OFFLOAD is "
+    "weighed as PREFER_SAVE",
     "_sync_decision_cross_ranks": "fxremat does not exchange plans across ranks (the same graph gives the same cut)",
     "visualize_memory_budget_pareto": "fxremat reports its memory/recompute frontier in report.frontier",
     "memory_budget_pareto_dir": "fxremat reports its memory/recompute frontier in report.frontier",
@@ -155,7 +155,7 @@ def _warn_offload_tags(joint: fx.GraphModule) -> None:
     if found:
         _warn_once(
             ("offload_tags", *found),
-            f"fxremat: values tagged {' and '.join(found)} are kept on the device, not offloaded: fxremat does not "
-            "apply offloads yet (MUST_CPU_OFFLOAD is saved, PREFER_CPU_OFFLOAD weighed as PREFER_SAVE; "
-            "docs/DESIGN.md §16)",
+            f"fxremat: values tagged {' and '.join(found)} are kept on the device, not offloaded: fxremat offloads "
+            "only the storages it chooses under a peak_budget (offload=True); MUST_CPU_OFFLOAD is saved, "
+            "PREFER_CPU_OFFLOAD weighed as PREFER_SAVE (docs/DESIGN.md §16)",
         )
