@@ -50,7 +50,9 @@ IGNORED_KNOBS = {
     "like any value",
     "treat_parameters_as_free_to_save": "fxremat always counts graph inputs (parameters included) as free",
     "unsafe_allow_optimization_of_collectives": "fxremat never recomputes a collective",
-    "enable_activation_offloading": "fxremat does not offload activations to the CPU",
+    "enable_activation_offloading": "fxremat offloads only the storages it chooses itself (offload=True or 'plan' "
+    "with a peak_budget, docs/DESIGN.md §16); a value tagged MUST_CPU_OFFLOAD is saved, PREFER_CPU_OFFLOAD is "
+    "weighed as PREFER_SAVE",
     "_sync_decision_cross_ranks": "fxremat does not exchange plans across ranks (the same graph gives the same cut)",
     "visualize_memory_budget_pareto": "fxremat reports its memory/recompute frontier in report.frontier",
     "memory_budget_pareto_dir": "fxremat reports its memory/recompute frontier in report.frontier",
@@ -97,6 +99,7 @@ def effective_options(
     or one over part of the forward, are per-region budgets (``passes/choice/regions.py``), and the rest of the graph
     keeps the budget it has without them.  Raises ``RegionBudgetError`` for annotations fxremat cannot apply."""
     warn_ignored_knobs()
+    _warn_offload_tags(joint)
     regions = read_regions(joint, num_fwd_outputs)
     whole = regions.whole_graph_budget
     if whole is not None:
@@ -143,3 +146,16 @@ def _graph_budget(options: Options, joint: fx.GraphModule) -> tuple[Options, str
     if torch_budget is not None:
         return dataclasses.replace(options, memory_budget=torch_budget), TORCH_CONFIG_SOURCE
     return options, None
+
+
+def _warn_offload_tags(joint: fx.GraphModule) -> None:
+    """Once per process: the graph's CPU-offload tags are kept, not offloaded (docs/DESIGN.md §16)."""
+    tags = {"MUST_CPU_OFFLOAD", "PREFER_CPU_OFFLOAD"}
+    found = sorted({getattr(n.meta.get("recompute"), "name", None) for n in joint.graph.nodes} & tags)
+    if found:
+        _warn_once(
+            ("offload_tags", *found),
+            f"fxremat: values tagged {' and '.join(found)} are kept on the device, not offloaded: fxremat offloads "
+            "only the storages it chooses under a peak_budget (offload=True); MUST_CPU_OFFLOAD is saved, "
+            "PREFER_CPU_OFFLOAD weighed as PREFER_SAVE (docs/DESIGN.md §16)",
+        )

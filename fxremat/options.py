@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fxremat_passes import _torch_private as tp
+from fxremat_passes._torch_private import offload as tp_offload
 from fxremat_passes.graph.costs import PROFILES, DeviceProfile
 
 ENV_REPORT_DIR = "FXREMAT_REPORT_DIR"
@@ -209,6 +210,11 @@ class Options:
     checkpoints      "honour" (default): with checkpoint tags in the graph, no plan saves more bytes or has a
                      higher simulated step peak than the user's plan (passes/choice/contract.py); "replan": fxremat's
                      costs decide inside the regions too (a PREFER_RECOMPUTE tag is a bias).
+    offload          False (default): saved values are kept or recomputed; "plan": under peak_budget, saved
+                     storages may also be offloaded to host memory where the plan is then faster within the budget
+                     (docs/DESIGN.md §16); the report lists them, but the graphs keep them on the device (one
+                     warning says so); True: the same plan, and the split rewritten by PyTorch's offload machinery
+                     (torch 2.13 or later; not yet run on a GPU).
     """
 
     memory_budget: float | int | None = None
@@ -225,6 +231,7 @@ class Options:
     checkpoints: str = "honour"
     loss_chunks: int | None = None
     caller_bytes: int | None = None
+    offload: bool | str = False
 
     @classmethod
     def create(cls, **kwargs: Any) -> Options:
@@ -261,6 +268,7 @@ class Options:
         if values.get("backward_segments") not in (None, True, False):
             raise TypeError(f"backward_segments must be None, True or False, got {values['backward_segments']!r}")
         _check_loss_chunks(values.get("loss_chunks"))
+        _check_offload(values.get("offload", False), values.get("peak_budget"))
         if values.get("caller_bytes") is not None:
             values["caller_bytes"] = _caller_bytes(values["caller_bytes"])
         if "report_dir" not in values:
@@ -299,8 +307,24 @@ class Options:
             return PROFILES[self.device]
         if device_type == "cuda" and device_name:
             lowered = device_name.lower()
-            for key in ("h200", "h100", "a100"):
+            for key in ("gh200", "h200", "h100", "a100"):  # GH200 before H200: its name holds both
                 if key in lowered:
                     return PROFILES[key]
             return PROFILES["h100"]
         return PROFILES["cpu"]
+
+
+def _check_offload(value, peak_budget) -> None:
+    if value not in (False, True, "plan"):
+        raise ValueError(f"offload must be False, True or 'plan', got {value!r}")
+    if value and peak_budget is None:
+        raise ValueError(f"offload={value!r} chooses offloads under a peak_budget only; set peak_budget too")
+    if value is True:
+        reason = tp_offload.offload_unavailable() or (
+            None if tp_offload.is_async() else "this torch's rewrite copies synchronously (prims.device_put)"
+        )
+        if reason is not None:
+            raise ValueError(
+                f"offload=True needs PyTorch's asynchronous offload rewrite (torch 2.13 or later): {reason}; "
+                "use offload='plan' to see the plan (docs/DESIGN.md §16)"
+            )

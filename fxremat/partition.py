@@ -24,6 +24,7 @@ import torch
 import torch.fx as fx
 
 from fxremat_passes import _torch_private as tp
+from fxremat_passes._torch_private import offload as tp_offload
 from fxremat_passes.choice import ChoiceSettings, choose, kept_tagged, segmented_split
 from fxremat_passes.graph.costs import DeviceProfile, annotate_costs
 from fxremat_passes.graph.cse import MetaSnapshot, prepare_joint_graph
@@ -275,12 +276,22 @@ def _cut(joint: fx.GraphModule, request: PartitionRequest, options: Options, pro
     recomputation = _plan_fields(plan, flow, roles, options)
     _enter("split")
     fw, bw, recipe = split_done if split_done is not None else split(plan)
+    if options.offload is True and choice.offloaded:
+        _offload(fw, bw, choice.offloaded)
     if options.backward_segments and recipe is not None and not recipe.bw_checkpoints:  # asked for every plan
         (fw, bw, recipe), peak, segment_fields = segmented_split(
             recipe, request.num_fwd_outputs, profile, request.simulator
         )
         choice = dataclasses.replace(choice, **segment_fields)  # this split's segments, not the choice's
     return _Split(fw, bw, [classified, loss, choice, recomputation], recipe, peak)
+
+
+def _offload(fw: fx.GraphModule, bw: fx.GraphModule, rows) -> None:
+    """PyTorch's rewrite on the planned storages, each wait and reload where the report's rows place them
+    (``Choice.offloaded``, docs/DESIGN.md §16)."""
+    waits = {name: wait for name, _, _, wait, _ in rows}
+    reloads = {name: reload for name, _, _, _, reload in rows}
+    tp_offload.rewrite_offloads(fw, bw, list(waits), waits, reloads)
 
 
 def _splitter(joint: fx.GraphModule, flow, roles, num_fwd_outputs: int):

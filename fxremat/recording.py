@@ -77,7 +77,8 @@ def profile_from_dict(data: dict[str, Any]) -> DeviceProfile:
     if gemm is not None:
         gemm = GemmModel(**{**gemm, "rate_by_dtype": tuple(tuple(r) for r in gemm["rate_by_dtype"])})
     table = tuple(tuple(r) for r in data["peak_flops_by_dtype"])
-    return DeviceProfile(name=data["name"], peak_flops_by_dtype=table, mem_bandwidth=data["mem_bandwidth"], gemm=gemm)
+    link = data.get("host_link_bandwidth")  # absent from a recording made before the host link
+    return DeviceProfile(data["name"], table, data["mem_bandwidth"], gemm, link)
 
 
 def options_to_dict(options: Options) -> dict[str, Any]:

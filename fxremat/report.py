@@ -127,6 +127,12 @@ class Choice:
     peak_budget_met: bool | None = None
     peak_candidates: int | None = None  # candidate plans whose peak was estimated
     peak_simulated: int | None = None  # ... and of those, the shortlist judged by simulated peak (unsplit)
+    # offload under peak_budget (passes/choice/offload.py, docs/DESIGN.md §16): (storage, bytes, exposed seconds,
+    # the forward node its wait precedes or "" for the forward's end, the backward node its reload precedes) per
+    # offloaded storage, the simulated step peak with them on the host, their exposed seconds summed
+    offloaded: tuple[tuple[str, int, float, str, str], ...] = ()
+    offload_peak_bytes: int | None = None
+    offload_exposed_seconds: float | None = None
 
 
 @dataclass(**_RECORD)

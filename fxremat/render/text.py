@@ -197,6 +197,22 @@ def budget_lines(report: CutReport) -> list[str]:
             f"({'met' if report.peak_budget_met else 'NOT met: lowest-peak plan'}; "
             f"{report.peak_candidates} candidate plans)"
         )
+    return lines + _offload_lines(report)
+
+
+def _offload_lines(report: CutReport) -> list[str]:
+    """The offloaded storages (docs/DESIGN.md §16): each one's bytes and the stalls it causes."""
+    if not report.offloaded:
+        return []
+    lines = [
+        f"offload: {len(report.offloaded)} storages, "
+        f"{format_bytes(sum(row[1] for row in report.offloaded))}, step peak -> "
+        f"{format_bytes(report.offload_peak_bytes)} simulated, exposed {report.offload_exposed_seconds * 1e3:.3f} ms"
+    ]
+    lines += [
+        f"  {name}: {format_bytes(nbytes)}, exposed {exposed * 1e3:.3f} ms"
+        for name, nbytes, exposed, *_ in report.offloaded
+    ]
     return lines
 
 

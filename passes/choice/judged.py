@@ -62,6 +62,10 @@ class JudgedPlans:
         simulation = self.simulation(plan)
         return simulation.peak_bytes if simulation is not None else float("inf")
 
+    def split_of(self, plan: Plan) -> tuple:
+        """The plan's (fw, bw, recipe), made once (lazy modules)."""
+        return self._split(plan)
+
     def _split(self, plan: Plan) -> tuple:
         key = plan_key(plan)
         if key not in self.splits:

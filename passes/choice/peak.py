@@ -22,6 +22,7 @@ from ..solver.solvers import Budget, cheapest_within
 from .contract import CONTRACT_FIELDS, contract_of, contract_plan
 from .default import block_sums_plan
 from .judged import PEAK_SIMULATED_CANDIDATES, judged_plans, ranked_candidates
+from .offload import Offloaded, offloaded_choice
 from .plan import choose_plan
 from .records import Chooser, Choosing, PlanChoice
 from .segmented import Segmentations, built
@@ -64,6 +65,11 @@ def choose_plan_for_peak(c: Choosing) -> PlanChoice:
         peak_budget=budget, peak_budget_bytes=target, peak_candidates=len(candidates), peak_simulated=len(shortlist)
     )
     chosen = next((p for p in shortlist if real[plan_key(p)] <= target), None)
+    if c.settings.offload:  # a faster plan that fits with offloads (DESIGN §16)
+        fastest = chosen.seconds if chosen is not None else float("inf")
+        offloaded = offloaded_choice(c, candidates, target, fastest, simulated)
+        if offloaded is not None:
+            return _offloading(offloaded, fields, simulated, applied=c.settings.offload is True)
     if chosen is None and segmented is not None:  # the segmented plan: it meets the target, or it is the lowest
         segmented_plan, recipe, peak, segment_fields = segmented
         fields.update(segment_fields, peak_budget_met=peak.peak_bytes <= target)
@@ -80,6 +86,26 @@ def choose_plan_for_peak(c: Choosing) -> PlanChoice:
             return _handed_on(segmented_plan, fields, built(recipe), peak)
     plan = chosen if chosen is not None else lowest
     return _handed_on(plan, dict(fields, peak_budget_met=chosen is not None), *simulated.handed_on(plan))
+
+
+def _offloading(offloaded: Offloaded, fields: dict, simulated, applied: bool) -> PlanChoice:
+    """The choice of a plan with offloads: its split and simulation as without them, the offloads in its fields
+    (``applied``: the partition rewrites the split with them, ``offload=True``)."""
+    rows = tuple(offloaded.rows())
+    if not applied:
+        warnings.warn(
+            f"fxremat: {len(rows)} saved storages are planned for offload (offload='plan'), but the graphs keep them "
+            "on the device; offload=True applies them (docs/DESIGN.md §16)",
+            stacklevel=4,
+        )
+    fields = dict(
+        fields,
+        peak_budget_met=True,
+        offloaded=rows,
+        offload_peak_bytes=offloaded.placement.peak_bytes,
+        offload_exposed_seconds=offloaded.placement.exposed_seconds,
+    )
+    return _handed_on(offloaded.plan, fields, *simulated.handed_on(offloaded.plan))
 
 
 def _handed_on(plan, fields: dict, split, peak) -> PlanChoice:

@@ -31,6 +31,7 @@ class ChoiceSettings:
     compare_default: bool  # a report-oriented run: the report also shows the frontier
     backward_segments: bool | None
     checkpoints: str
+    offload: bool | str = False  # False, or "plan": offloads chosen under peak_budget (DESIGN §16)
 
     @classmethod
     def of(cls, options) -> ChoiceSettings:

@@ -54,16 +54,21 @@ SYMBOLIC_VALUE_BYTES = 8  # a SymInt/SymFloat kept for backward: tiny, but not f
 class DeviceProfile:
     """What one device can do: peak FLOP/s per dtype name (key "default" for the rest) and memory bandwidth
     in bytes/s; ``gemm``: the achieved throughput of matmul-class kernels by shape (``gemm_rates.GemmModel``), or
-    None to price them at ``peak_flops`` like every other op."""
+    None to price them at ``peak_flops`` like every other op; ``host_link_bandwidth``: bytes/s one way between
+    device and pinned host memory, or None where offload has no link (docs/DESIGN.md §16)."""
 
     name: str
     peak_flops_by_dtype: tuple[tuple[str, float], ...]
     mem_bandwidth: float
     gemm: GemmModel | None = None
+    host_link_bandwidth: float | None = None
 
     def __post_init__(self) -> None:
         if self.mem_bandwidth <= 0 or not math.isfinite(self.mem_bandwidth):
             raise ValueError(f"DeviceProfile {self.name!r}: mem_bandwidth must be a positive number of bytes/s")
+        link = self.host_link_bandwidth
+        if link is not None and (link <= 0 or not math.isfinite(link)):
+            raise ValueError(f"DeviceProfile {self.name!r}: host_link_bandwidth must be a positive number of bytes/s")
         if not any(k == "default" for k, _ in self.peak_flops_by_dtype):
             raise ValueError(f"DeviceProfile {self.name!r}: peak_flops_by_dtype needs a 'default' entry")
         for k, v in self.peak_flops_by_dtype:
@@ -111,7 +116,12 @@ def _hopper(bf16_rate: float, float32_rate: float) -> GemmModel:
 # CPU: the prototype's constants, no shape model.  GPUs: ``peak_flops_by_dtype`` the datasheet's dense peaks (the
 # FLOP term of everything but matmul-class kernels); ``gemm`` what a large bf16 GEMM achieved, measured (fp32: the
 # datasheet's non-tensor peak, not measured); ``mem_bandwidth`` a measured device-to-device copy (read + written)
-# where one was measured.
+# where one was measured; ``host_link_bandwidth`` one direction of the host link (docs/DESIGN.md §16): PCIe Gen5 x16
+# at PyTorch's assumed 50 GB/s (``activation_offload_cpu_gpu_bw``; the datasheet's 64), Gen4 x16 at half that,
+# NVLink-C2C at the datasheet's 450 GB/s per direction.
+PCIE_GEN5_X16 = 50e9
+PCIE_GEN4_X16 = 25e9
+NVLINK_C2C = 450e9
 PROFILES: dict[str, DeviceProfile] = {
     "cpu": DeviceProfile("cpu", (("default", 50e9),), 10e9),
     # A100 SXM: bf16 GEMM 267.9 TFLOP/s measured (Maximum Achievable Matmul FLOPS table, stas00/ml-engineering
@@ -128,6 +138,7 @@ PROFILES: dict[str, DeviceProfile] = {
             tile=128,
             attention_efficiency=HOPPER_ATTENTION_EFFICIENCY,
         ),
+        PCIE_GEN4_X16,
     ),
     # H100 80GB HBM3 (the project's GPU machine, GPU_NOTES): an 8192-cube bf16 matmul ~798 TFLOP/s, a device copy
     # ~3.0 TB/s
@@ -136,6 +147,7 @@ PROFILES: dict[str, DeviceProfile] = {
         (("default", 67e12), ("float32", 67e12), ("bfloat16", 989e12), ("float16", 989e12)),
         3.0e12,
         _hopper(798e12, 67e12),
+        PCIE_GEN5_X16,
     ),
     # H200 (the project's GPU machine, GPU_NOTES): ~788 TFLOP/s, a device copy ~4.3 TB/s
     "h200": DeviceProfile(
@@ -143,6 +155,15 @@ PROFILES: dict[str, DeviceProfile] = {
         (("default", 67e12), ("float32", 67e12), ("bfloat16", 989e12), ("float16", 989e12)),
         4.3e12,
         _hopper(788e12, 67e12),
+        PCIE_GEN5_X16,
+    ),
+    # GH200: H100's compute figures (assumed, not measured on a GH200), HBM3's datasheet 4.0 TB/s, NVLink-C2C
+    "gh200": DeviceProfile(
+        "gh200",
+        (("default", 67e12), ("float32", 67e12), ("bfloat16", 989e12), ("float16", 989e12)),
+        4.0e12,
+        _hopper(798e12, 67e12),
+        NVLINK_C2C,
     ),
 }
 

@@ -37,6 +37,7 @@ VALUE_ROLES = (Role.INPUT, Role.FORWARD, Role.BACKWARD_ONLY)
 # a large enough difference in cost still overrides, unlike MUST_*.
 PREFER_FACTOR = 10.0
 RECOMPUTE_TAGS = (Policy.PREFER_RECOMPUTE, Policy.MUST_RECOMPUTE)
+PREFER_KEEP_TAGS = (Policy.PREFER_SAVE, Policy.PREFER_CPU_OFFLOAD)
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,8 @@ def build_flow_problem(roles: GraphRoles, costs: dict[fx.Node, NodeCost], profil
         elif roles.role[node] is Role.BACKWARD_ONLY:
             r = 0.0
         else:
-            r = cost.recompute_seconds * (PREFER_FACTOR if tag == Policy.PREFER_SAVE else 1.0)
+            # PREFER_CPU_OFFLOAD: a preference to keep the value, weighed as PREFER_SAVE (DESIGN §16)
+            r = cost.recompute_seconds * (PREFER_FACTOR if tag in PREFER_KEEP_TAGS else 1.0)
         recompute.append(r)
     inputs_of = roles.facts.inputs_of
     edges = tuple((index[u], index[w]) for w in nodes for u in dict.fromkeys(inputs_of[w]) if u in index)

@@ -71,6 +71,8 @@ def _never_recompute_reason(node: fx.Node, cls: OpClass, role: Role) -> str | No
         return "tagged to run in forward"
     if recompute_tag(node) == Policy.MUST_SAVE:
         return "tagged MUST_SAVE (by the user or by PyTorch's safety marks)"
+    if recompute_tag(node) == Policy.MUST_CPU_OFFLOAD:  # saved, as PyTorch saves it; not offloaded (DESIGN §16)
+        return "tagged MUST_CPU_OFFLOAD: saved (fxremat does not offload tagged values yet)"
     return None
 
 

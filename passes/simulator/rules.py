@@ -7,11 +7,10 @@ compiles) and ``triton.py`` (its Triton backend for GPUs, not yet checked agains
 is registered by name in ``backends/__init__.py`` (``BACKENDS``), as ``solver/solvers.py`` registers solvers.
 docs/DESIGN.md §6 (the simulator) says what each rule models; docs/ARCHITECTURE.md where a new rule goes.
 
-What the seam is shaped for, not built yet (docs/DESIGN.md §6, "The schedule's seam"): the simulated schedule is an
-ordered list of kernels on one stream; an offload's device-to-host copies run on a second stream and free their
-bytes at their completion, so a backend will also say how long a copy takes (``transfer_seconds``) and the schedule
-will carry each kernel's stream; a subgraph node (``invoke_subgraph``, PyTorch's chunking) is one extern-like unit
-whose own schedule the rules simulate as a nested phase.  Both add methods here; none of today's changes.
+The schedule's seam (docs/DESIGN.md §6, "The schedule's seam"): the simulated schedule is an ordered list of kernels
+on one stream; an offload's copies run on a second stream (``transfer.py``, DESIGN §16), priced by the backend's
+``transfer_seconds`` (None where the backend has no offload).  A subgraph node (``invoke_subgraph``, PyTorch's
+chunking) is one extern-like unit whose own schedule the rules will simulate as a nested phase (not built).
 """
 
 from __future__ import annotations
@@ -83,6 +82,11 @@ class SchedulingRules:
         """The backend's refusals of fusions among ``fusible``, the units of ``phase`` (a ``phase._Phase``) that are
         its own kernels."""
         return FusionVetoes()
+
+    def transfer_seconds(self, nbytes: int, link_bandwidth: float | None) -> float | None:
+        """Seconds one copy of ``nbytes`` takes over the host link (DESIGN §16), or None where this backend has no
+        offload (PyTorch's offload ops need a device with pinned host memory and streams)."""
+        return None
 
     def workspace_bytes(self, node: fx.Node, channels_last: bool) -> int:
         """Bytes an extern kernel allocates and frees inside itself, above its outputs, while it runs."""

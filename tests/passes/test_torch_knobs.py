@@ -207,3 +207,45 @@ def test_region_budget_reads_annotations_and_the_legacy_marker():
     ops[1].meta["custom"] = {tp.MEMORY_BUDGET_ANNOTATION_KEY: 0.0}
     options, source, regions = knobs.effective_options(Options.create(), gm, 1)
     assert regions.budgets == (0.5, 0.0) and (options.memory_budget, source) == (0.25, knobs.LEGACY_SOURCE)
+
+
+def test_cpu_offload_tags_are_kept_out_loud():
+    """MUST_CPU_OFFLOAD is saved as PyTorch saves it, PREFER_CPU_OFFLOAD weighed as PREFER_SAVE, with one warning
+    that fxremat does not offload them (docs/DESIGN.md §16)."""
+    import functools
+
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    import fxremat
+    from fxremat import knobs
+
+    def offload_matmuls(ctx, op, *args, **kwargs):
+        mm = op in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+        return CheckpointPolicy.MUST_CPU_OFFLOAD if mm else CheckpointPolicy.PREFER_RECOMPUTE
+
+    class Tagged(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = torch.nn.Linear(32, 32), torch.nn.Linear(32, 32)
+
+        def forward(self, x):
+            def body(x):
+                return self.fc2(torch.tanh(self.fc1(x)))
+
+            context = functools.partial(create_selective_checkpoint_contexts, offload_matmuls)
+            return checkpoint(body, x, use_reentrant=False, context_fn=context)
+
+    knobs._warned.clear()
+    torch._dynamo.reset()
+    model, x = Tagged(), torch.randn(8, 32, requires_grad=True)
+    backend = fxremat.backend(memory_budget=0.0)
+    with pytest.warns(knobs.FxrematKnobWarning, match="MUST_CPU_OFFLOAD"):
+        out = torch.compile(model, backend=backend)(x)
+    out.sum().backward()
+    (report,) = backend.reports
+    assert not [r for r in report.recomputed if "mm" in r.name]  # the tagged matmuls are saved, even at budget 0.0
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).sum().backward()
+    for got, want in zip(grads, [p.grad for p in model.parameters()]):
+        torch.testing.assert_close(got, want)

@@ -31,6 +31,10 @@ class TritonRules(SchedulingRules):
         # 2.13 added the dot-shaped bmm lowering (``_torch_private.versions.GPU_DOT_BMM_IS_REDUCTION``)
         self.dot_bmm_is_reduction = torch_version >= (2, 13)
 
+    def transfer_seconds(self, nbytes: int, link_bandwidth: float | None) -> float | None:
+        """A copy on PyTorch's one transfer stream at the profile's host link (DESIGN §16)."""
+        return None if link_bandwidth is None else nbytes / link_bandwidth
+
     def allocated_bytes(self, nbytes: int) -> int:
         return -(-nbytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES if nbytes > 0 else nbytes
 

@@ -1,0 +1,78 @@
+"""Offload under ``peak_budget`` at GPU shapes (docs/DESIGN.md §16; ``benchmarks/offload_plan.py``), on the GPT-2
+and Llama structures at test sizes: the plan with offloads fits the budget in simulation and is estimated faster
+than the recompute-only plan; ``offload=False`` changes nothing; the option is refused where it cannot mean what it
+says."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import gpu_shaped  # noqa: E402
+import offload_plan  # noqa: E402
+
+
+@pytest.fixture
+def small_storages(monkeypatch):
+    """The test sizes' storages are all under ``OFFLOAD_MIN_BYTES``: let them be offloaded."""
+    import fxremat_passes.choice.offload as offload
+
+    monkeypatch.setattr(offload, "OFFLOAD_MIN_BYTES", 0)
+
+
+def test_offloads_fit_the_budget_and_beat_recompute_alone(small_storages):
+    recompute = offload_plan.plan_row("llama", False, 0.5, small=True)
+    offloaded = offload_plan.plan_row("llama", "plan", 0.5, small=True)
+    assert recompute["fallback"] is None and offloaded["fallback"] is None
+    assert offloaded["offloaded"], "the plan offloads"
+    assert offloaded["met"] and offloaded["simulated_peak_bytes"] <= offloaded["peak_budget_bytes"]
+    assert offloaded["est_step_seconds"] < recompute["est_step_seconds"]
+    for name, nbytes, exposed, _, _ in offloaded["offloaded"]:
+        assert nbytes > 0 and exposed >= 0.0
+    assert offloaded["exposed_seconds"] == pytest.approx(sum(row[2] for row in offloaded["offloaded"]))
+
+
+def test_offload_off_leaves_the_plan_as_it_was(small_storages):
+    def plan(options):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            report = gpu_shaped.partition("gpt2", "fxremat", options, small=True)[0][0]
+        return [row.name for row in report.saved], report.simulated_peak_bytes, report.offloaded
+
+    assert plan(dict(peak_budget=0.5)) == plan(dict(peak_budget=0.5, offload=False))
+    assert plan(dict(peak_budget=0.5))[2] == ()
+
+
+def test_offload_is_refused_where_it_cannot_apply():
+    from fxremat import Options
+
+    with pytest.raises(ValueError, match="peak_budget"):
+        Options.create(offload="plan")
+    with pytest.raises(ValueError, match="False, True or 'plan'"):
+        Options.create(peak_budget=0.5, offload="always")
+
+
+def test_a_profile_without_a_host_link_says_so(small_storages):
+    with pytest.warns(UserWarning, match="no host link"):
+        gpu_shaped.partition("gpt2", "fxremat", dict(peak_budget=0.5, offload="plan", device="cpu"), small=True)
+
+
+def test_the_report_lists_each_offloaded_storage(small_storages):
+    import fxremat
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        (report,), _ = gpu_shaped.partition("llama", "fxremat", dict(peak_budget=0.5, offload="plan"), small=True)
+    assert report.offloaded
+    text = fxremat.format_text(report)
+    assert f"offload: {len(report.offloaded)} storages" in text
+    for name, *_ in report.offloaded:
+        assert f"  {name}: " in text
+    data = report.to_dict()
+    assert [list(row) for row in data["offloaded"]] == [list(row) for row in report.offloaded]
+    assert data["offload_peak_bytes"] <= data["peak_budget_bytes"]

@@ -1,0 +1,105 @@
+"""The transfer stream's schedule on hand-built step timelines (docs/DESIGN.md §16): exact placements, stalls and
+bytes (``simulator/transfer.py``, plain numbers)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fxremat_passes.simulator.transfer import OffloadUnit, Schedule, place
+
+GB = 10**9
+
+
+def link(nbytes: int) -> float:  # 1 GB/s
+    return nbytes / GB
+
+
+def step(forward: int, backward: int, held: int = 10 * GB) -> Schedule:
+    """``forward`` points of 1 s, the boundary (0 s), ``backward`` points of 1 s; ``held`` bytes at every point."""
+    seconds = (1.0,) * forward + (0.0,) + (1.0,) * backward
+    return Schedule((held,) * len(seconds), seconds, forward_points=forward, first_backward=forward + 1)
+
+
+def test_an_offload_hidden_in_both_windows():
+    schedule = step(4, 4)
+    placed = place(schedule, [OffloadUnit("a", 2 * GB, last_forward_use=0, first_backward_use=8)], link)
+    assert placed.copy_spans == ((1.0, 3.0),)  # issued after point 0 ran
+    assert placed.waits == (3,)  # point 3 starts at 3 s, when the copy is done
+    assert placed.reloads == (6,)  # use at 7 s: the 2 s reload starts at 5 s, before point 6
+    assert placed.reload_spans == ((5.0, 7.0),)
+    assert placed.exposed_seconds == 0.0
+    assert placed.bytes_held == (10 * GB,) * 3 + (8 * GB,) * 3 + (10 * GB,) * 3
+    assert placed.peak_bytes == 10 * GB
+
+
+def test_a_copy_longer_than_the_forward_stalls_at_its_end_and_its_reload_at_the_use():
+    schedule = step(4, 4)
+    placed = place(schedule, [OffloadUnit("a", 10 * GB, last_forward_use=0, first_backward_use=8)], link)
+    assert placed.waits == (4,)  # the forward's end, before the boundary
+    assert placed.reloads == (5,)  # it would have to start before backward: at backward's first point
+    # the wait stalls from 4 s to 11 s; the reload then runs 11-21 s, the use would start at 14 s
+    assert placed.copy_spans == ((1.0, 11.0),)
+    assert placed.reload_spans == ((11.0, 21.0),)
+    assert placed.stalls == (14.0,)
+    assert placed.exposed_seconds == 14.0
+    assert placed.bytes_held[4] == 0 and placed.bytes_held[5] == 10 * GB
+
+
+def test_copies_share_one_stream_first_come_first_served():
+    schedule = step(6, 6)
+    units = [
+        OffloadUnit("a", 2 * GB, last_forward_use=0, first_backward_use=12),
+        OffloadUnit("b", 2 * GB, last_forward_use=0, first_backward_use=12),
+    ]
+    placed = place(schedule, units, link)
+    assert placed.copy_spans == ((1.0, 3.0), (3.0, 5.0))
+    assert placed.waits == (3, 5)
+    # both used at 11 s: b's reload ends there, a's by b's start
+    assert placed.reload_spans == ((7.0, 9.0), (9.0, 11.0))
+    assert placed.reloads == (8, 10)
+    assert placed.exposed_seconds == 0.0
+    assert placed.bytes_held[3] == 8 * GB and placed.bytes_held[5] == 6 * GB and placed.bytes_held[9] == 8 * GB
+    assert placed.bytes_held[10] == 10 * GB
+
+
+def test_no_units_leave_the_timeline_as_it_was():
+    schedule = step(3, 3)
+    placed = place(schedule, [], link)
+    assert placed.bytes_held == schedule.bytes_held and placed.exposed_seconds == 0.0
+
+
+def test_uses_outside_their_phase_are_refused():
+    with pytest.raises(ValueError, match="forward, then backward"):
+        place(step(3, 3), [OffloadUnit("a", GB, last_forward_use=3, first_backward_use=5)], link)
+    with pytest.raises(ValueError, match="the forward's points"):
+        Schedule((1, 2), (1.0, 1.0), forward_points=3, first_backward=3)
+
+
+def test_the_backends_price_a_copy_where_they_offload():
+    from fxremat_passes.graph.costs import PROFILES
+    from fxremat_passes.simulator.backends import BACKENDS
+
+    triton, cpp = BACKENDS["triton"]((2, 13)), BACKENDS["cpp"]((2, 13))
+    assert triton.transfer_seconds(50 * GB, PROFILES["h100"].host_link_bandwidth) == pytest.approx(1.0)
+    assert triton.transfer_seconds(GB, PROFILES["cpu"].host_link_bandwidth) is None  # no link
+    assert cpp.transfer_seconds(GB, 50e9) is None  # no offload on the C++ backend
+    assert PROFILES["gh200"].host_link_bandwidth == 450e9 and PROFILES["a100"].host_link_bandwidth == 25e9
+
+
+def test_profiles_name_their_link():
+    from fxremat import Options
+    from fxremat_passes.graph.costs import DeviceProfile
+
+    assert Options.create().profile_for("cuda", "NVIDIA GH200 480GB").name == "gh200"
+    assert Options.create().profile_for("cuda", "NVIDIA H200").name == "h200"
+    with pytest.raises(ValueError, match="host_link_bandwidth"):
+        DeviceProfile("bad", (("default", 1e12),), 1e11, host_link_bandwidth=0.0)
+
+
+def test_a_recorded_profile_keeps_its_link():
+    from fxremat.recording import profile_from_dict, profile_to_dict
+    from fxremat_passes.graph.costs import PROFILES
+
+    assert profile_from_dict(profile_to_dict(PROFILES["h100"])) == PROFILES["h100"]
+    old = {k: v for k, v in profile_to_dict(PROFILES["h100"]).items() if k != "host_link_bandwidth"}
+    assert profile_from_dict(old).host_link_bandwidth is None
