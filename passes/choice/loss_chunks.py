@@ -12,9 +12,9 @@ simulated, as a ``ChunkTrial``.  The counts tried are ``CANDIDATE_CHUNKS`` (up t
   where two are equal).
 * No budget: a count is taken only while it lowers the simulated peak by at least ``MIN_PEAK_GAIN`` of the peak so
   far, at an estimated step time within ``NEGLIGIBLE_TIME`` of the fastest count tried (the graph as traced among
-  them); the search stops at the first count that does not.  The chunked form computes the gradients in forward
-  and recomputes no matmul, the one form the default may use (budgets could use a recomputing one too; there is
-  none yet).
+  them), up to ``DEFAULT_MOST_CHUNKS``; the search stops at the first count that does not.  The chunked form
+  computes the gradients in forward and recomputes no matmul, the one form the default may use (budgets could use a
+  recomputing one too; there is none yet).
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ CANDIDATE_CHUNKS = (2, 4, 8, 16, 32)
 MIN_PEAK_GAIN = 0.02
 # ... at an estimated step time no more than this fraction above the fastest count's tried so far.
 NEGLIGIBLE_TIME = 0.01
+# ... and at most this many chunks: each chunk's kernels are generated and compiled anew (the chunks differ by their
+# offsets), a compile cost the step estimate does not see; budgets may take every count (docs/DESIGN.md §14).
+DEFAULT_MOST_CHUNKS = 8
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ def choose_chunks(
     tried = [traced]
     counts = counts_for(tokens)
     if peak_budget is None:
+        counts = tuple(k for k in counts if k <= DEFAULT_MOST_CHUNKS)
         return _default(trial, traced, tried, counts), tuple(tried)
     lowest_asked = isinstance(peak_budget, float) and peak_budget == 0.0
     target = peak_budget if not isinstance(peak_budget, float) else traced.target_bytes

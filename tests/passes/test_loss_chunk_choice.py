@@ -11,7 +11,7 @@ from helpers import assert_grads_close, eager_grads, run_aot
 import fxremat
 from fxremat.examples import example
 from fxremat.options import Options
-from fxremat_passes.choice.loss_chunks import ChunkTrial, choose_chunks
+from fxremat_passes.choice.loss_chunks import CANDIDATE_CHUNKS, DEFAULT_MOST_CHUNKS, ChunkTrial, choose_chunks
 from fxremat_passes.graph.ops import LOG_SOFTMAX
 
 # --- the rule, on literal trials ----------------------------------------------------------------------------------
@@ -34,7 +34,7 @@ def _trial(target=None):
 @pytest.mark.parametrize(
     ("budget", "target", "chosen", "asked"),
     [
-        (None, None, 8, [None, 2, 4, 8, 16]),  # 16 lowers the peak by under 2%: the search stops there
+        (None, None, 8, [None, 2, 4, 8]),  # the default tries at most DEFAULT_MOST_CHUNKS
         (0.0, 1000, 32, [None, 2, 4, 8, 16, 32]),  # the lowest peak, whatever the time
         (450, None, 4, [None, 2, 4]),  # bytes: the smallest count that fits
         (1000, None, None, [None]),  # the graph as traced fits: no chunks
@@ -53,6 +53,14 @@ def test_no_count_beyond_the_tokens():
     trial, seen = _trial()
     choose_chunks(trial, 0.0, tokens=5)
     assert seen == [None, 2, 4]
+
+
+def test_the_default_stops_at_its_most_chunks_where_more_would_still_lower_the_peak():
+    halving = {k: (1000 // (k or 1), 1.0) for k in (None, *CANDIDATE_CHUNKS)}
+    picked, tried = choose_chunks(lambda k: ChunkTrial(k, *halving[k]), None, tokens=1024)
+    assert picked.chunks == DEFAULT_MOST_CHUNKS and max(t.chunks or 1 for t in tried) == DEFAULT_MOST_CHUNKS
+    lowest, _ = choose_chunks(lambda k: ChunkTrial(k, *halving[k]), 0.0, tokens=1024)
+    assert lowest.chunks == max(CANDIDATE_CHUNKS)
 
 
 def test_time_beyond_negligible_stops_the_default():
