@@ -40,6 +40,7 @@ from ..simulator.layout import has_convolution
 from ..simulator.liveness import PeakEstimate, forward_run, simulate_backwards
 from ..simulator.lowering import inductor_class, readers_in
 from ..simulator.plan_memory import backward_view, forward_simulation, forward_view
+from ..simulator.rules import SchedulingRules
 from ..simulator.storage import materialises
 from ..solver.checkpoints import SEGMENT_COUNTS, Waists, forward_waists, segment_checkpoints
 from .split import FirstPass, SplitRecipe
@@ -52,9 +53,10 @@ class _JointReads:
     (``passes/graph/graph_facts.py``: inputs, alias roots, op classes, bytes and order, read once), or, for a recipe
     made elsewhere (a test's, a benchmark's), each node read by itself."""
 
-    def __init__(self, recipe: SplitRecipe) -> None:
-        # the rules of the backend that compiles the joint graph's splits (``simulator/backends``)
-        self.backend = backend_for_device(device_type_of_graph(recipe.joint))
+    def __init__(self, recipe: SplitRecipe, backend: SchedulingRules | None = None) -> None:
+        # the rules of the backend that compiles the joint graph's splits: the simulator's explicit input where the
+        # caller has one (``SimulatorInputs.backend``), else the joint graph's device's (``simulator/backends``)
+        self.backend = backend or backend_for_device(device_type_of_graph(recipe.joint))
         facts = attached(recipe.joint.graph)
         if facts is not None:
             self.inputs, self.root = facts.inputs_of.__getitem__, facts.alias_root.__getitem__
@@ -165,12 +167,15 @@ def _estimate(region: _Region, waists: Waists, chosen: Sequence[int]) -> int:
     return held + max(b - a for a, b in zip(bounds, bounds[1:]))
 
 
-def checkpoint_grid(recipe: SplitRecipe) -> list[tuple[int, tuple[tuple[fx.Node, ...], ...]]]:
+def checkpoint_grid(
+    recipe: SplitRecipe, backend: SchedulingRules | None = None
+) -> list[tuple[int, tuple[tuple[fx.Node, ...], ...]]]:
     """(estimated backward bytes, checkpoint sets) for each segment count of ``checkpoints.SEGMENT_COUNTS`` with a
     distinct set; a checkpoint set is an open set of the recomputed region, and the sets are in forward order.  The
     estimate is every checkpoint's storages plus the largest segment's bytes.  Empty where backward recomputes
-    nothing worth cutting, or something that may not be copied (a random op)."""
-    reads = _JointReads(recipe)
+    nothing worth cutting, or something that may not be copied (a random op).  ``backend``: the rules of the
+    backend that compiles the splits (default: the joint graph's device's)."""
+    reads = _JointReads(recipe, backend)
     nodes = recomputed_region(recipe, reads)
     if not nodes or any(reads.op_class(n) in NEVER_RECOMPUTE for n in nodes):
         return []
@@ -282,7 +287,11 @@ def _raise_getitems(order: list, checkpoints: frozenset) -> list:
     return result
 
 
-def segment_backward(recipe: SplitRecipe, checkpoint_sets: Sequence[Sequence[fx.Node]] | None = None) -> SplitRecipe:
+def segment_backward(
+    recipe: SplitRecipe,
+    checkpoint_sets: Sequence[Sequence[fx.Node]] | None = None,
+    backend: SchedulingRules | None = None,
+) -> SplitRecipe:
     """The recipe whose backward recomputes the forward segment by segment from ``checkpoint_sets`` (default:
     ``backward_checkpoints``; module docstring); the recipe itself where there is nothing to cut (no recomputation,
     or a mutation in backward)."""
@@ -293,7 +302,7 @@ def segment_backward(recipe: SplitRecipe, checkpoint_sets: Sequence[Sequence[fx.
     if not checkpoint_sets or any(tp.is_mutation_op(n) for n in recipe.bw_order):
         return recipe
     checkpoints = frozenset(n for s in checkpoint_sets for n in s)
-    reads = _JointReads(recipe)
+    reads = _JointReads(recipe, backend)
     region = recomputed_region(recipe, reads)
     live = _live_main(recipe, checkpoints, reads)
     main = [n for n in recipe.bw_order if n in live]
@@ -348,8 +357,9 @@ def lowest_peak_segments(
     candidate costs a simulation of its backward; ``simulation``: the recipe's own, where the caller has it already
     (the same graphs, so the same result: one simulation fewer); ``memory``: the joint graph's
     ``plan_memory.JointMemory``, where made: then no graph is built (``_simulated_backwards``)."""
-    grid = sorted(checkpoint_grid(recipe), key=lambda entry: entry[0])[:limit]
-    candidates = [recipe, *(segment_backward(recipe, sets) for _, sets in grid)]
+    backend = inputs.backend if inputs is not None else None
+    grid = sorted(checkpoint_grid(recipe, backend), key=lambda entry: entry[0])[:limit]
+    candidates = [recipe, *(segment_backward(recipe, sets, backend) for _, sets in grid)]
     extra = [segment_recompute_flops(recipe, c, profile) for c in candidates]
     simulated = [simulation] if simulation is not None else []
     if len(candidates) > len(simulated):

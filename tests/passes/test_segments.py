@@ -318,3 +318,28 @@ def test_a_forward_is_simulated_once_for_every_plan_and_segmentation_that_has_it
     for run in runs:
         fresh = forward_run(run.fw, run.num_fwd_outputs, {}, run.inputs)
         assert fresh.timeline == run.timeline and fresh.phase.live == run.phase.live
+
+
+def test_segmentations_classify_nodes_by_the_simulator_inputs_backend_not_the_graphs_device(monkeypatch):
+    """A plan for another backend than the graph's device (a GPU plan made on a CPU) segments by that backend's rules:
+    ``lowest_peak_segments`` hands ``inputs.backend`` to every classification of the recipe's nodes."""
+    from fxremat_passes.rewrite import segments
+    from fxremat_passes.simulator.backends import backend_rules
+    from fxremat_passes.simulator.inputs import SimulatorInputs
+
+    recipe = _recipe(*MODELS["stack6"](), memory_budget=0.0)
+    triton = backend_rules("triton")
+    seen = []
+    made = segments._InductorClasses.__init__
+
+    def spy(self, reads):
+        made(self, reads)
+        seen.append(reads.backend)
+
+    monkeypatch.setattr(segments._InductorClasses, "__init__", spy)
+    inputs = SimulatorInputs.default("cpu").with_changes(backend=triton)
+    segments.lowest_peak_segments(recipe, 1, PROFILES["h100"], inputs=inputs)
+    assert seen and all(b is triton for b in seen)
+    seen.clear()
+    segments.checkpoint_grid(recipe)  # no inputs: the graph's device's backend
+    assert seen and all(b.name == "cpp" for b in seen)
