@@ -22,9 +22,12 @@ from .ops import (
     DECOMPOSED_LOSS_BACKWARD,
     DIV,
     DTYPE_CASTS,
+    EQ,
     EXP,
+    EXPAND,
     FULL,
     GATHER,
+    IOTA,
     LOG,
     LOG_SOFTMAX,
     LOG_SOFTMAX_BACKWARD,
@@ -36,6 +39,7 @@ from .ops import (
     NLL_BACKWARD,
     NLL_FORWARD,
     PROJECTIONS,
+    SCALAR_TENSOR,
     SCATTER_VALUE,
     SQUEEZE_DIM,
     SUB,
@@ -43,6 +47,7 @@ from .ops import (
     SUM_DIMS,
     TRANSPOSES,
     UNSQUEEZE,
+    VIEW,
     WHERE,
 )
 
@@ -308,11 +313,30 @@ def _decomposed_nll_backward(logp: fx.Node, target: fx.Node, ignore_index: int):
 
 
 def _is_one_hot(node, target: fx.Node) -> bool:
-    """``scatter(zeros, 1, index, -1.0)`` with ``index`` the target as a column (``where``-masked where ignored): the
-    one-hot the NLL's backward scatters its -1 into."""
-    if not _is(node, SCATTER_VALUE, ANY, 1, ANY, -1.0) or not _is(node.args[0], FULL, ANY, 0):
+    """The one-hot the NLL's backward puts its -1 into, at the target as a column (``where``-masked where ignored):
+    ``scatter(zeros, 1, index, -1.0)`` as decomposed, or ``where(eq(index, iota(vocab)[None]), -1.0, 0)`` as
+    Inductor's joint-graph passes rewrite a scatter into a constant."""
+    if _is(node, SCATTER_VALUE, ANY, 1, ANY, -1.0) and _is(node.args[0], FULL, ANY, 0):
+        return _is_target_column(node.args[2], target)
+    if not _is(node, WHERE) or not (_constant(node.args[1], -1.0) and _constant(node.args[2], 0)):
         return False
-    index = node.args[2]
+    eq = node.args[0]
+    if not _is(eq, EQ) or not isinstance(eq.args[1], fx.Node):
+        return False
+    index, classes = eq.args[:2]
+    index = index.args[0] if _is(index, EXPAND) else index
+    classes = classes.args[0] if _is(classes, VIEW, ANY, [1, _shape(node)[1]]) else None
+    iota = _is(classes, IOTA, _shape(node)[1]) and classes.kwargs.get("start") == 0 and classes.kwargs.get("step") == 1
+    return iota and _is_target_column(index, target)
+
+
+def _constant(node, value) -> bool:
+    """``node`` is a 0-dim constant equal to ``value`` (``scalar_tensor`` or ``full([], value)``)."""
+    return _is(node, SCALAR_TENSOR, value) or _is(node, FULL, [], value)
+
+
+def _is_target_column(index, target: fx.Node) -> bool:
+    """``target[:, None]``, or ``where(ne(target[:, None], ...), target[:, None], ...)``."""
     index = index.args[1] if _is(index, WHERE) and _is(index.args[0], NE_SCALAR, index.args[1]) else index
     return _is(index, UNSQUEEZE, target, 1)
 

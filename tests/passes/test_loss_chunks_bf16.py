@@ -27,9 +27,11 @@ from fxremat_passes.graph.cse import prepare_joint_graph
 from fxremat_passes.graph.loss_region import find_loss_regions
 from fxremat_passes.graph.ops import LOG_SOFTMAX, SUB
 
-VOCAB, HIDDEN, TOKENS = 2048, 32, (2, 64)  # logits 1 MiB in bf16 beside 0.1 MiB of parameters: the peak at the loss
+VOCAB, HIDDEN, TOKENS = 2048, 32, (4, 128)  # logits 2 MiB in bf16 beside 0.1 MiB of parameters: the peak at the loss
 BF16_ROUNDING = 2.0**-8
-FORMS = ("aten", "inductor")  # aot_module as it traces, or with Inductor's decompositions (torch.compile's joint)
+# aot_module as it traces; with Inductor's decompositions (functionalization's aliases before the backward's exp);
+# and with Inductor's joint-graph passes too, as torch.compile runs them (the one-hot scatter rewritten as a where)
+FORMS = ("aten", "inductor", "inductor_passes")
 
 
 class UpcastLM(torch.nn.Module):
@@ -59,9 +61,25 @@ def _inputs():
     return ids, labels
 
 
+class _Partitioner(tp.CustomPartitionerFn):
+    """``partition_fn`` as Inductor's ``custom_partitioner_fn`` takes it (Inductor names its compiler too)."""
+
+    def __init__(self, partition_fn):
+        self.partition_fn = partition_fn
+
+    def __call__(self, gm, joint_inputs, compiler=None, **kwargs):
+        return self.partition_fn(gm, joint_inputs, **kwargs)
+
+    def uuid(self):
+        return None  # not cached
+
+
 def _step(model, form, partition_fn):
     """The parameters' gradients of one step through aot_module in ``form``."""
-    decompositions = tp.inductor_decompositions() if form == "inductor" else None
+    decompositions = tp.inductor_decompositions() if form != "aten" else None
+    partition_fn = (
+        tp.after_inductor_joint_passes(_Partitioner(partition_fn)) if form == "inductor_passes" else partition_fn
+    )
     compiled = aot_module(
         model,
         fw_compiler=noop_compiler,
