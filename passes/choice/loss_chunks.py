@@ -12,7 +12,9 @@ simulated, as a ``ChunkTrial``.  The counts tried are ``CANDIDATE_CHUNKS`` (up t
   where two are equal).
 * No budget: a count is taken only while it lowers the simulated peak by at least ``MIN_PEAK_GAIN`` of the peak so
   far, at an estimated step time within ``NEGLIGIBLE_TIME`` of the fastest count tried (the graph as traced among
-  them), up to ``DEFAULT_MOST_CHUNKS``; the search stops at the first count that does not.  The chunked form
+  them), up to ``DEFAULT_MOST_CHUNKS``.  A count too slow ends the search (more chunks run slower still); a count
+  that does not lower the peak does not (the peak is not monotone in the count: a plan or a fusion can change at one
+  count and not the next, as in bf16 under Inductor's joint-graph passes).  The chunked form
   computes the gradients in forward and recomputes no matmul, the one form the default may use (budgets could use a
   recomputing one too; there is none yet).
 """
@@ -73,14 +75,15 @@ def choose_chunks(
 
 
 def _default(trial, traced: ChunkTrial, tried: list, counts) -> ChunkTrial:
-    """No budget: more chunks while each lowers the peak by ``MIN_PEAK_GAIN`` at an estimated step time within
-    ``NEGLIGIBLE_TIME`` of the fastest count tried so far (the graph as traced among them)."""
+    """No budget: a count taken where it lowers the best peak so far by ``MIN_PEAK_GAIN``; the search ends at the
+    first count whose estimated step time is beyond ``NEGLIGIBLE_TIME`` of the fastest count taken (the graph as
+    traced among them)."""
     best, fastest = traced, traced.step_seconds
     for k in counts:
         t = trial(k)
         tried.append(t)
-        lower = t.peak_bytes <= best.peak_bytes * (1 - MIN_PEAK_GAIN)
-        if not lower or t.step_seconds > fastest * (1 + NEGLIGIBLE_TIME):
+        if t.step_seconds > fastest * (1 + NEGLIGIBLE_TIME):
             break
-        best, fastest = t, min(fastest, t.step_seconds)
+        if t.peak_bytes <= best.peak_bytes * (1 - MIN_PEAK_GAIN):
+            best, fastest = t, min(fastest, t.step_seconds)
     return best

@@ -22,8 +22,12 @@ from .ops import (
     DECOMPOSED_LOSS_BACKWARD,
     DIV,
     DTYPE_CASTS,
+    EQ,
     EXP,
+    EXPAND,
+    FULL,
     GATHER,
+    IOTA,
     LOG,
     LOG_SOFTMAX,
     LOG_SOFTMAX_BACKWARD,
@@ -35,12 +39,15 @@ from .ops import (
     NLL_BACKWARD,
     NLL_FORWARD,
     PROJECTIONS,
+    SCALAR_TENSOR,
+    SCATTER_VALUE,
     SQUEEZE_DIM,
     SUB,
     SUM,
     SUM_DIMS,
     TRANSPOSES,
     UNSQUEEZE,
+    VIEW,
     WHERE,
 )
 
@@ -287,7 +294,7 @@ def _decomposed_nll_backward(logp: fx.Node, target: fx.Node, ignore_index: int):
     """``torch._decomp``'s ``nll_loss_backward`` as the log-softmax's backward reads it: ``sub(G, mul(exp(logp),
     sum(G, [1], True)))`` with ``G = mul(one_hot, where(ne(target[:, None], ignore_index), g, 0))``: (G, g), where
     ``g`` is the loss's incoming gradient, divided by the count for a mean."""
-    for exp in (u for u in logp.users if _is(u, EXP, logp)):
+    for exp in (u for a in _aliases(logp) for u in a.users if _is(u, EXP, a)):
         for product in (u for u in exp.users if _is(u, MUL)):
             total = product.args[1] if product.args[0] is exp else product.args[0]
             if not _is(total, SUM_DIMS) or not isinstance(total.args[0], fx.Node):
@@ -296,11 +303,52 @@ def _decomposed_nll_backward(logp: fx.Node, target: fx.Node, ignore_index: int):
             if not _is(grad, MUL) or not any(_is(u, SUB, grad, product) for u in product.users):
                 continue
             mask = next((a for a in grad.args if _shape(a) == (_shape(grad)[0], 1)), None)
+            if not any(_is_one_hot(a, target) for a in grad.args):
+                continue
             if _is(mask, WHERE) and _is(mask.args[0], NE_SCALAR, ANY, ignore_index):
                 cond = mask.args[0].args[0]
                 if _is(cond, UNSQUEEZE, target, 1) and isinstance(mask.args[1], fx.Node):
                     return grad, mask.args[1]
     return None
+
+
+def _is_one_hot(node, target: fx.Node) -> bool:
+    """The one-hot the NLL's backward puts its -1 into, at the target as a column (``where``-masked where ignored):
+    ``scatter(zeros, 1, index, -1.0)`` as decomposed, or ``where(eq(index, iota(vocab)[None]), -1.0, 0)`` as
+    Inductor's joint-graph passes rewrite a scatter into a constant."""
+    if _is(node, SCATTER_VALUE, ANY, 1, ANY, -1.0) and _is(node.args[0], FULL, ANY, 0):
+        return _is_target_column(node.args[2], target)
+    if not _is(node, WHERE) or not (_constant(node.args[1], -1.0) and _constant(node.args[2], 0)):
+        return False
+    eq = node.args[0]
+    if not _is(eq, EQ) or not isinstance(eq.args[1], fx.Node):
+        return False
+    index, classes = eq.args[:2]
+    index = index.args[0] if _is(index, EXPAND) else index
+    classes = classes.args[0] if _is(classes, VIEW, ANY, [1, _shape(node)[1]]) else None
+    iota = _is(classes, IOTA, _shape(node)[1]) and classes.kwargs.get("start") == 0 and classes.kwargs.get("step") == 1
+    return iota and _is_target_column(index, target)
+
+
+def _constant(node, value) -> bool:
+    """``node`` is a 0-dim constant equal to ``value`` (``scalar_tensor`` or ``full([], value)``)."""
+    return _is(node, SCALAR_TENSOR, value) or _is(node, FULL, [], value)
+
+
+def _is_target_column(index, target: fx.Node) -> bool:
+    """``target[:, None]``, or ``where(ne(target[:, None], ...), target[:, None], ...)``."""
+    index = index.args[1] if _is(index, WHERE) and _is(index.args[0], NE_SCALAR, index.args[1]) else index
+    return _is(index, UNSQUEEZE, target, 1)
+
+
+def _aliases(node: fx.Node) -> list[fx.Node]:
+    """``node`` and the views of it (``alias``, ``detach``: what functionalization leaves between the log-softmax and
+    its backward's ``exp``), whatever their depth."""
+    found, todo = [], [node]
+    while todo:
+        found.append(todo.pop())
+        todo += [u for u in found[-1].users if u.target in LOGITS_PASSTHROUGH and u.args[0] is found[-1]]
+    return found
 
 
 def _backward_of(forward, starts, scale, hidden: fx.Node, logits_shape) -> LossBackward | None:

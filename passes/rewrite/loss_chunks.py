@@ -138,14 +138,36 @@ def _chunked_forward(emit: _Emitter, region: LossRegion, chunks: int):
         part = _chunk(emit, region, (head, classes, valid, denominator), start, stop, after)
         total = part["loss"] if total is None else emit("add", total, part["loss"])
         hidden_grads.append(part["hidden"])
-        weight_grad = part["weight"] if weight_grad is None else emit("add", weight_grad, part["weight"])
+        weight_grad = _accumulate(emit, weight_grad, part["weight"], dtype)
         if region.bias is not None:
-            bias_grad = part["bias"] if bias_grad is None else emit("add", bias_grad, part["bias"])
+            bias_grad = _accumulate(emit, bias_grad, part["bias"], dtype)
     loss = total if denominator is None else emit("div", total, denominator)
     if loss.meta["val"].dtype != dtype:
         loss = emit("to", loss, dtype)
+    projected = region.projection.meta["val"].dtype
+    weight_grad, bias_grad = (_narrowed(emit, g, projected) for g in (weight_grad, bias_grad))
     grads = {"hidden": emit("cat", hidden_grads), "weight": weight_grad, "bias": bias_grad}
     return loss, grads
+
+
+def _accumulate(emit: _Emitter, total: fx.Node | None, part: fx.Node, dtype: torch.dtype) -> fx.Node:
+    """``total + part``, summed in ``dtype`` (the loss's compute dtype) where the parts are narrower: the traced
+    graph's one matmul over every token accumulates in fp32 and rounds once to bf16; the chunks' sum rounds each
+    chunk's part once and adds them in fp32, so no rounding grows with the count (docs/DESIGN.md §14)."""
+    if total is None:
+        return part
+    if part.meta["val"].dtype != dtype:
+        part = emit("to", part, dtype)
+    if total.meta["val"].dtype != dtype:
+        total = emit("to", total, dtype)
+    return emit("add", total, part)
+
+
+def _narrowed(emit: _Emitter, value: fx.Node | None, dtype: torch.dtype) -> fx.Node | None:
+    """``value`` in the projection's dtype (the traced gradient's), where the accumulation widened it."""
+    if value is None or value.meta["val"].dtype == dtype:
+        return value
+    return emit("to", value, dtype)
 
 
 def _after(emit: _Emitter, value: fx.Node, previous: tuple[fx.Node, ...]) -> fx.Node:

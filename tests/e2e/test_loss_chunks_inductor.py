@@ -92,3 +92,27 @@ def test_transformers_llama_loss_runs_in_chunks_under_inductor():
     (report,) = reports
     assert [row[1:4] for row in report.loss_regions] == [(TOKENS, VOCAB, 3)] and not said
     assert report.fallback_reason is None
+
+
+def test_transformers_llama_loss_in_bf16_runs_in_chunks_under_inductor():
+    """bf16, the logits upcast to fp32 by transformers' loss (docs/DESIGN.md §14).  Inductor computes bf16 pointwise
+    ops in fp32 and eager does not, so neither is exact: each gradient is compared with eager's relative to its
+    largest entry, within 2^-6 (four bf16 roundings, torch.testing's own bf16 rtol)."""
+    from fxremat.measure import max_relative_error
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, VOCAB, (1, TOKENS))
+    labels = ids.clone()
+    labels[0, :5] = -100
+    model = LlamaLoss().to(torch.bfloat16)
+    torch._dynamo.reset()
+    eager = copy.deepcopy(model)
+    eager(ids, labels).backward()
+    backend = fxremat.backend(loss_chunks=3, strict=True, compare_default=False)
+    torch.compile(model, backend=backend)(ids, labels).backward()
+    (report,) = backend.reports
+    assert [row[1:5] for row in report.loss_regions] == [(TOKENS, VOCAB, 3, None)]
+    assert report.fallback_reason is None
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        assert p.grad.dtype == torch.bfloat16
+        assert max_relative_error(p.grad.float(), q.grad.float()) <= 2.0**-6, name

@@ -69,6 +69,14 @@ def test_time_beyond_negligible_stops_the_default():
     assert picked.chunks is None and [t.chunks for t in tried] == [None, 2]
 
 
+def test_a_count_that_does_not_lower_the_peak_does_not_end_the_default():
+    """The peak is not monotone in the count (a plan or a fusion changes at one count): 2 chunks above the graph as
+    traced, 4 below it (docs/DESIGN.md §14)."""
+    bumpy = {**TRIALS, 2: (1010, 1.0)}
+    picked, tried = choose_chunks(lambda k: ChunkTrial(k, *bumpy[k]), None, tokens=1024)
+    assert picked.chunks == 8 and [t.chunks for t in tried] == [None, 2, 4, 8]
+
+
 # --- through AOTAutograd --------------------------------------------------------------------------------------------
 
 VOCAB, TOKENS = 2048, (2, 64)  # logits 1 MiB in fp32 beside 0.4 MiB of parameters: the step peaks at the loss
