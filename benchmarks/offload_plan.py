@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"budget {r['peak_budget_bytes'] / 2**20:8.1f} MiB met={r['met']}  offloaded {len(r['offloaded'])} "
                 f"({sum(o[1] for o in r['offloaded']) / 2**20:.1f} MiB)  partition {r['partition_seconds']:.1f} s"
             )
-        print(f"{name:6} offload's estimated step {gain:+.1%} below recompute-only's")
+        print(f"{name:6} offload's estimated step {abs(gain):.1%} {'below' if gain >= 0 else 'above'} recompute-only's")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0
