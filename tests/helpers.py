@@ -51,6 +51,21 @@ def run_fxremat_aot(model, inputs, **options):
     return out, grads, saved, reports
 
 
+def recording_partition_fn(**settings):
+    """(partition_fn, reports, graphs): fxremat's strict partition with ``settings``, each report and each (forward,
+    backward) pair it hands on kept, for tests that read the graphs as well as the report."""
+    reports: list = []
+    graphs: list = []
+    inner = fxremat.make_partition_fn(Options.create(strict=True, **settings), reports)
+
+    def partition_fn(joint, joint_inputs, **kwargs):
+        fw, bw = inner(joint, joint_inputs, **kwargs)
+        graphs.extend((fw, bw))
+        return fw, bw
+
+    return partition_fn, reports, graphs
+
+
 def eager_grads(model, inputs, loss=lambda out: out.sum()):
     model = copy.deepcopy(model)
     model.zero_grad(set_to_none=True)

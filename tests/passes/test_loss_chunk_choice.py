@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_grads_close, eager_grads, run_aot
+from helpers import assert_grads_close, eager_grads, recording_partition_fn, run_aot
 
 import fxremat
 from fxremat.examples import example
@@ -107,13 +107,7 @@ def _step(**settings):
     """(the report, the graphs' nodes) of one step of the big-vocabulary LM; its gradients checked against eager."""
     model, inputs = BigVocabLM(), _inputs()
     _, expected = eager_grads(model, inputs)
-    reports, graphs = [], []
-    inner = fxremat.make_partition_fn(Options.create(strict=True, **settings), reports)
-
-    def partition_fn(joint, joint_inputs, **kwargs):
-        fw, bw = inner(joint, joint_inputs, **kwargs)
-        graphs.extend((fw, bw))
-        return fw, bw
+    partition_fn, reports, graphs = recording_partition_fn(**settings)
 
     _, grads, _ = run_aot(model, inputs, partition_fn)
     assert_grads_close(grads, expected)

@@ -17,11 +17,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from functorch.compile import aot_module
-from helpers import noop_compiler
+from helpers import noop_compiler, recording_partition_fn
 
-import fxremat
 from fxremat.measure import max_relative_error
-from fxremat.options import Options
 from fxremat_passes import _torch_private as tp
 from fxremat_passes.graph.cse import prepare_joint_graph
 from fxremat_passes.graph.loss_region import find_loss_regions
@@ -94,13 +92,7 @@ def _step(model, form, partition_fn):
 
 def _fxremat_step(model, form, **settings):
     """(gradients, the report, the graphs' nodes) of one fxremat step."""
-    reports, graphs = [], []
-    inner = fxremat.make_partition_fn(Options.create(strict=True, **settings), reports)
-
-    def partition_fn(joint, joint_inputs, **kwargs):
-        fw, bw = inner(joint, joint_inputs, **kwargs)
-        graphs.extend((fw, bw))
-        return fw, bw
+    partition_fn, reports, graphs = recording_partition_fn(**settings)
 
     grads = _step(copy.deepcopy(model), form, partition_fn)
     (report,) = reports
