@@ -3,7 +3,7 @@ per process, under real Inductor on CPU.
 
     python benchmarks/loss_peak.py SETTING [--model llama|qwen3|gpt2] [--vocab V] [--hidden H] [--layers L]
         [--tokens T] [--json PATH]
-        # SETTING: eager, inductor (Inductor's default partitioner), default (fxremat: the chunks chosen), nochunk
+        # SETTING: eager, inductor (Inductor's default partitioner), default (fxremat: chunks under a budget only), auto (the chunks chosen), nochunk
         #          (fxremat, loss_chunks=0), kN (fxremat loss_chunks=N), pbX (fxremat peak_budget=X; X > 1: bytes)
 
 A transformers causal LM from its config (random weights, fp32, one thread), ``labels=`` given, the compiled function
@@ -38,6 +38,8 @@ def backend_of(setting: str):
         return setting
     if setting == "default":
         return fxremat.backend(compare_default=False)
+    if setting == "auto":
+        return fxremat.backend(compare_default=False, loss_chunks="auto")
     if setting == "nochunk":
         return fxremat.backend(compare_default=False, loss_chunks=0)
     if setting.startswith("k"):
@@ -45,7 +47,7 @@ def backend_of(setting: str):
     if setting.startswith("pb"):
         value = float(setting[2:])
         return fxremat.backend(compare_default=False, peak_budget=value if value <= 1 else int(value))
-    raise SystemExit(f"unknown setting {setting!r}: eager, inductor, default, nochunk, kN, pbX")
+    raise SystemExit(f"unknown setting {setting!r}: eager, inductor, default, auto, nochunk, kN, pbX")
 
 
 class LossOnly(torch.nn.Module):

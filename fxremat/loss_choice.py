@@ -25,13 +25,17 @@ from fxremat_passes.simulator.liveness import simulate_step
 
 from .report import LossRegions
 
+# why a chunkable region is left as traced by default (docs/DESIGN.md §14)
+NOT_ASKED = "chunked under a peak_budget, or with loss_chunks=\"auto\" or an int"
+
 
 def loss_split(joint: fx.GraphModule, request, options, profile, cut: Callable):
     """The split of the prepared ``joint`` (``cut(joint, loss_record)``: the partition's passes from there on, a
     ``_Split``), its loss region chunked as ``options`` say."""
     if options.loss_chunks == 0:  # the user's: left as traced
         return cut(joint, LossRegions())
-    if options.loss_chunks is not None and not options.compare_default:
+    counted = isinstance(options.loss_chunks, int)  # the user's count (None and "auto": chosen)
+    if counted and not options.compare_default:
         return cut(joint, chunk_as_asked(joint, request.graph_id, options.loss_chunks))
     found = find_loss_regions(joint.graph)
     if not found:  # the common case: nothing to try, nothing to say
@@ -40,11 +44,15 @@ def loss_split(joint: fx.GraphModule, request, options, profile, cut: Callable):
     regions = [r for r in found if why_not_chunked(r) is None]
     if not regions:
         record = LossRegions(loss_regions=_rows(found), loss_peak_floor_bytes=floor)
-        if options.loss_chunks is not None:
+        if counted:
             record = dataclasses.replace(chunk_as_asked(joint, request.graph_id, options.loss_chunks), **_floor(floor))
         return cut(joint, record)
+    if options.loss_chunks is None and options.peak_budget is None:
+        # choosing costs a cut per count tried and each chunk's compile: only where a peak budget or "auto" asks
+        rows = tuple((r.projection.name, r.tokens, r.vocab, 0, why_not_chunked(r) or NOT_ASKED) for r in found)
+        return cut(joint, LossRegions(loss_regions=rows, loss_peak_floor_bytes=floor))
     trial = _trials(joint, request, profile, cut)
-    if options.loss_chunks is not None:  # the user's count, and the graph as traced beside it for the report
+    if counted:  # the user's count, and the graph as traced beside it for the report
         chosen = trial(options.loss_chunks)
         tried = (trial(None), chosen)
     else:

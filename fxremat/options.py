@@ -105,14 +105,14 @@ def _check_solver(name: Any) -> None:
 
 
 def _check_loss_chunks(value: Any) -> None:
-    if value is None:
+    if value is None or value == "auto":
         return
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"loss_chunks must be None or an int >= 0 (the number of chunks), got {value!r}")
+        raise TypeError(f"loss_chunks must be None, \"auto\" or an int >= 0 (the number of chunks), got {value!r}")
     if value < 0:
         raise ValueError(
             f"loss_chunks={value!r}: the number of chunks must be >= 1, or 0 to leave the loss as traced (None: "
-            "chosen from the simulated peak)"
+            "chosen under a peak_budget; \"auto\": chosen from the simulated peak with or without one)"
         )
 
 
@@ -198,10 +198,12 @@ class Options:
     backward_segments  None (default): backward recomputes the forward segment by segment, from checkpoints it
                      recomputes first (passes/rewrite/segments.py), where a memory_budget leaves no plan as low as a
                      looser budget's (budget 0.0: the whole forward recomputed); True: for every plan; False: never.
-    loss_chunks      None (default): each loss region (the LM head and its cross-entropy, the loss returned alone)
-                     runs in the number of chunks along the tokens that the simulated step peak chooses (none where
-                     chunking gains little: passes/choice/loss_chunks.py); an int k >= 1: in k chunks, its gradients
-                     computed in forward (passes/rewrite/loss_chunks.py, docs/DESIGN.md §14); 0: left as traced.
+    loss_chunks      None (default): under a peak_budget, each loss region (the LM head and its cross-entropy, the
+                     loss returned alone) runs in the number of chunks along the tokens that the simulated step peak
+                     chooses; with no peak_budget it is left as traced (choosing costs a cut per count tried and
+                     compile time per chunk); "auto": chosen with no budget too (none where chunking gains little:
+                     passes/choice/loss_chunks.py); an int k >= 1: in k chunks, its gradients computed in forward
+                     (passes/rewrite/loss_chunks.py, docs/DESIGN.md §14); 0: left as traced.
     caller_bytes     what the code around the compiled module holds between its forward and backward, beyond the
                      outputs (an eager loss's buffers), in bytes (int or "64MiB"); None (default): estimated, where
                      no scalar output receives a gradient, as two fp32 copies of each output that does (a
@@ -229,7 +231,7 @@ class Options:
     verify: bool = False
     backward_segments: bool | None = None
     checkpoints: str = "honour"
-    loss_chunks: int | None = None
+    loss_chunks: int | str | None = None
     caller_bytes: int | None = None
     offload: bool | str = False
 

@@ -122,8 +122,15 @@ def _chunks(report) -> int:
     return chunks
 
 
-def test_the_default_chunks_where_the_simulated_peak_falls():
+def test_the_default_leaves_the_loss_as_traced_and_says_why_without_a_peak_budget():
     report, nodes = _step()
+    ((_, _, _, chunks, why),) = report.loss_regions
+    assert chunks == 0 and "peak_budget" in why and report.loss_chunks_tried == ()
+    assert any(n.target is LOG_SOFTMAX for n in nodes)
+
+
+def test_auto_chunks_where_the_simulated_peak_falls():
+    report, nodes = _step(loss_chunks="auto")
     chunks = _chunks(report)
     tried = dict((k, peak) for k, peak, _ in report.loss_chunks_tried)
     assert chunks > 1 and tried[chunks] < 0.7 * tried[1]  # chunked, and well below the graph as traced
