@@ -3,8 +3,9 @@ per process, under real Inductor on CPU.
 
     python benchmarks/loss_peak.py SETTING [--model llama|qwen3|gpt2] [--vocab V] [--hidden H] [--layers L]
         [--tokens T] [--json PATH]
-        # SETTING: eager, inductor (Inductor's default partitioner), default (fxremat: chunks under a budget only), auto (the chunks chosen), nochunk
-        #          (fxremat, loss_chunks=0), kN (fxremat loss_chunks=N), pbX (fxremat peak_budget=X; X > 1: bytes)
+        # SETTING: eager, inductor (Inductor's default partitioner), default (fxremat: chunks under a budget only),
+        #          auto (loss_chunks="auto": the chunks chosen), nochunk (fxremat, loss_chunks=0), kN (fxremat
+        #          loss_chunks=N), pbX (fxremat peak_budget=X; X > 1: bytes)
 
 A transformers causal LM from its config (random weights, fp32, one thread), ``labels=`` given, the compiled function
 returning the loss alone: ``llama`` (``LlamaForCausalLM``; by default vocabulary 65,536, hidden 256, 2 layers, 1 x 1,024

@@ -391,7 +391,8 @@ def loss_peak(data: dict[str, Any]) -> Record:
         "measured peak against Inductor's default partitioner, the chunks the loss region ran in (0: as traced), and "
         "the floor no chunking goes below (the gradients backward returns at once). The compiled function returns "
         "the loss alone; each row a fresh process, one thread. Settings: inductor (its default partitioner), "
-        "nochunk (fxremat, loss_chunks=0), default (fxremat: chunks only under a peak_budget), auto (loss_chunks=\"auto\"), kN (loss_chunks=N), pb0.0 "
+        "nochunk (fxremat, loss_chunks=0), default (fxremat: chunks only under a peak_budget), "
+        "auto (loss_chunks=\"auto\"), kN (loss_chunks=N), pb0.0 "
         "(peak_budget=0.0).",
         **provenance(data),
         gradients="each row's worst relative gradient error against an eager copy (grad_rule), in the last column",
