@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from .. import _torch_private as tp
 from ..graph.roles import Role
 from ..graph.stored_sums import block_sums, reads_only
-from ..rewrite.split import UnsupportedSplit, split_recipe
+from ..simulator import plan_memory
 from ..simulator.liveness import PeakEstimate, simulate_step
 from ..simulator.plan_memory import build_joint_memory, estimate_peak
 from ..solver.budget import Plan, SolveCache
@@ -110,8 +110,7 @@ def plan_estimator(c: Choosing):
     """(the plan-level estimate of a plan's step (``estimate_peak``), whether that estimate is exactly the
     simulation of the plan's split: ``JudgedPlans.exact``, the ``JointMemory`` it reads)."""
     memory = build_joint_memory(c.joint, c.roles, c.request.num_fwd_outputs, c.simulator)
-    index = {n: i for i, n in enumerate(c.joint.graph.nodes)}
-    value_node = [index[n] for n in c.flow.nodes]
+    value_node = _joint_indices(c)
     estimates: dict = {}
 
     def estimate(plan: Plan):
@@ -150,22 +149,19 @@ def judged_plans(c: Choosing, required: set, estimator=None) -> JudgedPlans:
 
 
 def plan_recipe(c: Choosing, memory) -> Callable | None:
-    """plan -> the recipe of its split (``split.split_recipe``, as ``split_with_recipe`` makes it from the plan's saved
-    nodes in the same order, ``partition._splitter``), or None where PyTorch splits the graph; None where
-    ``memory`` has no split facts."""
+    """plan -> the recipe of its split (``plan_memory.plan_recipe``: as ``split_with_recipe`` makes it from the
+    plan's saved nodes, ``partition._splitter``), or None where PyTorch splits the graph; None where ``memory`` has
+    no split facts."""
     if memory is None or memory.facts is None:
         return None
-    nodes, num_fwd_outputs = c.flow.nodes, c.request.num_fwd_outputs
+    value_node = _joint_indices(c)
+    return lambda plan: plan_memory.plan_recipe(memory, {value_node[v] for v in plan.saved})
 
-    def recipe(plan: Plan):
-        saved = [nodes[i] for i in plan.saved]
-        values, symbols = [n for n in saved if not tp.is_sym_node(n)], [n for n in saved if tp.is_sym_node(n)]
-        try:
-            return split_recipe(memory.joint, values, symbols, num_fwd_outputs=num_fwd_outputs, facts=memory.facts)
-        except UnsupportedSplit:
-            return None
 
-    return recipe
+def _joint_indices(c: Choosing) -> list[int]:
+    """Each flow value's node's index in the joint graph (a plan's saved values as ``JointMemory`` indices)."""
+    index = {n: i for i, n in enumerate(c.joint.graph.nodes)}
+    return [index[n] for n in c.flow.nodes]
 
 
 def ranked_candidates(c: Choosing, budget_bytes: int | None, cache: SolveCache | None = None):

@@ -108,21 +108,33 @@ def build_joint_memory(
 def estimate_peak(memory: JointMemory, saved: set[int]) -> PeakEstimate:
     """The simulated step of the plan that saves the nodes ``saved`` (node indices, in graph order: as the plan's
     split receives them) for backward: ``simulate_step`` of its split, without building the split."""
-    nodes = [memory.nodes[i] for i in sorted(saved)]
-    values = [n for n in nodes if not tp.is_sym_node(n)]
-    symbols = [n for n in nodes if tp.is_sym_node(n)]
-    if memory.facts is None:
-        return _simulate_pytorch_split(memory, values, symbols)
-    try:
-        recipe = split_recipe(memory.joint, values, symbols, num_fwd_outputs=memory.num_fwd_outputs, facts=memory.facts)
-    except UnsupportedSplit:
-        return _simulate_pytorch_split(memory, values, symbols)
+    recipe = plan_recipe(memory, saved)
+    if recipe is None:
+        return _simulate_pytorch_split(memory, *_saved_parts(memory, saved))
     backward = _view(memory, recipe.bw_inputs, recipe.bw_order, recipe.bw_outputs)
     run = forward_simulation(memory, recipe)
     if run is not None:
         return run.step(backward, memory.channels_last)
     forward, copies = forward_view(memory, recipe)
     return simulate_phases(forward, backward, memory.num_fwd_outputs, memory.channels_last, copies, memory.simulator)
+
+
+def plan_recipe(memory: JointMemory, saved: set[int]):
+    """The ``split.SplitRecipe`` of the plan that saves the nodes ``saved`` (as ``estimate_peak``'s), made without
+    building the split; None where PyTorch splits the graph (no split facts, or a split fxremat's does not support)."""
+    if memory.facts is None:
+        return None
+    values, symbols = _saved_parts(memory, saved)
+    try:
+        return split_recipe(memory.joint, values, symbols, num_fwd_outputs=memory.num_fwd_outputs, facts=memory.facts)
+    except UnsupportedSplit:
+        return None
+
+
+def _saved_parts(memory: JointMemory, saved: set[int]) -> tuple[list, list]:
+    """(the saved tensors, the saved symbolic sizes), in graph order."""
+    nodes = [memory.nodes[i] for i in sorted(saved)]
+    return [n for n in nodes if not tp.is_sym_node(n)], [n for n in nodes if tp.is_sym_node(n)]
 
 
 def forward_simulation(memory: JointMemory, recipe):
