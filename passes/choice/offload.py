@@ -15,7 +15,7 @@ import torch.fx as fx
 
 from .._torch_private import offload as tp_offload
 from ..graph.costs import DeviceProfile, alias_root, node_cost
-from ..graph.ops import OpClass, op_class
+from ..graph.graph_facts import readers_through_views
 from ..simulator.inputs import inputs_for
 from ..simulator.liveness import PeakEstimate
 from ..simulator.phase_graph import storage_bytes
@@ -100,10 +100,6 @@ def offload_units(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, 
     for saved in outputs[num_fwd_outputs:]:
         if isinstance(saved, fx.Node) and isinstance(saved.meta.get("val"), torch.Tensor):
             by_root.setdefault(alias_root(saved), []).append(saved)
-    aliases: dict[fx.Node, list[fx.Node]] = {}
-    for node in fw.graph.nodes:
-        if node.op == "call_function":
-            aliases.setdefault(alias_root(node), []).append(node)
     units = []
     for root, saved in by_root.items():
         nbytes = storage_bytes(root, inputs.backend)
@@ -111,28 +107,20 @@ def offload_units(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, 
             continue
         if saved != [root] or tp_offload.refusal(root) is not None:  # what PyTorch's rewrite can offload
             continue
-        readers = [u for a in aliases.get(root, [root]) for u in _reads_through_views(a)]
+        # every alias of the root is a view of it: its readers through views are the storage's
+        readers = _kernel_readers(root)
         last = max((forward_index[u.name] for u in readers), default=forward_index[root.name])
-        uses = [u for s in saved if s.name in bw_inputs for u in _reads_through_views(bw_inputs[s.name])]
+        uses = _kernel_readers(bw_inputs[root.name]) if root.name in bw_inputs else []
         if not uses:
             continue
         units.append(OffloadUnit(root.name, nbytes, last, min(backward_index[u.name] for u in uses)))
     return units
 
 
-def _reads_through_views(node: fx.Node) -> list[fx.Node]:
-    """The nodes that read ``node``'s storage, looking through views (a view runs no kernel: the backward graph
-    places them early, before the kernel that reads them)."""
-    found, stack = [], list(node.users)
-    while stack:
-        user = stack.pop()
-        if user.op == "output":
-            continue
-        if op_class(user) is OpClass.VIEW:
-            stack.extend(user.users)
-        else:
-            found.append(user)
-    return found
+def _kernel_readers(node: fx.Node) -> list[fx.Node]:
+    """The nodes of its graph that read ``node``'s storage, through views (a view runs no kernel: the backward
+    graph places them early, before the kernel that reads them), the graph's output apart."""
+    return [u for u in readers_through_views(node) if u.op != "output"]
 
 
 def choose_offloads(schedule: Schedule, units: list[OffloadUnit], transfer, target: int):
