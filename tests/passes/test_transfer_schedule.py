@@ -1,5 +1,5 @@
 """The transfer stream's schedule on hand-built step timelines (docs/DESIGN.md §16): exact placements, stalls and
-bytes (``simulator/transfer.py``, plain numbers)."""
+bytes (``simulator/transfer.py``, plain numbers); and the units ``choice/offload.py`` reads from a hand-built split."""
 
 from __future__ import annotations
 
@@ -103,3 +103,47 @@ def test_a_recorded_profile_keeps_its_link():
     assert profile_from_dict(profile_to_dict(PROFILES["h100"])) == PROFILES["h100"]
     old = {k: v for k, v in profile_to_dict(PROFILES["h100"]).items() if k != "host_link_bandwidth"}
     assert profile_from_dict(old).host_link_bandwidth is None
+
+
+def _split_by_hand():
+    """fw: ``relu`` (1 MiB, saved) read in forward only through a view, after two other kernels; its caller output
+    ``add``.  bw: the saved ``relu`` read through a view after one kernel."""
+    import torch
+    import torch.fx as fx
+
+    aten = torch.ops.aten
+    val = torch.empty(512, 512)
+    fw = fx.Graph()
+    x = fw.placeholder("x")
+    relu = fw.call_function(aten.relu.default, (x,))
+    b = fw.call_function(aten.mul.Tensor, (x, x))
+    c = fw.call_function(aten.mul.Tensor, (b, b))
+    view = fw.call_function(aten.view.default, (relu, [512 * 512]))
+    add = fw.call_function(aten.add.Tensor, (view, c))
+    fw.output((add, relu))
+    bw = fx.Graph()
+    saved, tangent = bw.placeholder(relu.name), bw.placeholder("tangent")
+    t = bw.call_function(aten.mul.Tensor, (tangent, tangent))
+    w = bw.call_function(aten.view.default, (saved, [512, 512]))
+    g = bw.call_function(aten.mul.Tensor, (w, t))
+    bw.output((g,))
+    for graph in (fw, bw):
+        for node in graph.nodes:
+            if node.op != "output":
+                node.meta["val"] = val.view(-1) if node.target is aten.view.default and node in fw.nodes else val
+    return fx.GraphModule({}, fw), fx.GraphModule({}, bw), (relu.name, add.name, g.name)
+
+
+def test_a_storages_uses_are_read_through_its_views():
+    """``offload_units``: the offload follows the storage's last forward reader (here through a view, after two
+    other kernels), and the reload precedes its first backward reader (a view's reader)."""
+    from fxremat_passes.choice.offload import offload_units
+    from fxremat_passes.simulator.inputs import SimulatorInputs
+
+    fw, bw, (relu, add, reader) = _split_by_hand()
+    forward = {n.name: i for i, n in enumerate(fw.graph.nodes)}
+    backward = {n.name: 10 + i for i, n in enumerate(bw.graph.nodes)}
+    (unit,) = offload_units(fw, bw, 1, (forward, backward), SimulatorInputs.default("cpu"))
+    assert unit.name == relu and unit.nbytes >= 512 * 512 * 4
+    assert unit.last_forward_use == forward[add] == 5  # not relu's own point (1), nor its view's (4)
+    assert unit.first_backward_use == backward[reader] == 14  # the view's reader, not the view (13)
