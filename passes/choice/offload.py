@@ -151,13 +151,18 @@ def offloaded_choice(c, candidates, target: int, fastest_seconds: float, simulat
     ``fastest_seconds`` (the fastest plan that fits without them, or infinity), else None; at most
     ``OFFLOAD_PLANS_TRIED`` plans are tried, fastest first."""
     inputs = simulated.inputs
-    if inputs_for(c.joint, inputs).backend.transfer_seconds(1, c.profile.host_link_bandwidth) is None:
+    backend, link = inputs_for(c.joint, inputs).backend, c.profile.host_link_bandwidth
+    if backend.transfer_seconds(1, link) is None:
         warnings.warn(
-            f"fxremat: offload='plan' offloads nothing on {c.request.graph_id}: the device profile "
+            f"fxremat: offload={c.settings.offload!r} offloads nothing on {c.request.graph_id}: the device profile "
             f"{c.profile.name!r} has no host link, or its Inductor backend no offload (docs/DESIGN.md §16)",
             stacklevel=4,
         )
         return None
+
+    def transfer(nbytes: int) -> float:
+        return backend.transfer_seconds(nbytes, link)
+
     best, tried = None, 0
     for plan in sorted(candidates, key=lambda p: p.seconds):
         if plan.seconds >= min(fastest_seconds, best.seconds if best else float("inf")) or tried >= OFFLOAD_PLANS_TRIED:
@@ -167,23 +172,14 @@ def offloaded_choice(c, candidates, target: int, fastest_seconds: float, simulat
             continue
         tried += 1
         fw, bw = simulated.split_of(plan)[:2]
-        found = _offloads_for(c, fw, bw, peak, inputs_for(fw, inputs), target)
-        if found is not None:
-            units, placement = found
-            names = tuple(name for _, name, _ in peak.timeline)
-            forward_points = sum(phase == "forward" for phase, _, _ in peak.timeline)
-            best = Offloaded(plan, units, placement, plan.seconds + placement.exposed_seconds, names, forward_points)
+        best = _offloads_for(c, plan, (fw, bw), peak, inputs_for(fw, inputs), target, transfer) or best
     return best
 
 
-def _offloads_for(c, fw, bw, peak: PeakEstimate, inputs, target: int):
-    link = c.profile.host_link_bandwidth
-
-    def transfer(nbytes: int) -> float:
-        return inputs.backend.transfer_seconds(nbytes, link)
-
-    if transfer(1) is None:
-        return None
+def _offloads_for(c, plan, split, peak: PeakEstimate, inputs, target: int, transfer) -> Offloaded | None:
+    """``plan`` (its split ``(fw, bw)`` simulated as ``peak``) with the offloads that bring it within ``target``,
+    or None where none do."""
+    fw, bw = split
     schedule, forward_index, backward_index = schedule_of(fw, bw, peak, c.profile)
     units = offload_units(fw, bw, c.request.num_fwd_outputs, (forward_index, backward_index), inputs)
     units = [
@@ -191,4 +187,10 @@ def _offloads_for(c, fw, bw, peak: PeakEstimate, inputs, target: int):
         for u in units
         if u.last_forward_use < schedule.forward_points and u.first_backward_use >= schedule.first_backward
     ]
-    return choose_offloads(schedule, units, transfer, target)
+    found = choose_offloads(schedule, units, transfer, target)
+    if found is None:
+        return None
+    chosen, placement = found
+    points = tuple(name for _, name, _ in peak.timeline)
+    seconds = plan.seconds + placement.exposed_seconds
+    return Offloaded(plan, chosen, placement, seconds, points, schedule.forward_points)
