@@ -317,7 +317,7 @@ class Options:
 
 
 def _check_offload(value, peak_budget, backward_segments) -> None:
-    if value not in (False, True, "plan"):
+    if not (isinstance(value, bool) or value == "plan"):  # 1 would pass for True and then act as "plan"
         raise ValueError(f"offload must be False, True or 'plan', got {value!r}")
     if value and peak_budget is None:
         raise ValueError(f"offload={value!r} chooses offloads under a peak_budget only; set peak_budget too")

@@ -65,6 +65,8 @@ def test_offload_is_refused_where_it_cannot_apply():
         Options.create(offload="plan")
     with pytest.raises(ValueError, match="False, True or 'plan'"):
         Options.create(peak_budget=0.5, offload="always")
+    with pytest.raises(ValueError, match="False, True or 'plan'"):
+        Options.create(peak_budget=0.5, offload=1)
     with pytest.raises(ValueError, match="backward_segments"):  # the segmented split would drop the offloads
         Options.create(peak_budget=0.5, offload="plan", backward_segments=True)
     Options.create(peak_budget=0.5, offload="plan", backward_segments=False)
