@@ -1,5 +1,6 @@
 """The transfer stream's schedule on hand-built step timelines (docs/DESIGN.md §16): exact placements, stalls and
-bytes (``simulator/transfer.py``, plain numbers); and the units ``choice/offload.py`` reads from a hand-built split."""
+bytes (``simulator/transfer.py``, plain numbers); and ``choice/offload.py``'s units of a hand-built split and its
+choice among them."""
 
 from __future__ import annotations
 
@@ -147,3 +148,25 @@ def test_a_storages_uses_are_read_through_its_views():
     assert unit.name == relu and unit.nbytes >= 512 * 512 * 4
     assert unit.last_forward_use == forward[add] == 5  # not relu's own point (1), nor its view's (4)
     assert unit.first_backward_use == backward[reader] == 14  # the view's reader, not the view (13)
+
+
+def test_the_offloads_chosen_hide_first_and_stop_when_the_peak_fits():
+    """``choose_offloads``: at the peak point, the unit whose copies hide (no stall alone) before the one whose
+    reload stalls, though equal in size; only as many as the target needs; None where all of them are not enough;
+    a unit still in use at the peak point never."""
+    from fxremat_passes.choice.offload import choose_offloads
+
+    held = [10 * GB] * 17
+    held[6] = 12 * GB  # the peak, in forward
+    seconds = (1.0,) * 8 + (0.0,) + (1.0,) * 8
+    schedule = Schedule(tuple(held), seconds, forward_points=8, first_backward=9)
+    hidden = OffloadUnit("hidden", GB, last_forward_use=0, first_backward_use=16)
+    exposed = OffloadUnit("exposed", GB, last_forward_use=1, first_backward_use=9)  # reloaded by backward's first
+    late = OffloadUnit("late", 4 * GB, last_forward_use=6, first_backward_use=16)  # read at the peak point
+    assert place(schedule, [hidden], link).exposed_seconds == 0.0
+    assert place(schedule, [exposed], link).exposed_seconds == 1.0
+    chosen, placement = choose_offloads(schedule, [exposed, late, hidden], link, 11 * GB)
+    assert chosen == (hidden,) and placement.peak_bytes == 11 * GB and placement.exposed_seconds == 0.0
+    chosen, placement = choose_offloads(schedule, [exposed, late, hidden], link, 10 * GB)
+    assert set(chosen) == {hidden, exposed} and placement.peak_bytes == 10 * GB
+    assert choose_offloads(schedule, [exposed, late, hidden], link, 10 * GB - 1) is None
