@@ -216,7 +216,7 @@ class Options:
                      storages may also be offloaded to host memory where the plan is then faster within the budget
                      (docs/DESIGN.md §16); the report lists them, but the graphs keep them on the device (one
                      warning says so); True: the same plan, and the split rewritten by PyTorch's offload machinery
-                     (torch 2.13 or later; not yet run on a GPU).
+                     (torch 2.13 or later; not yet run on a GPU); refused with backward_segments=True.
     """
 
     memory_budget: float | int | None = None
@@ -270,7 +270,7 @@ class Options:
         if values.get("backward_segments") not in (None, True, False):
             raise TypeError(f"backward_segments must be None, True or False, got {values['backward_segments']!r}")
         _check_loss_chunks(values.get("loss_chunks"))
-        _check_offload(values.get("offload", False), values.get("peak_budget"))
+        _check_offload(values.get("offload", False), values.get("peak_budget"), values.get("backward_segments"))
         if values.get("caller_bytes") is not None:
             values["caller_bytes"] = _caller_bytes(values["caller_bytes"])
         if "report_dir" not in values:
@@ -316,11 +316,16 @@ class Options:
         return PROFILES["cpu"]
 
 
-def _check_offload(value, peak_budget) -> None:
-    if value not in (False, True, "plan"):
+def _check_offload(value, peak_budget, backward_segments) -> None:
+    if not (isinstance(value, bool) or value == "plan"):  # 1 would pass for True and then act as "plan"
         raise ValueError(f"offload must be False, True or 'plan', got {value!r}")
     if value and peak_budget is None:
         raise ValueError(f"offload={value!r} chooses offloads under a peak_budget only; set peak_budget too")
+    if value and backward_segments:  # the partition splits the plan again, and the offloads would be lost
+        raise ValueError(
+            f"offload={value!r} places its copies on the plan's split as cut; backward_segments=True splits every "
+            "plan again, segment by segment: leave backward_segments at None (docs/DESIGN.md §16)"
+        )
     if value is True:
         reason = tp_offload.offload_unavailable() or (
             None if tp_offload.is_async() else "this torch's rewrite copies synchronously (prims.device_put)"

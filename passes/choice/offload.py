@@ -15,7 +15,7 @@ import torch.fx as fx
 
 from .._torch_private import offload as tp_offload
 from ..graph.costs import DeviceProfile, alias_root, node_cost
-from ..graph.ops import OpClass, op_class
+from ..graph.graph_facts import readers_through_views
 from ..simulator.inputs import inputs_for
 from ..simulator.liveness import PeakEstimate
 from ..simulator.phase_graph import storage_bytes
@@ -100,10 +100,6 @@ def offload_units(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, 
     for saved in outputs[num_fwd_outputs:]:
         if isinstance(saved, fx.Node) and isinstance(saved.meta.get("val"), torch.Tensor):
             by_root.setdefault(alias_root(saved), []).append(saved)
-    aliases: dict[fx.Node, list[fx.Node]] = {}
-    for node in fw.graph.nodes:
-        if node.op == "call_function":
-            aliases.setdefault(alias_root(node), []).append(node)
     units = []
     for root, saved in by_root.items():
         nbytes = storage_bytes(root, inputs.backend)
@@ -111,28 +107,20 @@ def offload_units(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, 
             continue
         if saved != [root] or tp_offload.refusal(root) is not None:  # what PyTorch's rewrite can offload
             continue
-        readers = [u for a in aliases.get(root, [root]) for u in _reads_through_views(a)]
+        # every alias of the root is a view of it: its readers through views are the storage's
+        readers = _kernel_readers(root)
         last = max((forward_index[u.name] for u in readers), default=forward_index[root.name])
-        uses = [u for s in saved if s.name in bw_inputs for u in _reads_through_views(bw_inputs[s.name])]
+        uses = _kernel_readers(bw_inputs[root.name]) if root.name in bw_inputs else []
         if not uses:
             continue
         units.append(OffloadUnit(root.name, nbytes, last, min(backward_index[u.name] for u in uses)))
     return units
 
 
-def _reads_through_views(node: fx.Node) -> list[fx.Node]:
-    """The nodes that read ``node``'s storage, looking through views (a view runs no kernel: the backward graph
-    places them early, before the kernel that reads them)."""
-    found, stack = [], list(node.users)
-    while stack:
-        user = stack.pop()
-        if user.op == "output":
-            continue
-        if op_class(user) is OpClass.VIEW:
-            stack.extend(user.users)
-        else:
-            found.append(user)
-    return found
+def _kernel_readers(node: fx.Node) -> list[fx.Node]:
+    """The nodes of its graph that read ``node``'s storage, through views (a view runs no kernel: the backward
+    graph places them early, before the kernel that reads them), the graph's output apart."""
+    return [u for u in readers_through_views(node) if u.op != "output"]
 
 
 def choose_offloads(schedule: Schedule, units: list[OffloadUnit], transfer, target: int):
@@ -163,13 +151,18 @@ def offloaded_choice(c, candidates, target: int, fastest_seconds: float, simulat
     ``fastest_seconds`` (the fastest plan that fits without them, or infinity), else None; at most
     ``OFFLOAD_PLANS_TRIED`` plans are tried, fastest first."""
     inputs = simulated.inputs
-    if inputs_for(c.joint, inputs).backend.transfer_seconds(1, c.profile.host_link_bandwidth) is None:
+    backend, link = inputs_for(c.joint, inputs).backend, c.profile.host_link_bandwidth
+    if backend.transfer_seconds(1, link) is None:
         warnings.warn(
-            f"fxremat: offload='plan' offloads nothing on {c.request.graph_id}: the device profile "
+            f"fxremat: offload={c.settings.offload!r} offloads nothing on {c.request.graph_id}: the device profile "
             f"{c.profile.name!r} has no host link, or its Inductor backend no offload (docs/DESIGN.md §16)",
             stacklevel=4,
         )
         return None
+
+    def transfer(nbytes: int) -> float:
+        return backend.transfer_seconds(nbytes, link)
+
     best, tried = None, 0
     for plan in sorted(candidates, key=lambda p: p.seconds):
         if plan.seconds >= min(fastest_seconds, best.seconds if best else float("inf")) or tried >= OFFLOAD_PLANS_TRIED:
@@ -179,23 +172,14 @@ def offloaded_choice(c, candidates, target: int, fastest_seconds: float, simulat
             continue
         tried += 1
         fw, bw = simulated.split_of(plan)[:2]
-        found = _offloads_for(c, fw, bw, peak, inputs_for(fw, inputs), target)
-        if found is not None:
-            units, placement = found
-            names = tuple(name for _, name, _ in peak.timeline)
-            forward_points = sum(phase == "forward" for phase, _, _ in peak.timeline)
-            best = Offloaded(plan, units, placement, plan.seconds + placement.exposed_seconds, names, forward_points)
+        best = _offloads_for(c, plan, (fw, bw), peak, inputs_for(fw, inputs), target, transfer) or best
     return best
 
 
-def _offloads_for(c, fw, bw, peak: PeakEstimate, inputs, target: int):
-    link = c.profile.host_link_bandwidth
-
-    def transfer(nbytes: int) -> float:
-        return inputs.backend.transfer_seconds(nbytes, link)
-
-    if transfer(1) is None:
-        return None
+def _offloads_for(c, plan, split, peak: PeakEstimate, inputs, target: int, transfer) -> Offloaded | None:
+    """``plan`` (its split ``(fw, bw)`` simulated as ``peak``) with the offloads that bring it within ``target``,
+    or None where none do."""
+    fw, bw = split
     schedule, forward_index, backward_index = schedule_of(fw, bw, peak, c.profile)
     units = offload_units(fw, bw, c.request.num_fwd_outputs, (forward_index, backward_index), inputs)
     units = [
@@ -203,4 +187,10 @@ def _offloads_for(c, fw, bw, peak: PeakEstimate, inputs, target: int):
         for u in units
         if u.last_forward_use < schedule.forward_points and u.first_backward_use >= schedule.first_backward
     ]
-    return choose_offloads(schedule, units, transfer, target)
+    found = choose_offloads(schedule, units, transfer, target)
+    if found is None:
+        return None
+    chosen, placement = found
+    points = tuple(name for _, name, _ in peak.timeline)
+    seconds = plan.seconds + placement.exposed_seconds
+    return Offloaded(plan, chosen, placement, seconds, points, schedule.forward_points)

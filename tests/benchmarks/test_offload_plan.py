@@ -37,15 +37,25 @@ def test_offloads_fit_the_budget_and_beat_recompute_alone(small_storages):
     assert offloaded["exposed_seconds"] == pytest.approx(sum(row[2] for row in offloaded["offloaded"]))
 
 
-def test_offload_off_leaves_the_plan_as_it_was(small_storages):
-    def plan(options):
+def test_offload_off_leaves_the_plan_as_it_was(small_storages, monkeypatch):
+    """With offload off (the default, or False) the offload step never runs, so the plan is the one chosen without
+    it; the same step stubbed to fail shows the stub is where ``offload="plan"`` goes."""
+    import fxremat_passes.choice.peak as peak
+
+    def entered(*args, **kwargs):
+        raise RuntimeError("the offload step ran")
+
+    monkeypatch.setattr(peak, "offloaded_choice", entered)
+
+    def report(options):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            report = gpu_shaped.partition("gpt2", "fxremat", options, small=True)[0][0]
-        return [row.name for row in report.saved], report.simulated_peak_bytes, report.offloaded
+            return gpu_shaped.partition("gpt2", "fxremat", options, small=True)[0][0]
 
-    assert plan(dict(peak_budget=0.5)) == plan(dict(peak_budget=0.5, offload=False))
-    assert plan(dict(peak_budget=0.5))[2] == ()
+    for options in (dict(peak_budget=0.5), dict(peak_budget=0.5, offload=False)):
+        off = report(options)
+        assert off.fallback_reason is None and off.offloaded == () and off.offload_peak_bytes is None
+    assert "the offload step ran" in (report(dict(peak_budget=0.5, offload="plan")).fallback_reason or "")
 
 
 def test_offload_is_refused_where_it_cannot_apply():
@@ -55,6 +65,11 @@ def test_offload_is_refused_where_it_cannot_apply():
         Options.create(offload="plan")
     with pytest.raises(ValueError, match="False, True or 'plan'"):
         Options.create(peak_budget=0.5, offload="always")
+    with pytest.raises(ValueError, match="False, True or 'plan'"):
+        Options.create(peak_budget=0.5, offload=1)
+    with pytest.raises(ValueError, match="backward_segments"):  # the segmented split would drop the offloads
+        Options.create(peak_budget=0.5, offload="plan", backward_segments=True)
+    Options.create(peak_budget=0.5, offload="plan", backward_segments=False)
 
 
 def test_a_profile_without_a_host_link_says_so(small_storages):

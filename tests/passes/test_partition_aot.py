@@ -275,6 +275,23 @@ def test_prefer_tags_bias_the_cut_but_do_not_force_it(checkpoints):
     assert prefer_save.user_plan_saved_bytes is None
 
 
+def test_prefer_cpu_offload_is_weighed_as_prefer_save():
+    """PREFER_CPU_OFFLOAD: the value is kept on the device, with PREFER_SAVE's bias (docs/DESIGN.md §16), not
+    passed over as untagged (whose plan at this price saves less)."""
+    inputs = (torch.randn(8, 32),)
+    reports = {}
+    for policy in (tp.CheckpointPolicy.PREFER_SAVE, tp.CheckpointPolicy.PREFER_CPU_OFFLOAD):
+        model = Tagged(policy)
+        _, expected = eager_grads(model, inputs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the CPU-offload tag's warning (tests/passes/test_torch_knobs.py)
+            _, grads, _, found = run_fxremat_aot(model, inputs, memory_price=0.5, strict=True, checkpoints="replan")
+        assert_grads_close(grads, expected)
+        reports[policy] = found[0]
+    save, offload = reports[tp.CheckpointPolicy.PREFER_SAVE], reports[tp.CheckpointPolicy.PREFER_CPU_OFFLOAD]
+    assert (offload.saved_bytes, offload.recompute_flops) == (save.saved_bytes, save.recompute_flops)
+
+
 class AddBias(nn.Module):
     """Backward needs nothing from forward (grad_w = sum of the tangent): the plain split."""
 

@@ -1,5 +1,6 @@
 """The transfer stream's schedule on hand-built step timelines (docs/DESIGN.md §16): exact placements, stalls and
-bytes (``simulator/transfer.py``, plain numbers)."""
+bytes (``simulator/transfer.py``, plain numbers); and ``choice/offload.py``'s units of a hand-built split and its
+choice among them."""
 
 from __future__ import annotations
 
@@ -103,3 +104,69 @@ def test_a_recorded_profile_keeps_its_link():
     assert profile_from_dict(profile_to_dict(PROFILES["h100"])) == PROFILES["h100"]
     old = {k: v for k, v in profile_to_dict(PROFILES["h100"]).items() if k != "host_link_bandwidth"}
     assert profile_from_dict(old).host_link_bandwidth is None
+
+
+def _split_by_hand():
+    """fw: ``relu`` (1 MiB, saved) read in forward only through a view, after two other kernels; its caller output
+    ``add``.  bw: the saved ``relu`` read through a view after one kernel."""
+    import torch
+    import torch.fx as fx
+
+    aten = torch.ops.aten
+    val = torch.empty(512, 512)
+    fw = fx.Graph()
+    x = fw.placeholder("x")
+    relu = fw.call_function(aten.relu.default, (x,))
+    b = fw.call_function(aten.mul.Tensor, (x, x))
+    c = fw.call_function(aten.mul.Tensor, (b, b))
+    view = fw.call_function(aten.view.default, (relu, [512 * 512]))
+    add = fw.call_function(aten.add.Tensor, (view, c))
+    fw.output((add, relu))
+    bw = fx.Graph()
+    saved, tangent = bw.placeholder(relu.name), bw.placeholder("tangent")
+    t = bw.call_function(aten.mul.Tensor, (tangent, tangent))
+    w = bw.call_function(aten.view.default, (saved, [512, 512]))
+    g = bw.call_function(aten.mul.Tensor, (w, t))
+    bw.output((g,))
+    for graph in (fw, bw):
+        for node in graph.nodes:
+            if node.op != "output":
+                node.meta["val"] = val.view(-1) if node.target is aten.view.default and node in fw.nodes else val
+    return fx.GraphModule({}, fw), fx.GraphModule({}, bw), (relu.name, add.name, g.name)
+
+
+def test_a_storages_uses_are_read_through_its_views():
+    """``offload_units``: the offload follows the storage's last forward reader (here through a view, after two
+    other kernels), and the reload precedes its first backward reader (a view's reader)."""
+    from fxremat_passes.choice.offload import offload_units
+    from fxremat_passes.simulator.inputs import SimulatorInputs
+
+    fw, bw, (relu, add, reader) = _split_by_hand()
+    forward = {n.name: i for i, n in enumerate(fw.graph.nodes)}
+    backward = {n.name: 10 + i for i, n in enumerate(bw.graph.nodes)}
+    (unit,) = offload_units(fw, bw, 1, (forward, backward), SimulatorInputs.default("cpu"))
+    assert unit.name == relu and unit.nbytes >= 512 * 512 * 4
+    assert unit.last_forward_use == forward[add] == 5  # not relu's own point (1), nor its view's (4)
+    assert unit.first_backward_use == backward[reader] == 14  # the view's reader, not the view (13)
+
+
+def test_the_offloads_chosen_hide_first_and_stop_when_the_peak_fits():
+    """``choose_offloads``: at the peak point, the unit whose copies hide (no stall alone) before the one whose
+    reload stalls, though equal in size; only as many as the target needs; None where all of them are not enough;
+    a unit still in use at the peak point never."""
+    from fxremat_passes.choice.offload import choose_offloads
+
+    held = [10 * GB] * 17
+    held[6] = 12 * GB  # the peak, in forward
+    seconds = (1.0,) * 8 + (0.0,) + (1.0,) * 8
+    schedule = Schedule(tuple(held), seconds, forward_points=8, first_backward=9)
+    hidden = OffloadUnit("hidden", GB, last_forward_use=0, first_backward_use=16)
+    exposed = OffloadUnit("exposed", GB, last_forward_use=1, first_backward_use=9)  # reloaded by backward's first
+    late = OffloadUnit("late", 4 * GB, last_forward_use=6, first_backward_use=16)  # read at the peak point
+    assert place(schedule, [hidden], link).exposed_seconds == 0.0
+    assert place(schedule, [exposed], link).exposed_seconds == 1.0
+    chosen, placement = choose_offloads(schedule, [exposed, late, hidden], link, 11 * GB)
+    assert chosen == (hidden,) and placement.peak_bytes == 11 * GB and placement.exposed_seconds == 0.0
+    chosen, placement = choose_offloads(schedule, [exposed, late, hidden], link, 10 * GB)
+    assert set(chosen) == {hidden, exposed} and placement.peak_bytes == 10 * GB
+    assert choose_offloads(schedule, [exposed, late, hidden], link, 10 * GB - 1) is None
