@@ -4,6 +4,8 @@ compilers on a model whose step peaks at its loss, gradients against eager."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from helpers import assert_grads_close, eager_grads, recording_partition_fn, run_aot
@@ -191,3 +193,29 @@ def test_the_text_report_names_the_region_its_chunks_and_the_floor():
 
     text = format_text(_step(peak_budget=0.0)[0])
     assert "loss region" in text and "chunks" in text and "as traced" in text and "floor" in text
+
+
+@pytest.mark.parametrize("chunks", [None, 4, "auto"])
+def test_a_symbolic_token_count_is_left_as_traced_and_its_report_is_plain_data(chunks):
+    """Dynamic shapes: chunk bounds written for one token count would be wrong at another, so the region is left as
+    traced (said, for the user's count), and the report's sizes are the hints, not SymInts (the report store encodes
+    every report as JSON: a SymInt there broke the compile)."""
+    from helpers import noop_compiler
+
+    from fxremat_passes import _torch_private as tp
+
+    model, inputs = BigVocabLM(), _inputs()
+    _, expected = eager_grads(model, inputs, loss=lambda out: out)
+    reports = []
+    partition_fn = fxremat.make_partition_fn(Options.create(loss_chunks=chunks, compare_default=True), reports)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=tp.aot_autograd_as_inductor(partition_fn, noop_compiler), dynamic=True)
+    model.zero_grad(set_to_none=True)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        compiled(*inputs).backward()
+    assert_grads_close({n: p.grad for n, p in model.named_parameters()}, expected)
+    ((_, tokens, vocab, chosen, why),) = reports[0].loss_regions
+    assert (type(tokens), tokens, vocab, chosen) == (int, TOKENS[0] * TOKENS[1], VOCAB, 0) and "symbolic" in why
+    assert reports[0].fallback_reason is None and '"loss_regions"' in reports[0].to_json()
+    assert any("symbolic" in str(w.message) for w in said) == (chunks == 4)
