@@ -36,8 +36,6 @@ def loss_split(joint: fx.GraphModule, request, options, profile, cut: Callable):
     if counted and not options.compare_default:
         return cut(joint, chunk_as_asked(joint, request.graph_id, options.loss_chunks))
     found = find_loss_regions(joint.graph)
-    if not found:  # the common case: nothing to try, nothing to say
-        return cut(joint, LossRegions())
     floor = {"loss_peak_floor_bytes": floor_bytes(joint, request.num_fwd_outputs, found)} if found else {}
     regions = [r for r in found if why_not_chunked(r) is None]
     if not regions:  # nothing to try; the user's count says so as it does without compare_default

@@ -155,10 +155,11 @@ def test_a_fault_after_the_rewrite_falls_back_with_correct_gradients():
     assert_grads_close(grads, expected)
 
 
-def test_a_graph_without_a_loss_region_says_loss_chunks_did_nothing():
+@pytest.mark.parametrize("compare", [False, True])  # a report-oriented run (or report_dir) says it too
+def test_a_graph_without_a_loss_region_says_loss_chunks_did_nothing(compare):
     model, inputs = example("mlp")
     reports = []
-    partition_fn = fxremat.make_partition_fn(Options.create(loss_chunks=4), reports)
+    partition_fn = fxremat.make_partition_fn(Options.create(loss_chunks=4, compare_default=compare), reports)
     with pytest.warns(UserWarning, match="no LM head and cross-entropy in it"):
         run_aot(model, inputs, partition_fn)
     assert reports and reports[0].fallback_reason is None
