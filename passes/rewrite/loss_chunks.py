@@ -115,11 +115,6 @@ def _rewrite(graph: fx.Graph, region: LossRegion, chunks: int) -> None:
     plan_clean_up(graph, cse=False).apply()
 
 
-def _exits(region: LossRegion) -> tuple[fx.Node, ...]:
-    bw = region.backward
-    return tuple(n for n in (bw.grad_hidden, bw.grad_weight, bw.grad_bias) if n is not None)
-
-
 def _denominator(emit: _Emitter, region: LossRegion, valid: fx.Node) -> fx.Node | None:
     """The mean's divisor, the tokens not ignored (nll_loss's ``total_weight``); None for a sum."""
     if region.reduction == "sum":
