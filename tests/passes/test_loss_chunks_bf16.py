@@ -23,7 +23,7 @@ from fxremat.measure import max_relative_error
 from fxremat_passes import _torch_private as tp
 from fxremat_passes.graph.cse import prepare_joint_graph
 from fxremat_passes.graph.loss_region import find_loss_regions
-from fxremat_passes.graph.ops import LOG_SOFTMAX, SUB
+from fxremat_passes.graph.ops import LOG_SOFTMAX, MUL, SCATTER_VALUE, SUB, WHERE
 
 VOCAB, HIDDEN, TOKENS = 2048, 32, (4, 128)  # logits 2 MiB in bf16 beside 0.1 MiB of parameters: the peak at the loss
 BF16_ROUNDING = 2.0**-8
@@ -155,3 +155,35 @@ def test_chunked_bf16_gradients_match_eager_to_bf16_rounding(form, chunks, loss,
     assert all(e <= bound for e in errors.values()), (errors, bound, eager)
     # the bf16 eager step itself, to the same bound
     assert all(max_relative_error(grads[n].float(), g.float()) <= bound for n, g in _eager(model).items())
+
+
+@pytest.mark.parametrize("form", ["inductor", "inductor_passes"])
+def test_a_product_other_than_the_one_hot_gives_no_backward(form):
+    """The decomposed NLL's gradient is the one-hot (a scatter, or a where(eq(iota)) after Inductor's joint passes)
+    times the masked incoming gradient: any other factor there (doubled here) is a loss the rewrite would not
+    reproduce, so the region's backward is unknown (``loss_region._is_one_hot``)."""
+    captured = []
+
+    def partition_fn(joint, joint_inputs, **kwargs):
+        captured.append(prepare_joint_graph(joint))
+        from torch._functorch.partitioners import default_partition
+
+        return default_partition(joint, joint_inputs, **kwargs)
+
+    _step(UpcastLM().to(torch.bfloat16), form, partition_fn)
+    graph = captured[0].graph
+    logits = (TOKENS[0] * TOKENS[1], VOCAB)
+    (one_hot,) = [
+        n
+        for n in graph.nodes
+        if n.target in (SCATTER_VALUE, WHERE)
+        and tuple(n.meta["val"].shape) == logits
+        and any(u.target is MUL for u in n.users)
+    ]
+    assert find_loss_regions(graph)[0].backward is not None
+    with graph.inserting_after(one_hot):
+        doubled = graph.call_function(MUL, (one_hot, 2.0))
+    doubled.meta["val"] = one_hot.meta["val"] * 2.0
+    one_hot.replace_all_uses_with(doubled, delete_user_cb=lambda u: u is not doubled)
+    (region,) = find_loss_regions(graph)
+    assert region.backward is None
