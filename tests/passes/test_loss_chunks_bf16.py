@@ -187,3 +187,15 @@ def test_a_product_other_than_the_one_hot_gives_no_backward(form):
     one_hot.replace_all_uses_with(doubled, delete_user_cb=lambda u: u is not doubled)
     (region,) = find_loss_regions(graph)
     assert region.backward is None
+
+
+def test_many_chunks_add_no_rounding_to_the_head_gradient():
+    """The chunks' parts of the head's gradient are summed in fp32 (``loss_chunks._accumulate``): at 64 chunks a
+    bf16 running sum would round 63 times and land beyond the bound; in fp32 the error is that of a few chunks."""
+    model = UpcastLM().to(torch.bfloat16)
+    master = _eager(copy.deepcopy(model).float())
+    traced, _, _ = _fxremat_step(model, "aten", loss_chunks=0)
+    bound = 2 * max(max(_errors(_eager(model), master).values()), max(_errors(traced, master).values()))
+    grads, report, _ = _fxremat_step(model, "aten", loss_chunks=64)
+    assert report.loss_regions[0][3] == 64
+    assert _errors(grads, master)["head.weight"] <= bound + BF16_ROUNDING
