@@ -133,6 +133,29 @@ def test_chunked_gradients_equal_eager(case, chunks):
     assert largest <= max(rows * VOCAB, VOCAB * HIDDEN)  # no full-size logits (one chunk's at most)
 
 
+
+def _ancestors(node) -> set:
+    seen, todo = set(), list(node.all_input_nodes)
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo += n.all_input_nodes
+    return seen
+
+
+def test_each_chunk_waits_for_the_previous_chunks_gradients():
+    """Chunk i+1's logits read an exact zero from chunk i's gradients (``loss_chunks._after``): no scheduler or
+    reordering pass can run two chunks' full-width values at once (docs/DESIGN.md §14)."""
+    model, inputs = LM(), _inputs()
+    _, graphs = _chunked_step(model, inputs, 4)
+    fw = graphs[0].graph
+    logits = [n for n in fw.nodes if n.target is torch.ops.aten.mm.default and n.meta["val"].shape[-1] == VOCAB]
+    assert len(logits) == 4
+    for before, after in zip(logits, logits[1:]):
+        assert before in _ancestors(after)
+
+
 def test_returned_logits_leave_the_graph_as_traced():
     model, inputs = LM(returns_logits=True), _inputs()
     _, expected = eager_grads(model, inputs, loss=_loss)
