@@ -209,6 +209,8 @@ def test_loss_chunks_is_validated(value, error):
         Options.create(loss_chunks=value)
 
 
-def test_loss_chunks_is_chosen_by_default_and_in_the_cache_key():
-    assert Options.create().loss_chunks is None and Options.create(loss_chunks=0).loss_chunks == 0
-    assert Options.create().cache_key() != Options.create(loss_chunks=4).cache_key()
+def test_loss_chunks_defaults_to_none_and_each_setting_is_in_the_cache_key():
+    """None (chosen under a peak_budget only), "auto", 0 and a count each make other graphs: no two share a key."""
+    settings = (None, "auto", 0, 4)
+    assert Options.create().loss_chunks is None
+    assert len({Options.create(loss_chunks=s).cache_key() for s in settings}) == len(settings)
