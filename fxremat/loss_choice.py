@@ -25,6 +25,8 @@ from .report import LossRegions
 
 # why a chunkable region is left as traced by default (docs/DESIGN.md §14)
 NOT_ASKED = "chunked under a peak_budget, or with loss_chunks=\"auto\" or an int"
+# why the choice left it as traced (docs/DESIGN.md §14, passes/choice/loss_chunks.py)
+NOT_CHOSEN = "chosen from the simulated step peaks of the counts tried"
 
 
 def loss_split(joint: fx.GraphModule, request, options, profile, cut: Callable):
@@ -54,11 +56,15 @@ def loss_split(joint: fx.GraphModule, request, options, profile, cut: Callable):
     for said in caught:
         warnings.warn_explicit(said.message, said.category, said.filename, said.lineno)
     tried_rows = tuple((t.chunks or 1, t.peak_bytes, t.step_seconds) for t in tried)
-    split.records = [
-        dataclasses.replace(r, loss_chunks_tried=tried_rows, **floor) if isinstance(r, LossRegions) else r
-        for r in split.records
-    ]
+    split.records = [_tried(r, tried_rows, floor) if isinstance(r, LossRegions) else r for r in split.records]
     return split
+
+
+def _tried(record: LossRegions, tried_rows: tuple, floor: dict) -> LossRegions:
+    """``record`` of the count chosen with every count tried and the floor; a row left as traced by the choice says
+    so."""
+    rows = tuple((*row[:4], row[4] or (NOT_CHOSEN if not row[3] else None)) for row in record.loss_regions)
+    return dataclasses.replace(record, loss_regions=rows, loss_chunks_tried=tried_rows, **floor)
 
 
 def floor_bytes(joint: fx.GraphModule, num_fwd_outputs: int, regions) -> int:

@@ -150,6 +150,13 @@ def test_a_peak_budget_in_bytes_takes_the_smallest_count_that_fits():
     assert [k for k, _, _ in report.loss_chunks_tried] == [1, 2, 4]
 
 
+
+def test_a_budget_the_graph_as_traced_meets_leaves_it_as_traced_and_says_why():
+    report, nodes = _step(peak_budget=2**40)
+    ((_, _, _, chunks, why),) = report.loss_regions
+    assert chunks == 0 and "simulated step peaks" in why and [k for k, _, _ in report.loss_chunks_tried] == [1]
+    assert any(n.target is LOG_SOFTMAX for n in nodes)
+
 def test_an_explicit_count_is_honoured_and_compared_with_the_graph_as_traced():
     report, nodes = _step(loss_chunks=3, compare_default=True)
     assert _chunks(report) == 3
