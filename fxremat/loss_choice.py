@@ -55,7 +55,7 @@ def loss_split(joint: fx.GraphModule, request, options, profile, cut: Callable):
     split, caught = chosen.result
     for said in caught:
         warnings.warn_explicit(said.message, said.category, said.filename, said.lineno)
-    tried_rows = tuple((t.chunks or 1, t.peak_bytes, t.step_seconds) for t in tried)
+    tried_rows = tuple((t.chunks or 0, t.peak_bytes, t.step_seconds) for t in tried)
     split.records = [_tried(r, tried_rows, floor) if isinstance(r, LossRegions) else r for r in split.records]
     return split
 

@@ -135,7 +135,7 @@ def test_auto_chunks_where_the_simulated_peak_falls():
     report, nodes = _step(loss_chunks="auto")
     chunks = _chunks(report)
     tried = dict((k, peak) for k, peak, _ in report.loss_chunks_tried)
-    assert chunks > 1 and tried[chunks] < 0.7 * tried[1]  # chunked, and well below the graph as traced
+    assert chunks > 1 and tried[chunks] < 0.7 * tried[0]  # chunked, and well below the graph as traced
     assert report.simulated_peak_bytes is not None
     assert report.loss_peak_floor_bytes is not None and report.loss_peak_floor_bytes < tried[chunks]
     assert not any(n.target is LOG_SOFTMAX for n in nodes)
@@ -147,20 +147,20 @@ def test_a_peak_budget_in_bytes_takes_the_smallest_count_that_fits():
     budget = (tried[2] + tried[4]) // 2  # 2 chunks miss it, 4 fit
     report, _ = _step(peak_budget=budget)
     assert _chunks(report) == 4
-    assert [k for k, _, _ in report.loss_chunks_tried] == [1, 2, 4]
+    assert [k for k, _, _ in report.loss_chunks_tried] == [0, 2, 4]
 
 
 
 def test_a_budget_the_graph_as_traced_meets_leaves_it_as_traced_and_says_why():
     report, nodes = _step(peak_budget=2**40)
     ((_, _, _, chunks, why),) = report.loss_regions
-    assert chunks == 0 and "simulated step peaks" in why and [k for k, _, _ in report.loss_chunks_tried] == [1]
+    assert chunks == 0 and "simulated step peaks" in why and [k for k, _, _ in report.loss_chunks_tried] == [0]
     assert any(n.target is LOG_SOFTMAX for n in nodes)
 
 def test_an_explicit_count_is_honoured_and_compared_with_the_graph_as_traced():
     report, nodes = _step(loss_chunks=3, compare_default=True)
     assert _chunks(report) == 3
-    assert [k for k, _, _ in report.loss_chunks_tried] == [1, 3]
+    assert [k for k, _, _ in report.loss_chunks_tried] == [0, 3]  # 0: as traced
     largest = max(n.meta["val"].numel() for n in nodes if isinstance(n.meta.get("val"), torch.Tensor))
     assert largest < TOKENS[0] * TOKENS[1] * VOCAB  # no full-size logits
 
@@ -226,3 +226,12 @@ def test_a_symbolic_token_count_is_left_as_traced_and_its_report_is_plain_data(c
     assert (type(tokens), tokens, vocab, chosen) == (int, TOKENS[0] * TOKENS[1], VOCAB, 0) and "symbolic" in why
     assert reports[0].fallback_reason is None and '"loss_regions"' in reports[0].to_json()
     assert any("symbolic" in str(w.message) for w in said) == (chunks == 4)
+
+
+def test_one_chunk_is_told_apart_from_the_graph_as_traced():
+    """``loss_chunks=1`` is the rewrite in one chunk (its gradients computed in forward), not the graph as traced."""
+    from fxremat.render import format_text
+
+    report, _ = _step(loss_chunks=1, compare_default=True)
+    assert _chunks(report) == 1 and [k for k, _, _ in report.loss_chunks_tried] == [0, 1]
+    assert "as traced" in format_text(report) and "1 chunks" in format_text(report)
