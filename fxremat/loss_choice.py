@@ -90,10 +90,22 @@ def chunk_as_asked(joint: fx.GraphModule, graph_id: str, chunks: int) -> LossReg
                 "weights, reduction='none', logits sliced or not from a matmul; docs/DESIGN.md §14)"
             )
         why = why or "no LM head and cross-entropy in it (is the loss computed outside the compiled function?)"
+        if not done and _inductor_chunks():  # Inductor's joint-graph passes ran before the partitioner saw the graph
+            why += "; Inductor's auto_chunker is on and may have chunked the loss itself (torch._inductor.config"
+            why += ".auto_chunker.enable): turn it off for loss_chunks to chunk it"
         warnings.warn(
             f"fxremat: loss_chunks={chunks} left {graph_id}'s loss as traced: {why}", UserWarning, stacklevel=6
         )
     return LossRegions(loss_regions=tuple(d.row for d in done))
+
+
+def _inductor_chunks() -> bool:
+    """Whether Inductor's opt-in auto-chunker (torch 2.11+) is on: its joint-graph pass runs a loss in chunks of its
+    own (``invoke_subgraph``) before fxremat's partition sees the graph, leaving no loss region to find."""
+    try:
+        return bool(getattr(tp.inductor_config_value("auto_chunker"), "enable", False))
+    except AttributeError:  # a torch without it
+        return False
 
 
 def _rows(regions, why: str | None) -> LossRegions:

@@ -199,3 +199,17 @@ def test_many_chunks_add_no_rounding_to_the_head_gradient():
     grads, report, _ = _fxremat_step(model, "aten", loss_chunks=64)
     assert report.loss_regions[0][3] == 64
     assert _errors(grads, master)["head.weight"] <= bound + BF16_ROUNDING
+
+
+def test_inductors_auto_chunker_composes_and_loss_chunks_says_it_found_nothing_left():
+    """Inductor's opt-in auto-chunker runs in its joint-graph passes, before fxremat's partition: the loss arrives
+    chunked (``invoke_subgraph``), the gradients stay eager's, and ``loss_chunks`` says why it chunked nothing."""
+    from torch._inductor import config as inductor_config
+
+    model = UpcastLM()  # fp32: the chunker's amplifier test passes at this head (hidden 32 -> vocabulary 2048)
+    expected = _eager(model)
+    with inductor_config.patch({"auto_chunker.enable": True}), pytest.warns(UserWarning, match="auto_chunker is on"):
+        grads, report, nodes = _fxremat_step(model, "inductor_passes", loss_chunks=4)
+    assert any("invoke_subgraph" in str(n.target) for n in nodes)  # the chunker fired
+    assert report.loss_regions == ()
+    assert max(_errors(grads, expected).values()) < 1e-5
