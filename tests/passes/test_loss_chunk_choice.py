@@ -13,7 +13,13 @@ from helpers import assert_grads_close, eager_grads, recording_partition_fn, run
 import fxremat
 from fxremat.examples import example
 from fxremat.options import Options
-from fxremat_passes.choice.loss_chunks import CANDIDATE_CHUNKS, DEFAULT_MOST_CHUNKS, ChunkTrial, choose_chunks
+from fxremat_passes.choice.loss_chunks import (
+    CANDIDATE_CHUNKS,
+    DEFAULT_MOST_CHUNKS,
+    NEGLIGIBLE_TIME,
+    ChunkTrial,
+    choose_chunks,
+)
 from fxremat_passes.graph.ops import LOG_SOFTMAX
 
 # --- the rule, on literal trials ----------------------------------------------------------------------------------
@@ -70,6 +76,20 @@ def test_time_beyond_negligible_stops_the_default():
     picked, tried = choose_chunks(lambda k: ChunkTrial(k, *slow[k]), None, tokens=1024)
     assert picked.chunks is None and [t.chunks for t in tried] == [None, 2]
 
+
+
+@pytest.mark.parametrize(
+    ("changed", "chosen"),
+    [
+        ({4: (595, 1.0), 8: (590, 1.0)}, 2),  # 4 and 8 each lower the peak by under MIN_PEAK_GAIN: not taken
+        ({2: (600, 1.0 + 2 * NEGLIGIBLE_TIME)}, None),  # twice the negligible time: the search ends at once
+        ({8: (300, 1.0 + NEGLIGIBLE_TIME / 2)}, 8),  # half of it: taken
+    ],
+)
+def test_the_defaults_thresholds(changed, chosen):
+    trials = {**TRIALS, **changed}
+    picked, _ = choose_chunks(lambda k: ChunkTrial(k, *trials[k]), None, tokens=1024)
+    assert picked.chunks == chosen
 
 def test_a_count_that_does_not_lower_the_peak_does_not_end_the_default():
     """The peak is not monotone in the count (a plan or a fusion changes at one count): 2 chunks above the graph as
