@@ -7,26 +7,26 @@ is cut once per count tried, each on its own copy of the prepared joint."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import warnings
 from collections.abc import Callable
 
-import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
 
+from fxremat_passes import _torch_private as tp
 from fxremat_passes.choice.loss_chunks import ChunkTrial, choose_chunks
-from fxremat_passes.graph.costs import alias_root
+from fxremat_passes.graph.costs import alias_root, node_nbytes
 from fxremat_passes.graph.loss_region import find_loss_regions, unrecognised_cross_entropies
 from fxremat_passes.rewrite.describe import step_seconds
-from fxremat_passes.rewrite.loss_chunks import chunk_loss_regions, why_not_chunked
+from fxremat_passes.rewrite.loss_chunks import chunk_loss_regions, report_row, why_not_chunked
 from fxremat_passes.simulator.liveness import simulate_step
 
 from .report import LossRegions
 
 # why a chunkable region is left as traced by default (docs/DESIGN.md §14)
 NOT_ASKED = "chunked under a peak_budget, or with loss_chunks=\"auto\" or an int"
+# why the choice left it as traced (docs/DESIGN.md §14, passes/choice/loss_chunks.py)
+NOT_CHOSEN = "chosen from the simulated step peaks of the counts tried"
 
 
 def loss_split(joint: fx.GraphModule, request, options, profile, cut: Callable):
@@ -38,19 +38,14 @@ def loss_split(joint: fx.GraphModule, request, options, profile, cut: Callable):
     if counted and not options.compare_default:
         return cut(joint, chunk_as_asked(joint, request.graph_id, options.loss_chunks))
     found = find_loss_regions(joint.graph)
-    if not found:  # the common case: nothing to try, nothing to say
-        return cut(joint, LossRegions())
-    floor = floor_bytes(joint, request.num_fwd_outputs, found)
+    floor = {"loss_peak_floor_bytes": floor_bytes(joint, request.num_fwd_outputs, found)} if found else {}
     regions = [r for r in found if why_not_chunked(r) is None]
-    if not regions:
-        record = LossRegions(loss_regions=_rows(found), loss_peak_floor_bytes=floor)
-        if counted:
-            record = dataclasses.replace(chunk_as_asked(joint, request.graph_id, options.loss_chunks), **_floor(floor))
-        return cut(joint, record)
+    if not regions:  # nothing to try; the user's count says so as it does without compare_default
+        record = chunk_as_asked(joint, request.graph_id, options.loss_chunks) if counted else _rows(found, None)
+        return cut(joint, dataclasses.replace(record, **floor))
     if options.loss_chunks is None and options.peak_budget is None:
         # choosing costs a cut per count tried and each chunk's compile: only where a peak budget or "auto" asks
-        rows = tuple((r.projection.name, r.tokens, r.vocab, 0, why_not_chunked(r) or NOT_ASKED) for r in found)
-        return cut(joint, LossRegions(loss_regions=rows, loss_peak_floor_bytes=floor))
+        return cut(joint, dataclasses.replace(_rows(found, NOT_ASKED), **floor))
     trial = _trials(joint, request, profile, cut)
     if counted:  # the user's count, and the graph as traced beside it for the report
         chosen = trial(options.loss_chunks)
@@ -60,31 +55,26 @@ def loss_split(joint: fx.GraphModule, request, options, profile, cut: Callable):
     split, caught = chosen.result
     for said in caught:
         warnings.warn_explicit(said.message, said.category, said.filename, said.lineno)
-    tried_rows = tuple((t.chunks or 1, t.peak_bytes, t.step_seconds) for t in tried)
-    split.records = [
-        dataclasses.replace(r, loss_chunks_tried=tried_rows, **_floor(floor)) if isinstance(r, LossRegions) else r
-        for r in split.records
-    ]
+    tried_rows = tuple((t.chunks or 0, t.peak_bytes, t.step_seconds) for t in tried)
+    split.records = [_tried(r, tried_rows, floor) if isinstance(r, LossRegions) else r for r in split.records]
     return split
 
 
-def _floor(floor: int) -> dict:
-    return {"loss_peak_floor_bytes": floor}
+def _tried(record: LossRegions, tried_rows: tuple, floor: dict) -> LossRegions:
+    """``record`` of the count chosen with every count tried and the floor; a row left as traced by the choice says
+    so."""
+    rows = tuple((*row[:4], row[4] or (NOT_CHOSEN if not row[3] else None)) for row in record.loss_regions)
+    return dataclasses.replace(record, loss_regions=rows, loss_chunks_tried=tried_rows, **floor)
 
 
 def floor_bytes(joint: fx.GraphModule, num_fwd_outputs: int, regions) -> int:
     """What no chunking goes below (DESIGN §14): the gradients backward returns at once (the joint's outputs after
     forward's, each storage once), plus, for each region whose logits are returned, the logits and the zero gradient
-    autograd hands backward for them."""
-    outputs = joint.graph.output_node().args[0]
-    grads = [a for a in pytree.tree_leaves(outputs[num_fwd_outputs:]) if isinstance(a, fx.Node)]
-    storages = {}
-    for node in grads:
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            storages[alias_root(node)] = val.untyped_storage().nbytes()
-    logits = sum(2 * r.projection.meta["val"].untyped_storage().nbytes() for r in regions if r.logits_returned)
-    return sum(storages.values()) + logits
+    autograd hands backward for them (symbolic sizes at their hints)."""
+    grads = tp.extract_fwd_bwd_outputs(joint, num_fwd_outputs)[1]
+    roots = {alias_root(n) for n in grads if isinstance(n, fx.Node)}
+    logits = sum(2 * node_nbytes(r.projection) for r in regions if r.logits_returned)
+    return sum(node_nbytes(root) for root in roots) + logits
 
 
 def chunk_as_asked(joint: fx.GraphModule, graph_id: str, chunks: int) -> LossRegions:
@@ -92,7 +82,6 @@ def chunk_as_asked(joint: fx.GraphModule, graph_id: str, chunks: int) -> LossReg
     cross-entropy in a form the loss region does not know is named as such, never passed over in silence)."""
     unknown = unrecognised_cross_entropies(joint.graph)
     done = chunk_loss_regions(joint, chunks)
-    rows = tuple((d.projection, d.tokens, d.vocab, d.chunks if d.rewritten else 0, d.why_not) for d in done)
     if not any(d.rewritten for d in done):
         why = "; ".join(sorted({d.why_not for d in done if d.why_not}))
         if unknown:
@@ -101,15 +90,28 @@ def chunk_as_asked(joint: fx.GraphModule, graph_id: str, chunks: int) -> LossReg
                 "weights, reduction='none', logits sliced or not from a matmul; docs/DESIGN.md §14)"
             )
         why = why or "no LM head and cross-entropy in it (is the loss computed outside the compiled function?)"
+        if not done and _inductor_chunks():  # Inductor's joint-graph passes ran before the partitioner saw the graph
+            why += "; Inductor's auto_chunker is on and may have chunked the loss itself (torch._inductor.config"
+            why += ".auto_chunker.enable): turn it off for loss_chunks to chunk it"
         warnings.warn(
             f"fxremat: loss_chunks={chunks} left {graph_id}'s loss as traced: {why}", UserWarning, stacklevel=6
         )
-    return LossRegions(loss_regions=rows)
+    return LossRegions(loss_regions=tuple(d.row for d in done))
 
 
-def _rows(regions) -> tuple:
-    """The loss regions of a graph left as traced, each with why."""
-    return tuple((r.projection.name, r.tokens, r.vocab, 0, why_not_chunked(r)) for r in regions)
+def _inductor_chunks() -> bool:
+    """Whether Inductor's opt-in auto-chunker (torch 2.11+) is on: its joint-graph pass runs a loss in chunks of its
+    own (``invoke_subgraph``) before fxremat's partition sees the graph, leaving no loss region to find."""
+    try:
+        return bool(getattr(tp.inductor_config_value("auto_chunker"), "enable", False))
+    except AttributeError:  # a torch without it
+        return False
+
+
+def _rows(regions, why: str | None) -> LossRegions:
+    """The record of a graph whose loss regions are left as traced: each with why it cannot be chunked, else
+    ``why``."""
+    return LossRegions(loss_regions=tuple(report_row(r, why_not_chunked(r) or why) for r in regions))
 
 
 def _trials(joint: fx.GraphModule, request, profile, cut: Callable) -> Callable[[int | None], ChunkTrial]:
@@ -120,27 +122,16 @@ def _trials(joint: fx.GraphModule, request, profile, cut: Callable) -> Callable[
     inputs = request.simulator.with_changes(joins_kernel_runs=False) if request.simulator is not None else None
 
     def trial(chunks: int | None) -> ChunkTrial:
-        graph = _copy(joint)
+        graph = tp.copy_graph_module(joint)  # the passes after this one mark and rewrite the copy alone
         done = chunk_loss_regions(graph, chunks) if chunks else []
-        rows = tuple((d.projection, d.tokens, d.vocab, d.chunks if d.rewritten else 0, d.why_not) for d in done)
-        if not done:
-            rows = tuple((r.projection.name, r.tokens, r.vocab, 0, None) for r in find_loss_regions(graph.graph))
+        rows = tuple(d.row for d in done)
+        record = LossRegions(loss_regions=rows) if done else _rows(find_loss_regions(graph.graph), None)
         with warnings.catch_warnings(record=True) as caught:  # said once, for the count chosen (``loss_split``)
             warnings.simplefilter("always")
-            split = cut(graph, LossRegions(loss_regions=rows))
+            split = cut(graph, record)
         peak = split.peak or simulate_step(split.fw, split.bw, request.num_fwd_outputs, inputs=inputs)
         seconds = step_seconds([*split.fw.graph.nodes, *split.bw.graph.nodes], profile)
         target = next((r.peak_budget_bytes for r in split.records if hasattr(r, "peak_budget_bytes")), None)
         return ChunkTrial(chunks, peak.peak_bytes, seconds, target, result=(split, caught))
 
     return trial
-
-
-def _copy(joint: fx.GraphModule) -> fx.GraphModule:
-    """A copy of ``joint``'s graph, its nodes' meta copied one level (fake values shared), the module's attributes
-    shared: the passes after this one mark and rewrite the copy alone."""
-    graph = fx.Graph(owning_module=joint, tracer_cls=joint.graph._tracer_cls)
-    graph._codegen = copy.deepcopy(joint.graph._codegen)
-    value, output = graph.graph_copy(joint.graph, {}, return_output_node=True)
-    graph.output(value, type_expr=output.type).meta = copy.copy(output.meta)
-    return fx.GraphModule(joint, graph)

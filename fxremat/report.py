@@ -80,8 +80,8 @@ class LossRegions:
 
     # (the LM head's projection node, tokens, vocabulary, chunks: 0 where left as traced, why it was left or None)
     loss_regions: tuple[tuple[str, int, int, int, str | None], ...] = ()
-    # each count of chunks tried (1: as traced), its plan's simulated step peak and estimated step seconds, in the
-    # order tried; empty where no region could be chunked
+    # each count of chunks tried (0: as traced, as in ``loss_regions``; 1 is one chunk), its plan's simulated step
+    # peak and estimated step seconds, in the order tried; empty where no region could be chunked
     loss_chunks_tried: tuple[tuple[int, int, float], ...] = ()
     # what no count goes below: the gradients backward returns at once (the parameters'); None where nothing was tried
     loss_peak_floor_bytes: int | None = None

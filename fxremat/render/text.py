@@ -225,7 +225,7 @@ def loss_lines(report: CutReport) -> list[str]:
         lines.append(f"loss region {projection} ({tokens:,} tokens x {vocab:,} vocabulary): {done}")
     if report.loss_chunks_tried:
         tried = ", ".join(
-            f"{'as traced' if k == 1 else f'{k} chunks'} {format_bytes(peak)} ({seconds * 1e3:.2f} ms est.)"
+            f"{'as traced' if k == 0 else f'{k} chunks'} {format_bytes(peak)} ({seconds * 1e3:.2f} ms est.)"
             for k, peak, seconds in report.loss_chunks_tried
         )
         lines.append(f"  simulated step peak: {tried}")

@@ -482,7 +482,7 @@ GATHER, SQUEEZE_DIM, NEG = aten.gather.default, aten.squeeze.dim, aten.neg.defau
 WHERE, SUM, NE_SCALAR, UNSQUEEZE = aten.where.self, aten.sum.default, aten.ne.Scalar, aten.unsqueeze.default
 # the NLL backward's one-hot, -1 at the target: a scatter, or as Inductor's joint passes rewrite it, a where(eq(iota))
 SCATTER_VALUE, FULL, SCALAR_TENSOR = aten.scatter.value, aten.full.default, aten.scalar_tensor.default
-EQ, EXPAND, IOTA, VIEW = aten.eq.Tensor, aten.expand.default, torch.ops.prims.iota.default, aten.view.default
+EQ, EXPAND, IOTA = aten.eq.Tensor, aten.expand.default, torch.ops.prims.iota.default  # and VIEW, above
 DECOMPOSED_LOSS_BACKWARD = frozenset({EXP, MUL, SUB, WHERE, DIV, SUM_DIMS})
 # loss_chunks.py: the ops of the chunked loss it writes, all of them ops Inductor lowers after its decompositions
 # (docs/DESIGN.md §14), by the name the rewrite calls them.

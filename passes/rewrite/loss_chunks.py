@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from ..graph.costs import hinted_shape
 from ..graph.cse import plan_clean_up
 from ..graph.loss_region import LossRegion, find_loss_regions
 from ..graph.ops import CHUNK_OPS
@@ -31,11 +32,22 @@ class ChunkedLoss:
     """What the rewrite did to one loss region."""
 
     projection: str  # the LM head's node
-    tokens: int
+    tokens: int  # the logits' shape, symbolic sizes at their hints
     vocab: int
     chunks: int
     rewritten: bool
     why_not: str | None = None  # set where ``rewritten`` is False
+
+    @property
+    def row(self) -> tuple[str, int, int, int, str | None]:
+        """The report's row (``LossRegions.loss_regions``): chunks 0 where left as traced."""
+        return (self.projection, self.tokens, self.vocab, self.chunks if self.rewritten else 0, self.why_not)
+
+
+def report_row(region: LossRegion, why: str | None = None) -> tuple[str, int, int, int, str | None]:
+    """The report's row of a region left as traced, ``why`` (symbolic sizes at their hints: a report is plain data)."""
+    tokens, vocab = hinted_shape(region.projection)
+    return (region.projection.name, tokens, vocab, 0, why)
 
 
 class _Emitter:
@@ -66,6 +78,9 @@ def why_not_chunked(region: LossRegion) -> str | None:
         return "its backward is not the plain cross-entropy backward"
     if getattr(region.hidden.meta.get("val"), "fake_mode", None) is None:
         return "its values carry no fake tensors"
+    if not all(isinstance(size, int) for size in region.projection.meta["val"].shape):
+        # the chunks' bounds are the graph's constants: written for one size, they would be wrong at another
+        return "its token count is symbolic (dynamic shapes; compile with dynamic=False to chunk it)"
     if region.tokens < 2:
         return "fewer than two tokens"
     return None
@@ -75,12 +90,13 @@ def chunk_loss_regions(joint: fx.GraphModule, chunks: int) -> list[ChunkedLoss]:
     """Rewrite every loss region of ``joint`` that can be (``why_not_chunked``) into ``chunks`` chunks, in place."""
     done = []
     for region in find_loss_regions(joint.graph):
-        k = min(chunks, region.tokens)
         why = why_not_chunked(region)
+        tokens, vocab = hinted_shape(region.projection)
+        k = min(chunks, tokens)
         if why is None:
             _rewrite(joint.graph, region, k)
-        done.append(ChunkedLoss(region.projection.name, region.tokens, region.vocab, k, why is None, why))
-        log.debug("loss region %s: %d tokens x %d, %s", region.projection.name, region.tokens, region.vocab, why or k)
+        done.append(ChunkedLoss(region.projection.name, tokens, vocab, k, why is None, why))
+        log.debug("loss region %s: %d tokens x %d, %s", region.projection.name, tokens, vocab, why or k)
     return done
 
 
@@ -97,11 +113,6 @@ def _rewrite(graph: fx.Graph, region: LossRegion, chunks: int) -> None:
     # the old region, read by nothing now, and what only it read: dead code elimination as prepare_joint_graph does
     # it (random ops kept, so the step draws the same random numbers)
     plan_clean_up(graph, cse=False).apply()
-
-
-def _exits(region: LossRegion) -> tuple[fx.Node, ...]:
-    bw = region.backward
-    return tuple(n for n in (bw.grad_hidden, bw.grad_weight, bw.grad_bias) if n is not None)
 
 
 def _denominator(emit: _Emitter, region: LossRegion, valid: fx.Node) -> fx.Node | None:

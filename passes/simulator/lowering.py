@@ -150,10 +150,8 @@ def unrolled_elements(node: fx.Node) -> int:
     no such reduction: its loader computes its input once per element, each at another index, so loads each of that
     computation's reads once per element (``ir.Reduction._unroll_reduction_fn``: ``value_fn(index, rindex)`` for every
     ``rindex`` of the reduced ranges)."""
-    if getattr(node.target, "overloadpacket", None) not in REDUCTIONS_WITH_DIMS or not node.args:
-        return 0
-    src, out = node.args[0], node.meta.get("val")
-    if not isinstance(src, fx.Node) or not isinstance(src.meta.get("val"), torch.Tensor):
+    src, out = reduced_input(node), node.meta.get("val")
+    if src is None:
         return 0
     out_numel = hinted_numel(out[0] if isinstance(out, (tuple, list)) else out)
     if out_numel <= 1:

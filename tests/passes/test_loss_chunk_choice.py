@@ -4,6 +4,8 @@ compilers on a model whose step peaks at its loss, gradients against eager."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from helpers import assert_grads_close, eager_grads, recording_partition_fn, run_aot
@@ -11,7 +13,13 @@ from helpers import assert_grads_close, eager_grads, recording_partition_fn, run
 import fxremat
 from fxremat.examples import example
 from fxremat.options import Options
-from fxremat_passes.choice.loss_chunks import CANDIDATE_CHUNKS, DEFAULT_MOST_CHUNKS, ChunkTrial, choose_chunks
+from fxremat_passes.choice.loss_chunks import (
+    CANDIDATE_CHUNKS,
+    DEFAULT_MOST_CHUNKS,
+    NEGLIGIBLE_TIME,
+    ChunkTrial,
+    choose_chunks,
+)
 from fxremat_passes.graph.ops import LOG_SOFTMAX
 
 # --- the rule, on literal trials ----------------------------------------------------------------------------------
@@ -68,6 +76,20 @@ def test_time_beyond_negligible_stops_the_default():
     picked, tried = choose_chunks(lambda k: ChunkTrial(k, *slow[k]), None, tokens=1024)
     assert picked.chunks is None and [t.chunks for t in tried] == [None, 2]
 
+
+
+@pytest.mark.parametrize(
+    ("changed", "chosen"),
+    [
+        ({4: (595, 1.0), 8: (590, 1.0)}, 2),  # 4 and 8 each lower the peak by under MIN_PEAK_GAIN: not taken
+        ({2: (600, 1.0 + 2 * NEGLIGIBLE_TIME)}, None),  # twice the negligible time: the search ends at once
+        ({8: (300, 1.0 + NEGLIGIBLE_TIME / 2)}, 8),  # half of it: taken
+    ],
+)
+def test_the_defaults_thresholds(changed, chosen):
+    trials = {**TRIALS, **changed}
+    picked, _ = choose_chunks(lambda k: ChunkTrial(k, *trials[k]), None, tokens=1024)
+    assert picked.chunks == chosen
 
 def test_a_count_that_does_not_lower_the_peak_does_not_end_the_default():
     """The peak is not monotone in the count (a plan or a fusion changes at one count): 2 chunks above the graph as
@@ -133,7 +155,7 @@ def test_auto_chunks_where_the_simulated_peak_falls():
     report, nodes = _step(loss_chunks="auto")
     chunks = _chunks(report)
     tried = dict((k, peak) for k, peak, _ in report.loss_chunks_tried)
-    assert chunks > 1 and tried[chunks] < 0.7 * tried[1]  # chunked, and well below the graph as traced
+    assert chunks > 1 and tried[chunks] < 0.7 * tried[0]  # chunked, and well below the graph as traced
     assert report.simulated_peak_bytes is not None
     assert report.loss_peak_floor_bytes is not None and report.loss_peak_floor_bytes < tried[chunks]
     assert not any(n.target is LOG_SOFTMAX for n in nodes)
@@ -145,13 +167,20 @@ def test_a_peak_budget_in_bytes_takes_the_smallest_count_that_fits():
     budget = (tried[2] + tried[4]) // 2  # 2 chunks miss it, 4 fit
     report, _ = _step(peak_budget=budget)
     assert _chunks(report) == 4
-    assert [k for k, _, _ in report.loss_chunks_tried] == [1, 2, 4]
+    assert [k for k, _, _ in report.loss_chunks_tried] == [0, 2, 4]
 
+
+
+def test_a_budget_the_graph_as_traced_meets_leaves_it_as_traced_and_says_why():
+    report, nodes = _step(peak_budget=2**40)
+    ((_, _, _, chunks, why),) = report.loss_regions
+    assert chunks == 0 and "simulated step peaks" in why and [k for k, _, _ in report.loss_chunks_tried] == [0]
+    assert any(n.target is LOG_SOFTMAX for n in nodes)
 
 def test_an_explicit_count_is_honoured_and_compared_with_the_graph_as_traced():
     report, nodes = _step(loss_chunks=3, compare_default=True)
     assert _chunks(report) == 3
-    assert [k for k, _, _ in report.loss_chunks_tried] == [1, 3]
+    assert [k for k, _, _ in report.loss_chunks_tried] == [0, 3]  # 0: as traced
     largest = max(n.meta["val"].numel() for n in nodes if isinstance(n.meta.get("val"), torch.Tensor))
     assert largest < TOKENS[0] * TOKENS[1] * VOCAB  # no full-size logits
 
@@ -191,3 +220,38 @@ def test_the_text_report_names_the_region_its_chunks_and_the_floor():
 
     text = format_text(_step(peak_budget=0.0)[0])
     assert "loss region" in text and "chunks" in text and "as traced" in text and "floor" in text
+
+
+@pytest.mark.parametrize("chunks", [None, 4, "auto"])
+def test_a_symbolic_token_count_is_left_as_traced_and_its_report_is_plain_data(chunks):
+    """Dynamic shapes: chunk bounds written for one token count would be wrong at another, so the region is left as
+    traced (said, for the user's count), and the report's sizes are the hints, not SymInts (the report store encodes
+    every report as JSON: a SymInt there broke the compile)."""
+    from helpers import noop_compiler
+
+    from fxremat_passes import _torch_private as tp
+
+    model, inputs = BigVocabLM(), _inputs()
+    _, expected = eager_grads(model, inputs, loss=lambda out: out)
+    reports = []
+    partition_fn = fxremat.make_partition_fn(Options.create(loss_chunks=chunks, compare_default=True), reports)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=tp.aot_autograd_as_inductor(partition_fn, noop_compiler), dynamic=True)
+    model.zero_grad(set_to_none=True)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        compiled(*inputs).backward()
+    assert_grads_close({n: p.grad for n, p in model.named_parameters()}, expected)
+    ((_, tokens, vocab, chosen, why),) = reports[0].loss_regions
+    assert (type(tokens), tokens, vocab, chosen) == (int, TOKENS[0] * TOKENS[1], VOCAB, 0) and "symbolic" in why
+    assert reports[0].fallback_reason is None and '"loss_regions"' in reports[0].to_json()
+    assert any("symbolic" in str(w.message) for w in said) == (chunks == 4)
+
+
+def test_one_chunk_is_told_apart_from_the_graph_as_traced():
+    """``loss_chunks=1`` is the rewrite in one chunk (its gradients computed in forward), not the graph as traced."""
+    from fxremat.render import format_text
+
+    report, _ = _step(loss_chunks=1, compare_default=True)
+    assert _chunks(report) == 1 and [k for k, _, _ in report.loss_chunks_tried] == [0, 1]
+    assert "as traced" in format_text(report) and "1 chunks" in format_text(report)

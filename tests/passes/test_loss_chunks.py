@@ -133,6 +133,29 @@ def test_chunked_gradients_equal_eager(case, chunks):
     assert largest <= max(rows * VOCAB, VOCAB * HIDDEN)  # no full-size logits (one chunk's at most)
 
 
+
+def _ancestors(node) -> set:
+    seen, todo = set(), list(node.all_input_nodes)
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo += n.all_input_nodes
+    return seen
+
+
+def test_each_chunk_waits_for_the_previous_chunks_gradients():
+    """Chunk i+1's logits read an exact zero from chunk i's gradients (``loss_chunks._after``): no scheduler or
+    reordering pass can run two chunks' full-width values at once (docs/DESIGN.md §14)."""
+    model, inputs = LM(), _inputs()
+    _, graphs = _chunked_step(model, inputs, 4)
+    fw = graphs[0].graph
+    logits = [n for n in fw.nodes if n.target is torch.ops.aten.mm.default and n.meta["val"].shape[-1] == VOCAB]
+    assert len(logits) == 4
+    for before, after in zip(logits, logits[1:]):
+        assert before in _ancestors(after)
+
+
 def test_returned_logits_leave_the_graph_as_traced():
     model, inputs = LM(returns_logits=True), _inputs()
     _, expected = eager_grads(model, inputs, loss=_loss)
@@ -155,10 +178,11 @@ def test_a_fault_after_the_rewrite_falls_back_with_correct_gradients():
     assert_grads_close(grads, expected)
 
 
-def test_a_graph_without_a_loss_region_says_loss_chunks_did_nothing():
+@pytest.mark.parametrize("compare", [False, True])  # a report-oriented run (or report_dir) says it too
+def test_a_graph_without_a_loss_region_says_loss_chunks_did_nothing(compare):
     model, inputs = example("mlp")
     reports = []
-    partition_fn = fxremat.make_partition_fn(Options.create(loss_chunks=4), reports)
+    partition_fn = fxremat.make_partition_fn(Options.create(loss_chunks=4, compare_default=compare), reports)
     with pytest.warns(UserWarning, match="no LM head and cross-entropy in it"):
         run_aot(model, inputs, partition_fn)
     assert reports and reports[0].fallback_reason is None
@@ -185,6 +209,8 @@ def test_loss_chunks_is_validated(value, error):
         Options.create(loss_chunks=value)
 
 
-def test_loss_chunks_is_chosen_by_default_and_in_the_cache_key():
-    assert Options.create().loss_chunks is None and Options.create(loss_chunks=0).loss_chunks == 0
-    assert Options.create().cache_key() != Options.create(loss_chunks=4).cache_key()
+def test_loss_chunks_defaults_to_none_and_each_setting_is_in_the_cache_key():
+    """None (chosen under a peak_budget only), "auto", 0 and a count each make other graphs: no two share a key."""
+    settings = (None, "auto", 0, 4)
+    assert Options.create().loss_chunks is None
+    assert len({Options.create(loss_chunks=s).cache_key() for s in settings}) == len(settings)
