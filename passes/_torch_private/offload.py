@@ -60,6 +60,31 @@ def refusal(node: fx.Node) -> str | None:
     return None
 
 
+def offload_follows(node: fx.Node) -> fx.Node:
+    """The node PyTorch's rewrite issues ``node``'s offload after: its last reader in graph order, through views
+    as PyTorch's op list names them (``_find_all_effective_users``), else ``node`` itself.  The offload's wait can
+    be moved only to a node after it (``_move_waits``)."""
+    from torch._functorch.partitioners import get_default_op_list
+
+    is_view, readers, stack = get_default_op_list().is_view, set(), [node]
+    while stack:
+        for user in stack.pop().users:
+            if user.op != "output" and user not in readers:
+                readers.add(user)
+                if is_view(user):
+                    stack.append(user)
+    position = {n: i for i, n in enumerate(node.graph.nodes)}
+    return max(readers, key=position.__getitem__, default=node)
+
+
+def reload_precedes(placeholder: fx.Node) -> fx.Node | None:
+    """The node PyTorch's rewrite puts a backward input's reload and its wait before: its first reader in graph
+    order (None where nothing reads it).  The reload can be moved only to it or a node before it
+    (``_move_reloads``)."""
+    position = {n: i for i, n in enumerate(placeholder.graph.nodes)}
+    return min(placeholder.users, key=position.__getitem__, default=None)
+
+
 def rewrite_offloads(
     fw: fx.GraphModule,
     bw: fx.GraphModule,
@@ -105,11 +130,15 @@ def _move_waits(fw: fx.GraphModule, waits: dict[str, str]) -> None:
 
 
 def _move_reloads(bw: fx.GraphModule, reloads: dict[str, str]) -> None:
-    """Each ``ao.reload`` moved before the node named, never after its wait (which stays before the first use)."""
+    """Each ``ao.reload`` moved before the node named, never after its wait (which stays before the first use);
+    named its first use (``reload_precedes``), it stays where the rewrite put it, just before its wait there."""
     nodes = {n.name: n for n in bw.graph.nodes}
     for value, before in reloads.items():
         reload = nodes[f"async_{_machinery().GPU_RELOAD_PREFIX}{value}"]
         wait = next(iter(reload.users))
+        position = {n: i for i, n in enumerate(bw.graph.nodes)}
+        if nodes[before] is min(wait.users, key=position.__getitem__, default=None):
+            continue
         _check_order(bw, nodes[before], wait, f"the reload of {value}")
         if nodes[before] is not reload:
             nodes[before].prepend(reload)

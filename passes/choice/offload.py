@@ -7,6 +7,7 @@ The schedule's arithmetic is ``simulator/transfer.py``'s; this module reads a sp
 
 from __future__ import annotations
 
+import logging
 import warnings
 from dataclasses import dataclass
 
@@ -15,11 +16,12 @@ import torch.fx as fx
 
 from .._torch_private import offload as tp_offload
 from ..graph.costs import DeviceProfile, alias_root, node_cost
-from ..graph.graph_facts import readers_through_views
 from ..simulator.inputs import inputs_for
-from ..simulator.liveness import PeakEstimate
+from ..simulator.liveness import PeakEstimate, simulate_step
 from ..simulator.phase_graph import storage_bytes
 from ..simulator.transfer import OffloadPlacement, OffloadUnit, Schedule, place
+
+log = logging.getLogger(__name__)
 
 # A storage below this is never offloaded: a small copy does not reach the link's bandwidth, and its fixed cost is
 # not modelled (DESIGN §16).
@@ -56,43 +58,32 @@ class Offloaded:
         ]
 
 
-def schedule_of(fw: fx.GraphModule, bw: fx.GraphModule, peak: PeakEstimate, profile: DeviceProfile):
-    """(the step's ``Schedule``, the forward's and the backward's point index by node name).  A node that is not a
-    point of the timeline (fused into another kernel, a view) takes the next point in its graph's order."""
+def schedule_of(fw: fx.GraphModule, bw: fx.GraphModule, peak: PeakEstimate, profile: DeviceProfile) -> Schedule:
+    """The step's ``Schedule`` from ``peak`` (the split's simulation with its nodes' points, ``PeakEstimate.points``):
+    each point's compute seconds, and its node's place in its own graph (``Schedule.positions``)."""
     phases = [phase for phase, _, _ in peak.timeline]
     forward_points = phases.count("forward")
     first_backward = next((i for i, phase in enumerate(phases) if phase == "backward"), len(phases))
     graphs = {"forward": fw, "backward": bw}
-    nodes = {phase: {n.name: n for n in gm.graph.nodes} for phase, gm in graphs.items()}
-    seconds = []
+    nodes = {phase: {n.name: (i, n) for i, n in enumerate(gm.graph.nodes)} for phase, gm in graphs.items()}
+    seconds, positions = [], []
     for phase, name, _ in peak.timeline:
-        node = nodes.get(phase, {}).get(name)
+        position, node = nodes.get(phase, {}).get(name, (-1, None))
         seconds.append(
             node_cost(node, profile).recompute_seconds if node is not None and node.op == "call_function" else 0.0
         )
+        positions.append(position)
     held = tuple(total for _, _, total in peak.timeline)
-    schedule = Schedule(held, tuple(seconds), forward_points, max(first_backward, forward_points))
-    index = {phase: _point_index(gm, peak.timeline, phase) for phase, gm in graphs.items()}
-    return schedule, index["forward"], index["backward"]
+    return Schedule(held, tuple(seconds), forward_points, max(first_backward, forward_points), tuple(positions))
 
 
-def _point_index(gm: fx.GraphModule, timeline, phase: str) -> dict[str, int]:
-    points = {name: i for i, (p, name, _) in enumerate(timeline) if p == phase}
-    last = max(points.values(), default=0)
-    index, following = {}, last
-    for node in reversed(list(gm.graph.nodes)):
-        following = points.get(node.name, following)
-        index[node.name] = following
-    return index
-
-
-def offload_units(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, indices, inputs) -> list[OffloadUnit]:
+def offload_units(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, points, inputs) -> list[OffloadUnit]:
     """The storages of a split's saved values that may be offloaded (DESIGN §16): one per alias root that is
     computed in forward (not a graph input), held by no forward output the caller gets, of at least
     ``OFFLOAD_MIN_BYTES``, and saved as itself alone, as PyTorch's rewrite can offload it (``refusal``: saved views
-    would need their base saved instead, not built); its last forward use over every alias, its first backward
-    use over every saved value on it.  ``indices``: ``schedule_of``'s point indices."""
-    forward_index, backward_index = indices
+    would need their base saved instead, not built); its last forward use, the last point of a kernel reading any
+    alias, its first backward use the first point of a kernel reading it (``points``: the split's ``StepPoints``);
+    the graph places PyTorch's rewrite puts its offload after and its reload's wait before."""
     outputs = fw.graph.output_node().args[0]
     caller_roots = {alias_root(n) for n in outputs[:num_fwd_outputs] if isinstance(n, fx.Node)}
     bw_inputs = {n.name: n for n in bw.graph.nodes if n.op == "placeholder"}
@@ -100,6 +91,8 @@ def offload_units(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, 
     for saved in outputs[num_fwd_outputs:]:
         if isinstance(saved, fx.Node) and isinstance(saved.meta.get("val"), torch.Tensor):
             by_root.setdefault(alias_root(saved), []).append(saved)
+    fw_position = {n: i for i, n in enumerate(fw.graph.nodes)}
+    bw_position = {n: i for i, n in enumerate(bw.graph.nodes)}
     units = []
     for root, saved in by_root.items():
         nbytes = storage_bytes(root, inputs.backend)
@@ -107,20 +100,22 @@ def offload_units(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, 
             continue
         if saved != [root] or tp_offload.refusal(root) is not None:  # what PyTorch's rewrite can offload
             continue
-        # every alias of the root is a view of it: its readers through views are the storage's
-        readers = _kernel_readers(root)
-        last = max((forward_index[u.name] for u in readers), default=forward_index[root.name])
-        uses = _kernel_readers(bw_inputs[root.name]) if root.name in bw_inputs else []
-        if not uses:
+        # a reader's points are those of the kernels that run it, a view's those of the kernels reading it
+        ends = [span[1] for span in _spans(root, points.forward)]
+        last = max(ends, default=points.forward[root.name][1] if root.name in points.forward else -1)
+        placeholder = bw_inputs.get(root.name)
+        starts = [span[0] for span in _spans(placeholder, points.backward)] if placeholder is not None else []
+        if last < 0 or not starts:
             continue
-        units.append(OffloadUnit(root.name, nbytes, last, min(backward_index[u.name] for u in uses)))
+        after, by = tp_offload.offload_follows(root), tp_offload.reload_precedes(placeholder)
+        unit = OffloadUnit(root.name, nbytes, last, min(starts), fw_position[after], bw_position[by])
+        units.append(unit)
     return units
 
 
-def _kernel_readers(node: fx.Node) -> list[fx.Node]:
-    """The nodes of its graph that read ``node``'s storage, through views (a view runs no kernel: the backward
-    graph places them early, before the kernel that reads them), the graph's output apart."""
-    return [u for u in readers_through_views(node) if u.op != "output"]
+def _spans(node: fx.Node, points: dict[str, tuple[int, int]]) -> list[tuple[int, int]]:
+    """The points of the kernels that read ``node`` (``StepPoints``), each as (first, last)."""
+    return [points[u.name] for u in node.users if u.op != "output" and u.name in points]
 
 
 def choose_offloads(schedule: Schedule, units: list[OffloadUnit], transfer, target: int):
@@ -172,20 +167,27 @@ def offloaded_choice(c, candidates, target: int, fastest_seconds: float, simulat
             continue
         tried += 1
         fw, bw = simulated.split_of(plan)[:2]
+        try:  # the split's own simulation, with where each node runs on its timeline
+            peak = simulate_step(fw, bw, c.request.num_fwd_outputs, inputs=inputs, points=True)
+        except Exception as error:  # as ``JudgedPlans`` drops a candidate it cannot simulate
+            log.debug("simulation of a candidate plan's split failed: %s", error, exc_info=True)
+            continue
         best = _offloads_for(c, plan, (fw, bw), peak, inputs_for(fw, inputs), target, transfer) or best
     return best
 
 
 def _offloads_for(c, plan, split, peak: PeakEstimate, inputs, target: int, transfer) -> Offloaded | None:
-    """``plan`` (its split ``(fw, bw)`` simulated as ``peak``) with the offloads that bring it within ``target``,
-    or None where none do."""
+    """``plan`` (its split ``(fw, bw)`` simulated as ``peak``, with its nodes' points) with the offloads that bring
+    it within ``target``, or None where none do."""
     fw, bw = split
-    schedule, forward_index, backward_index = schedule_of(fw, bw, peak, c.profile)
-    units = offload_units(fw, bw, c.request.num_fwd_outputs, (forward_index, backward_index), inputs)
+    schedule = schedule_of(fw, bw, peak, c.profile)
+    units = offload_units(fw, bw, c.request.num_fwd_outputs, peak.points, inputs)
     units = [
         u
         for u in units
-        if u.last_forward_use < schedule.forward_points and u.first_backward_use >= schedule.first_backward
+        if u.last_forward_use < schedule.forward_points
+        and u.first_backward_use >= schedule.first_backward
+        and u.reload_points(schedule)  # a reload both orders can place (DESIGN §16)
     ]
     found = choose_offloads(schedule, units, transfer, target)
     if found is None:

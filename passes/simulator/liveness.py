@@ -48,7 +48,7 @@ benchmarks/investigations/peak_memory.py, and ``run.py``'s simulated peak beside
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.fx as fx
@@ -61,6 +61,17 @@ from .layout import channels_last_copies, layout_optimised, recopied_saved_input
 from .node_facts import NodeFacts
 from .phase import _Phase, phase_root
 from .phase_graph import PhaseGraph, graph_view, storage_bytes
+from .walk import node_points
+
+
+@dataclass(frozen=True)
+class StepPoints:
+    """Where each graph node runs on a step's timeline (``walk.node_points``), per phase: node name -> (first, last)
+    point (indices into ``PeakEstimate.timeline``) of the kernels that run it.  A use of a storage is a kernel
+    reading it: its last forward use and first backward use are read from its readers' points (DESIGN §16)."""
+
+    forward: dict[str, tuple[int, int]]
+    backward: dict[str, tuple[int, int]]
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,8 @@ class PeakEstimate:
     activation_peak_bytes: int  # the most bytes held at once that are not gradients
     caller_bytes: int  # of the step's bytes, those the caller's own work holds between the graphs (``boundary.py``)
     timeline: tuple[tuple[str, str, int], ...]  # (phase, node, most bytes held while it runs)
+    # each node's points on the timeline, only where asked for (``simulate_step(points=True)``), else None
+    points: StepPoints | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of_timeline(cls, timeline: list[tuple[str, str, int]], **figures: int) -> PeakEstimate:
@@ -110,11 +123,16 @@ def simulate_step(
     num_fwd_outputs: int,
     recopy: bool = True,
     inputs: SimulatorInputs | None = None,
+    points: bool = False,
 ) -> PeakEstimate:
-    return next(simulate_backwards(fw, [bw], num_fwd_outputs, recopy, inputs))
+    """The step's simulation (``simulate_backwards``); ``points``: with each node's points on its timeline
+    (``PeakEstimate.points``), which cost a pass over both graphs, so only where asked for."""
+    return next(simulate_backwards(fw, [bw], num_fwd_outputs, recopy, inputs, points))
 
 
-def simulate_backwards(fw: fx.GraphModule, bws, num_fwd_outputs: int, recopy: bool = True, inputs=None):
+def simulate_backwards(
+    fw: fx.GraphModule, bws, num_fwd_outputs: int, recopy: bool = True, inputs=None, points: bool = False
+):
     """``simulate_step(fw, bw)`` for each backward of ``bws`` (an iterable), in turn: backwards of one forward (a
     split's segmentations, ``segments.lowest_peak_segments``) share its simulation, which no backward changes.
     ``recopy``: the split is compiled by fxremat, which saves inputs instead of their channels-last copies
@@ -126,10 +144,12 @@ def simulate_backwards(fw: fx.GraphModule, bws, num_fwd_outputs: int, recopy: bo
     fw_view, channels_last = graph_view(fw.graph), layout_optimised(fw, inputs)
     copies = channels_last_copies(fw, inputs)
     bw_views = (graph_view(bw.graph) for bw in bws)
-    yield from simulate_views(fw_view, bw_views, num_fwd_outputs, channels_last, copies, inputs, recopy)
+    yield from simulate_views(fw_view, bw_views, num_fwd_outputs, channels_last, copies, inputs, recopy, points)
 
 
-def simulate_views(fw: PhaseGraph, bws, num_fwd_outputs: int, channels_last: bool, copies, inputs, recopy=True):
+def simulate_views(
+    fw: PhaseGraph, bws, num_fwd_outputs: int, channels_last: bool, copies, inputs, recopy=True, points=False
+):
     """``simulate_backwards`` over views (``phase_graph.py``): the forward's simulated once for every backward of
     ``bws``; a plan's forward that was never built (``plan_memory.plan_views``) shares what earlier simulations of
     its joint nodes computed.  ``channels_last``, ``copies``: as ``simulate_phases`` takes them."""
@@ -137,7 +157,7 @@ def simulate_views(fw: PhaseGraph, bws, num_fwd_outputs: int, channels_last: boo
     for bw_view in bws:
         if forward is None:  # which copies forward keeps depends on backward's readers, the same in every backward
             forward = _ForwardRun(fw, num_fwd_outputs, copies, bw_view if recopy else None, inputs)
-        yield forward.step(bw_view, channels_last)
+        yield forward.step(bw_view, channels_last, points=points)
 
 
 def forward_run(fw: PhaseGraph, num_fwd_outputs: int, copies: dict[str, int], inputs) -> _ForwardRun:
@@ -208,15 +228,20 @@ class _ForwardRun:
         self.phase = _Phase(fw, keep=saved_roots | self.user_roots, carried=copies, inputs=inputs)
         self.peak = self.phase.run("forward", self.timeline)
 
-    def step(self, bw: PhaseGraph, channels_last: bool, join: bool | None = None) -> PeakEstimate:
+    def step(self, bw: PhaseGraph, channels_last: bool, join: bool | None = None, points: bool = False):
         """The step with ``bw`` after this forward; ``join``: with ``bw`` reordered where ``joined`` keeps it (by
-        default, where the inputs say the backward is handed over so: ``SimulatorInputs.joins_kernel_runs``)."""
+        default, where the inputs say the backward is handed over so: ``SimulatorInputs.joins_kernel_runs``);
+        ``points``: with each node's points on the timeline (``StepPoints``)."""
         if not (self.inputs.joins_kernel_runs if join is None else join):
-            return self._step(bw, channels_last)
-        bw = _with_facts(bw, self.inputs.backend)
-        estimate = self._step(bw, channels_last)
-        joined = self.joined(bw, channels_last, estimate)
-        return estimate if joined is None else joined[0]
+            estimate = self._step(bw, channels_last)
+        else:
+            bw = _with_facts(bw, self.inputs.backend)
+            estimate = self._step(bw, channels_last)
+            joined = self.joined(bw, channels_last, estimate)
+            estimate = estimate if joined is None else joined[0]
+        if points:  # ``self.backward`` is the phase of ``estimate`` (``joined`` keeps the one it returns)
+            estimate = replace(estimate, points=StepPoints(node_points(self.phase), node_points(self.backward)))
+        return estimate
 
     def joined(self, bw: PhaseGraph, channels_last: bool, estimate: PeakEstimate):
         """(the step with ``bw`` in one of ``kernel_runs.joined_orders``, that order): of the orders better than

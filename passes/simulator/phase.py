@@ -450,7 +450,9 @@ class _Phase:
     def run(self, phase: str, timeline: list, order: list[fx.Node] | None = None) -> int:
         """Walk the kernels (``order``: by default Inductor's, ``fusion_order``); append (phase, unit, bytes held
         while it runs) to ``timeline``; return the phase's peak (``self.live``, ``self.activation_peak`` after)."""
-        return Walk(self, self.fusion_order() if order is None else order).run(phase, timeline)
+        order = self.fusion_order() if order is None else order
+        self.ran = (len(timeline), order)  # where its points start on the timeline, and its kernels' order
+        return Walk(self, order).run(phase, timeline)
 
     def _reuse_key(self, unit: fx.Node, node: fx.Node):
         """The key under which Inductor's wrapper pools ``node``'s buffer for reuse (size and dtype:

@@ -5,7 +5,10 @@ Plain numbers only.  A ``Schedule`` is the simulated step's points in order (for
 with the bytes held while it runs (``liveness.PeakEstimate.timeline``) and its compute seconds; ``forward_points``
 counts the forward's points, ``first_backward`` is the index of backward's first (between them: the boundary).  An
 ``OffloadUnit`` is one storage: its bytes, the point of its last forward use (the offload is issued after it) and the
-point of its first backward use (its reload must end before it).  ``place`` puts every copy on one first-come
+point of its first backward use (its reload must end before it).  Where the schedule knows each point's place in
+its graph (``Schedule.positions``), a unit's wait and reload stand only before points whose node the graph's
+rewrite can put them before (``OffloadUnit.offload_after``, ``reload_by``): the graph's order is not the
+schedule's, and each wait or reload is placed in both at once.  ``place`` puts every copy on one first-come
 first-served transfer stream and runs the compute stream once with the waits in their places; ``OffloadPlacement``
 is the result: where each wait and reload stands, the stalls, and the timeline's bytes with each offloaded storage
 gone from its wait to its reload's issue.
@@ -22,10 +25,15 @@ class Schedule:
     seconds: tuple[float, ...]  # per point: its compute-stream seconds
     forward_points: int  # the forward's points come first
     first_backward: int  # index of backward's first point (between the two: the boundary's)
+    # per point: its node's index in its own graph (forward's or backward's), -1 where it is none; None: unknown,
+    # every point takes a wait or a reload
+    positions: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if len(self.bytes_held) != len(self.seconds):
             raise ValueError("Schedule: one bytes figure and one seconds figure per point")
+        if self.positions is not None and len(self.positions) != len(self.seconds):
+            raise ValueError("Schedule: one graph position per point")
         if not 0 < self.forward_points <= self.first_backward <= len(self.seconds):
             raise ValueError("Schedule: the forward's points, then the boundary's, then backward's")
 
@@ -36,6 +44,27 @@ class OffloadUnit:
     nbytes: int
     last_forward_use: int  # point index; the copy is issued after it runs
     first_backward_use: int  # point index (>= Schedule.first_backward); the reload must end before it starts
+    # the graph index of forward's node the offload is issued after: its wait stands only before a point whose
+    # node comes later in graph order (or at forward's end)
+    offload_after: int = -1
+    # the graph index of backward's node the reload's wait stands before: the reload is issued only before a
+    # point whose node comes no later in graph order (None: any)
+    reload_by: int | None = None
+
+    def takes_wait(self, schedule: Schedule, point: int) -> bool:
+        """Whether this unit's offload's wait may stand before forward point ``point``."""
+        return schedule.positions is None or schedule.positions[point] > self.offload_after
+
+    def takes_reload(self, schedule: Schedule, point: int) -> bool:
+        """Whether this unit's reload may be issued before backward point ``point``."""
+        if schedule.positions is None or self.reload_by is None:
+            return True
+        return 0 <= schedule.positions[point] <= self.reload_by
+
+    def reload_points(self, schedule: Schedule) -> list[int]:
+        """The backward points its reload may be issued before, up to its first use."""
+        span = range(schedule.first_backward, self.first_backward_use + 1)
+        return [p for p in span if self.takes_reload(schedule, p)]
 
 
 @dataclass(frozen=True)
@@ -60,6 +89,8 @@ def place(schedule: Schedule, units: list[OffloadUnit], transfer_seconds) -> Off
         last, first = unit.last_forward_use, unit.first_backward_use
         if not (last < schedule.forward_points and schedule.first_backward <= first < len(schedule.seconds)):
             raise ValueError(f"offload unit {unit.name}: its uses must lie in forward, then backward")
+        if not unit.reload_points(schedule):
+            raise ValueError(f"offload unit {unit.name}: no backward point up to its first use takes its reload")
     durations = [transfer_seconds(unit.nbytes) for unit in units]
     starts = _ideal_starts(schedule.seconds)
     waits, copy_spans = _offload_waits(schedule, units, durations, starts)
@@ -85,7 +116,8 @@ def _ideal_starts(seconds) -> list[float]:
 
 def _offload_waits(schedule: Schedule, units, durations, starts):
     """Per unit, the point its wait stands before: the first forward point starting at or after its copy's end
-    (copies issued in the order of their last forward uses, one at a time), else the forward's end."""
+    that takes it (``OffloadUnit.takes_wait``; copies issued in the order of their last forward uses, one at a
+    time), else the forward's end."""
     waits, spans, free = [0] * len(units), [(0.0, 0.0)] * len(units), 0.0
     for i in sorted(range(len(units)), key=lambda i: (units[i].last_forward_use, i)):
         issued = starts[units[i].last_forward_use + 1]
@@ -93,7 +125,11 @@ def _offload_waits(schedule: Schedule, units, durations, starts):
         free = end = start + durations[i]
         spans[i] = (start, end)
         waits[i] = next(
-            (p for p in range(units[i].last_forward_use + 1, schedule.forward_points) if starts[p] >= end),
+            (
+                p
+                for p in range(units[i].last_forward_use + 1, schedule.forward_points)
+                if starts[p] >= end and units[i].takes_wait(schedule, p)
+            ),
             schedule.forward_points,
         )
     return waits, spans
@@ -102,15 +138,13 @@ def _offload_waits(schedule: Schedule, units, durations, starts):
 def _reload_issues(schedule: Schedule, units, durations, starts) -> list[int]:
     """Per unit, the point its reload is issued before: as late as the one stream allows (reloads in order of
     first use, each ending by its use and by the next one's start), at the last backward point starting no later
-    than that start; at backward's first point where none does."""
+    than that start that takes it (``OffloadUnit.takes_reload``); at the first that takes it where none does."""
     issues, next_start = [schedule.first_backward] * len(units), float("inf")
     for i in sorted(range(len(units)), key=lambda i: (units[i].first_backward_use, i), reverse=True):
         end = min(starts[units[i].first_backward_use], next_start)
         next_start = start = end - durations[i]
-        issues[i] = max(
-            (p for p in range(schedule.first_backward, units[i].first_backward_use + 1) if starts[p] <= start),
-            default=schedule.first_backward,
-        )
+        allowed = units[i].reload_points(schedule)
+        issues[i] = max((p for p in allowed if starts[p] <= start), default=allowed[0])
     return issues
 
 

@@ -218,3 +218,27 @@ class Walk:
         for name in names:
             if name in self.counted:
                 self.estimate -= self.counted.pop(name)
+
+
+def node_points(phase) -> dict[str, tuple[int, int]]:
+    """Each node of ``phase`` (a ``phase._Phase`` that has run) by name -> (first, last) point on the step's timeline
+    of the kernels that run it: a unit's member (a fused node, an item of a multi-output op), its kernel's points; a
+    node no kernel stores (a view, an input, a value fused away into its readers), the points of the kernels that
+    read it, through such nodes (a fused-away value is computed inside each kernel that reads it).  A node nothing
+    reads (or only the output) has none.  The timeline's points are one per unit, kernel by kernel
+    (``Walk.allocate``), from where the phase's run began (``_Phase.ran``)."""
+    position, order = phase.ran
+    points: dict = {}
+    for head in order:
+        units = phase.kernels[head]
+        span = (position, position + len(units) - 1)
+        for u in units:
+            for member in phase.members[u]:
+                points[member] = span
+        position += len(units)
+    for node in reversed(phase.nodes):
+        if node not in points:
+            spans = [points[u] for u in phase.view.users(node) if u in points]
+            if spans:
+                points[node] = (min(s[0] for s in spans), max(s[1] for s in spans))
+    return {node.name: span for node, span in points.items()}

@@ -91,3 +91,48 @@ def test_the_report_lists_each_offloaded_storage(small_storages):
     data = report.to_dict()
     assert [list(row) for row in data["offloaded"]] == [list(row) for row in report.offloaded]
     assert data["offload_peak_bytes"] <= data["peak_budget_bytes"]
+
+
+def test_every_placement_the_choice_makes_is_one_the_rewrite_can_make(small_storages, monkeypatch):
+    """For every plan the offload choice tries (small Llama at GPU shapes), its offloadable storages placed together
+    on its schedule, and the offloads it chooses, rewritten on copies of the plan's split with the waits and
+    reloads their placement names: PyTorch's rewrite then moving each wait and reload there never raises
+    (``_check_order``: a wait before its offload, a reload after its wait), although the schedule's order is not
+    the graphs' (each unit's points and places, ``StepPoints``, ``OffloadUnit.offload_after``, ``reload_by``)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import fxremat_passes.choice.offload as offload
+    from fxremat_passes import _torch_private as tp
+    from fxremat_passes._torch_private import offload as tp_offload
+    from fxremat_passes.simulator.transfer import place
+
+    if not tp_offload.is_async():
+        pytest.skip("the ao ops' waits and reloads are moved on torch 2.13 and later")
+    tried: list[dict] = []
+    schedule_of, choose_offloads = offload.schedule_of, offload.choose_offloads
+
+    def scheduled(fw, bw, peak, profile):
+        tried.append(dict(fw=fw, bw=bw, names=[name for _, name, _ in peak.timeline]))
+        return schedule_of(fw, bw, peak, profile)
+
+    def chosen(schedule, units, transfer, target):
+        found = choose_offloads(schedule, units, transfer, target)
+        tried[-1].update(schedule=schedule, sets=[units, found[0] if found else ()], transfer=transfer)
+        return found
+
+    monkeypatch.setattr(offload, "schedule_of", scheduled)
+    monkeypatch.setattr(offload, "choose_offloads", chosen)
+    offloaded = offload_plan.plan_row("llama", "plan", 0.5, small=True)
+    assert offloaded["offloaded"] and offloaded["fallback"] is None
+    placed = 0
+    for plan in tried:
+        schedule, names = plan["schedule"], plan["names"]
+        for units in (u for u in plan["sets"] if u):
+            placement = place(schedule, list(units), plan["transfer"])
+            waits = {u.name: names[w] if w < schedule.forward_points else "" for u, w in zip(units, placement.waits)}
+            reloads = {u.name: names[r] for u, r in zip(units, placement.reloads)}
+            fw, bw = tp.copy_graph_module(plan["fw"]), tp.copy_graph_module(plan["bw"])
+            with FakeTensorMode(allow_non_fake_inputs=True):  # the reloads' cuda metadata
+                tp_offload.rewrite_offloads(fw, bw, [u.name for u in units], waits, reloads)
+            placed += len(units)
+    assert len(tried) >= 2 and placed > 20, "several plans' placements were rewritten"

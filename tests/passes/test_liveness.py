@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import pytest
 import torch
 import torch.nn as nn
@@ -781,3 +783,37 @@ def test_cuda_buffers_of_one_allocator_block_are_still_two_reuse_keys():
     small, large = (n for n in gm.graph.nodes if n.op == "call_function")
     assert phase.facts.nbytes(small) == phase.facts.nbytes(large) == 1024
     assert phase._reuse_key(small, small) != phase._reuse_key(large, large)
+
+
+def test_each_node_runs_at_the_points_of_the_kernels_that_run_it():
+    """``simulate_step(points=True)``: every graph node's (first, last) points on the timeline (``StepPoints``,
+    ``walk.node_points``).  A point's own node (a unit) runs at it; the units of one kernel share its span; a node
+    no kernel stores (a view, an input, a value fused away into its readers) runs where the kernels reading it do,
+    the first to the last; without ``points`` the estimate is the same and carries none."""
+    import helpers
+
+    from fxremat_passes.simulator.liveness import simulate_step
+
+    model, inputs = example("block_sdpa")
+    partition_fn, _, graphs = helpers.recording_partition_fn()
+    helpers.run_aot(model, inputs, partition_fn)
+    fw, bw = graphs[:2]
+    plain, estimate = simulate_step(fw, bw, 1), simulate_step(fw, bw, 1, points=True)
+    assert plain.points is None and plain == estimate and plain.timeline == estimate.timeline
+    points = {"forward": estimate.points.forward, "backward": estimate.points.backward}
+    for p, (phase, name, _) in enumerate(estimate.timeline):
+        if phase in points:
+            first, last = points[phase][name]
+            assert first <= p <= last, (phase, name)
+    inferred = 0
+    for phase, gm in (("forward", fw), ("backward", bw)):
+        units = {name for p, name, _ in estimate.timeline if p == phase}
+        for node in gm.graph.nodes:
+            spans = [points[phase][u.name] for u in node.users if u.name in points[phase]]  # not a dead view
+            if node.name in units or not spans:
+                continue
+            inferred += node.op == "call_function"
+            # an item of a multi-output op runs in its op's kernel; any other node where its readers do
+            if node.name in points[phase] and node.target is not operator.getitem:
+                assert points[phase][node.name] == (min(s[0] for s in spans), max(s[1] for s in spans)), node.name
+    assert inferred > 0, "the example has views or fused-away values"

@@ -136,18 +136,27 @@ def _split_by_hand():
 
 
 def test_a_storages_uses_are_read_through_its_views():
-    """``offload_units``: the offload follows the storage's last forward reader (here through a view, after two
-    other kernels), and the reload precedes its first backward reader (a view's reader)."""
+    """``offload_units``: the offload follows the storage's last forward use (here a view's reader, after two other
+    kernels), and the reload precedes its first backward use (a view's reader), each the point of the kernel that
+    runs it (``StepPoints``); the graph places PyTorch's rewrite puts the offload after and the reload's wait before
+    are the view's reader in forward and the view in backward."""
     from fxremat_passes.choice.offload import offload_units
     from fxremat_passes.simulator.inputs import SimulatorInputs
+    from fxremat_passes.simulator.liveness import StepPoints
 
     fw, bw, (relu, add, reader) = _split_by_hand()
-    forward = {n.name: i for i, n in enumerate(fw.graph.nodes)}
-    backward = {n.name: 10 + i for i, n in enumerate(bw.graph.nodes)}
-    (unit,) = offload_units(fw, bw, 1, (forward, backward), SimulatorInputs.default("cpu"))
+    forward = {n.name: (i, i) for i, n in enumerate(fw.graph.nodes) if n.op != "output"}
+    backward = {n.name: (10 + i, 10 + i) for i, n in enumerate(bw.graph.nodes) if n.op != "output"}
+    fw_view, bw_view = (next(n.name for n in gm.graph.nodes if "view" in n.name) for gm in (fw, bw))
+    forward[fw_view] = forward[add]  # a view runs where its reader's kernel does (``walk.node_points``)
+    backward[bw_view] = backward[reader]
+    (unit,) = offload_units(fw, bw, 1, StepPoints(forward, backward), SimulatorInputs.default("cpu"))
     assert unit.name == relu and unit.nbytes >= 512 * 512 * 4
-    assert unit.last_forward_use == forward[add] == 5  # not relu's own point (1), nor its view's (4)
-    assert unit.first_backward_use == backward[reader] == 14  # the view's reader, not the view (13)
+    assert unit.last_forward_use == forward[add][1] == 5  # not relu's own point (1), nor an earlier kernel's
+    assert unit.first_backward_use == backward[reader][0] == 14  # the view's reader, not the tangent's kernel (12)
+    fw_order = [n.name for n in fw.graph.nodes]
+    bw_order = [n.name for n in bw.graph.nodes]
+    assert fw_order[unit.offload_after] == add and bw_order[unit.reload_by] == bw_view
 
 
 def test_the_offloads_chosen_hide_first_and_stop_when_the_peak_fits():
@@ -170,3 +179,29 @@ def test_the_offloads_chosen_hide_first_and_stop_when_the_peak_fits():
     chosen, placement = choose_offloads(schedule, [exposed, late, hidden], link, 10 * GB)
     assert set(chosen) == {hidden, exposed} and placement.peak_bytes == 10 * GB
     assert choose_offloads(schedule, [exposed, late, hidden], link, 10 * GB - 1) is None
+
+
+def test_waits_and_reloads_stand_only_where_the_graphs_order_can_put_them():
+    """With each point's place in its graph (``Schedule.positions``), a wait stands before the first point after
+    its copy's end whose node comes after the offload in graph order (else at forward's end), and a reload before
+    the latest point that takes it, a node no later than its first reader in graph order (else the first that
+    does, stalling its use); a unit no backward point takes is refused."""
+    seconds = (1.0,) * 4 + (0.0,) + (1.0,) * 4
+    # forward points 0-3 at graph positions 2, 6, 4, 8 (the schedule reordered them); backward 5-8 at 3, 9, 5, 7
+    positions = (2, 6, 4, 8, -1, 3, 9, 5, 7)
+    schedule = Schedule((10 * GB,) * 9, seconds, forward_points=4, first_backward=5, positions=positions)
+    unit = OffloadUnit("a", GB, last_forward_use=0, first_backward_use=8, offload_after=6, reload_by=7)
+    placed = place(schedule, [unit], link)
+    assert placed.waits == (3,)  # point 2 starts at the copy's end (2 s), but its node (4) precedes the offload (6)
+    assert placed.reloads == (7,)  # ideal: before point 7 (position 5 <= 7)
+    late = OffloadUnit("a", GB, last_forward_use=0, first_backward_use=8, offload_after=8, reload_by=4)
+    placed = place(schedule, [late], link)
+    assert placed.waits == (4,)  # no forward point after graph position 8: the forward's end
+    assert placed.reloads == (5,)  # only point 5 (position 3) takes it: issued at backward's start, hidden still
+    assert placed.exposed_seconds == 0.0
+    stalled = OffloadUnit("a", 3 * GB, last_forward_use=0, first_backward_use=8, offload_after=0, reload_by=7)
+    positions = (2, 6, 4, 8, -1, 9, 9, 5, 7)  # backward's first two points take no reload
+    placed = place(Schedule(schedule.bytes_held, seconds, 4, 5, positions), [stalled], link)
+    assert placed.reloads == (7,) and placed.exposed_seconds == pytest.approx(2.0)  # 3 s copy from 6 s, used at 7 s
+    with pytest.raises(ValueError, match="takes its reload"):
+        place(schedule, [OffloadUnit("a", GB, 0, 8, offload_after=0, reload_by=2)], link)
