@@ -139,12 +139,16 @@ def _move_reloads(bw: fx.GraphModule, reloads: dict[str, str]) -> None:
         position = {n: i for i, n in enumerate(bw.graph.nodes)}
         if nodes[before] is min(wait.users, key=position.__getitem__, default=None):
             continue
-        _check_order(bw, nodes[before], wait, f"the reload of {value}")
+        _check_order(bw, nodes[before], wait, f"the reload of {value}", wait=True)
         if nodes[before] is not reload:
             nodes[before].prepend(reload)
 
 
-def _check_order(gm: fx.GraphModule, first: fx.Node, then: fx.Node, what: str) -> None:
+def _check_order(gm: fx.GraphModule, first: fx.Node, then: fx.Node, what: str, wait: bool = False) -> None:
+    """Raises where ``first`` stands after ``then``: a wait's target (``then``) before its offload (``first``), or
+    (``wait``) a reload's target (``first``) after the reload's wait (``then``)."""
     position = {n: i for i, n in enumerate(gm.graph.nodes)}
     if position[first] > position[then]:
+        if wait:
+            raise ValueError(f"fxremat cannot issue {what} before {first.name}: it stands after the wait {then.name}")
         raise ValueError(f"fxremat cannot place {what} before {then.name}: it would precede {first.name}")

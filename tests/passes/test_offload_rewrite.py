@@ -136,7 +136,7 @@ def test_offloaded_values_run_through_pytorchs_rewrite(how_many):
 
 
 @pytest.mark.skipif(not tp_offload.is_async(), reason="the ao ops' waits and reloads: torch 2.13 and later")
-def test_waits_and_reloads_go_where_the_schedule_puts_them():
+def test_waits_and_reloads_go_where_the_schedule_puts_them(monkeypatch):
     torch.manual_seed(0)
     model, x = Mlp(depth=4), torch.randn(8, 32)
     record: dict = {"places": {"waits": {}, "reloads": {}}}
@@ -146,10 +146,24 @@ def test_waits_and_reloads_go_where_the_schedule_puts_them():
         record["places"]["waits"][name] = ""  # the forward's end
         return [name]
 
+    def first_reader(fw, bw, name):  # the reload named its first reader: it stays where the rewrite put it
+        return tp_offload.reload_precedes(next(n for n in bw.graph.nodes if n.name == name)).name
+
+    inner = tp_offload.rewrite_offloads
+
+    def rewrite(fw, bw, names, waits=None, reloads=None):
+        record["first"] = first_reader(fw, bw, names[0])
+        inner(fw, bw, names, waits, {names[0]: record["first"]})
+
+    monkeypatch.setattr(tp_offload, "rewrite_offloads", rewrite)
     compiled_step(model, x, choose, record)
     fw, bw, (name,) = record["fw"], record["bw"], record["names"]
     order = [n.name for n in fw.graph.nodes]
     assert order[-2] == f"cpu_offload_{name}" and order[-1] == "output"
+    bw_order = [n.name for n in bw.graph.nodes]
+    reload = bw_order.index(f"async_gpu_reload_{name}")
+    assert bw_order[reload + 1 : reload + 3] == [f"gpu_reload_{name}", record["first"]]
+    monkeypatch.undo()
     with pytest.raises(ValueError, match="cannot offload"):
         tp_offload.rewrite_offloads(fw, bw, ["no_such_value"])
 
@@ -260,7 +274,9 @@ def test_offload_true_rewrites_the_split_where_the_schedule_says(monkeypatch):
         wait = fw_order.index(f"cpu_offload_{name}")
         assert fw_order[wait + 1] == (wait_before or "output")
         reload = bw_order.index(f"async_gpu_reload_{name}")
-        assert bw_order[reload + 1] == reload_before or bw_order[reload + 1].startswith("async_gpu_reload_")
+        assert bw_order.index(reload_before) > reload
+        between = bw_order[reload + 1 : bw_order.index(reload_before)]  # other reloads and waits only
+        assert all(n.startswith(("async_gpu_reload_", "gpu_reload_")) for n in between), between
 
 
 @pytest.mark.skipif(tp_offload.is_async(), reason="torch 2.11's synchronous rewrite")
