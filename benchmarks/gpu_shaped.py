@@ -156,7 +156,6 @@ def trace(name: str, partition_fn, small: bool = False, decompose: bool = True, 
         return torch.func.functional_call(model, dict(zip(names, tensors)), (), batch).loss
 
     def noop(gm, _inputs):
-        _on_cpu(gm)
         return make_boxed_func(gm.forward)
 
     compiled = aot_function(
@@ -169,16 +168,6 @@ def trace(name: str, partition_fn, small: bool = False, decompose: bool = True, 
     )
     with mode, _no_packed_sequence_check():
         compiled(*state.values(), ids)
-
-
-def _on_cpu(gm: torch.fx.GraphModule) -> None:
-    """The partitioned graph runs here on CPU fake tensors, after the partition: a creation op the partition wrote
-    for the cuda metadata (a chunked loss's one-hot ``iota``) is run on the CPU as well."""
-    cuda = [n for n in gm.graph.nodes if getattr(n.kwargs.get("device"), "type", None) == "cuda"]
-    for node in cuda:
-        node.update_kwarg("device", torch.device("cpu"))
-    if cuda:
-        gm.recompile()
 
 
 @contextlib.contextmanager
