@@ -6,7 +6,10 @@
 Each model is built on ``meta``, given storage-free parameters by ``to_empty(device="cpu")`` under a
 ``FakeTensorMode``, and traced once through ``aot_function`` with Inductor's decompositions (parameters and buffers
 passed as inputs through ``torch.func.functional_call``, the loss inside the model through ``labels=``, no-op
-compilers): nothing is computed, so GPT-2 124M at batch 8 x 1024 partitions in seconds.  Before the partitioner
+compilers), its joint graph through Inductor's joint-graph passes as ``compile_fx`` runs them before its
+partitioner (``_torch_private.after_inductor_joint_passes``; without them the cross-entropy's backward keeps a
+tokens x vocabulary one-hot that a real compile rewrites away): nothing is computed, so GPT-2 124M at batch 8 x
+1024 partitions in seconds.  Before the partitioner
 sees the joint graph every node's ``meta["val"]`` is rewritten to a fake ``cuda`` tensor of the same shape, stride
 and dtype (``as_cuda_metadata``), and fxremat prices it with the ``h100`` profile (``device="h100"``): the plan
 fxremat would choose on that GPU.  The partition happens at the first forward call; backward is not run.
@@ -113,11 +116,20 @@ def _partition_fn(partitioner: str, options: dict, reports: list, seconds: list)
         raise ValueError(f"unknown partitioner {partitioner!r}; one of {PARTITIONERS}")
 
     def partition_fn(gm, joint_inputs, **kwargs):
-        as_cuda_metadata(gm)
+        import copy
+
+        shaped = copy.deepcopy(gm)
+        as_cuda_metadata(shaped)
         start = time.perf_counter()
-        result = inner(gm, joint_inputs, **kwargs)
+        inner(shaped, joint_inputs, **kwargs)
         seconds.append(time.perf_counter() - start)
-        return result
+        # the trace's forward runs on the CPU's fake tensors: PyTorch's split of the graph as traced
+        return tp.pytorch_default_partition(
+            gm,
+            joint_inputs,
+            num_fwd_outputs=kwargs["num_fwd_outputs"],
+            static_lifetime_input_indices=kwargs.get("static_lifetime_input_indices"),
+        )
 
     return partition_fn
 
@@ -134,13 +146,24 @@ def partition(
     return reports, sum(seconds)
 
 
-def trace(name: str, partition_fn, small: bool = False, decompose: bool = True, layers: int | None = None) -> None:
+def trace(
+    name: str,
+    partition_fn,
+    small: bool = False,
+    decompose: bool = True,
+    layers: int | None = None,
+    joint_passes: bool = True,
+) -> None:
     """One training step of ``name`` built on ``meta`` and traced with fake tensors at GPU shapes (no compute), its
-    joint graph handed to ``partition_fn`` (which rewrites the metadata to ``cuda`` where it wants the GPU's)."""
+    joint graph, after Inductor's joint-graph passes (``joint_passes``), handed to ``partition_fn`` (which rewrites
+    the metadata to ``cuda`` where it wants the GPU's)."""
     from functorch.compile import aot_function, make_boxed_func
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from fxremat_passes import _torch_private as tp
+
+    if joint_passes:
+        partition_fn = tp.after_inductor_joint_passes(_as_custom_partitioner(partition_fn))
 
     model, (batch, seq) = _on_meta(name, small, layers)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -168,6 +191,20 @@ def trace(name: str, partition_fn, small: bool = False, decompose: bool = True, 
     )
     with mode, _no_packed_sequence_check():
         compiled(*state.values(), ids)
+
+
+def _as_custom_partitioner(partition_fn):
+    """``partition_fn`` as Inductor's ``custom_partitioner_fn`` takes it (it names its compiler too); not cached."""
+    from fxremat_passes import _torch_private as tp
+
+    class Partitioner(tp.CustomPartitionerFn):
+        def __call__(self, gm, joint_inputs, compiler=None, **kwargs):
+            return partition_fn(gm, joint_inputs, **kwargs)
+
+        def uuid(self) -> None:
+            return None
+
+    return Partitioner()
 
 
 @contextlib.contextmanager

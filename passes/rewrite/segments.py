@@ -258,9 +258,11 @@ def _lazy_order(recipe: SplitRecipe, main: list[fx.Node], first: list[fx.Node], 
             result.append(n)
 
     for node in main[readers[0] if readers else 0 :]:
-        place(node)
+        if node not in placed:
+            place(node)
     for node in main:  # what the output reads, and impure nodes read by none
-        place(node)
+        if node not in placed:
+            place(node)
     return _raise_getitems(result, checkpoints)
 
 

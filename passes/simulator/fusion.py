@@ -273,24 +273,28 @@ class TopologicalOrder:
 
     def _reaches(self, start, end, bound: int | None) -> bool:
         """Whether ``end`` is reached from ``start`` other than by their direct edge (``bound``: only through groups
-        placed before it)."""
-        return end in self._descendants(start, end, bound)
+        placed before it); the search ends where it finds ``end``."""
+        return any(g is end for g in self._search(start, end, bound))
 
     def _descendants(self, start, end, bound: int | None) -> set:
         """The groups reached from ``start``, not through ``end`` nor over its direct edge to ``end`` (``bound``:
         only groups placed before it; ``end`` itself where reached otherwise)."""
+        return set(self._search(start, end, bound))
+
+    def _search(self, start, end, bound: int | None):
+        """Each group ``_descendants`` holds, once, as the search reaches it (``end`` perhaps more than once)."""
         succ, place = self.succ, self.place
         stack = [s for s in succ[start] if s is not end and (bound is None or place[s] < bound)]
         seen = set(stack)
+        yield from stack
         while stack:
-            g = stack.pop()
-            for s in succ[g]:
+            for s in succ[stack.pop()]:
                 if s is end:
-                    seen.add(s)
+                    yield s
                 elif s not in seen and (bound is None or place[s] < bound):
                     seen.add(s)
                     stack.append(s)
-        return seen
+                    yield s
 
     def merge(self, ga, gb) -> None:
         """``gb`` merges into ``ga``: the merged group takes its place between the groups between them."""

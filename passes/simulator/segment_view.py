@@ -16,6 +16,7 @@ built graph's (tests/passes/test_segments.py).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import replace
 
 import torch.fx as fx
@@ -35,8 +36,8 @@ class ShadowNodes:
     def shown(self, node: fx.Node, lookup, name: str, inputs: list[fx.Node]) -> fx.Node:
         """``node`` with its inputs read through ``lookup`` (``inputs``: its inputs), named ``name``: itself where
         that changes nothing."""
-        read = tuple(lookup(a) for a in inputs)
-        if name == node.name and all(r is a for r, a in zip(read, inputs)):
+        read = tuple(map(lookup, inputs))
+        if name == node.name and all(map(operator.is_, read, inputs)):
             return node
         key = (node, name, read)
         found = self.made.get(key)
