@@ -63,7 +63,7 @@ def loss_split(joint: fx.GraphModule, request, options, profile, cut: Callable):
 def _tried(record: LossRegions, tried_rows: tuple, floor: dict) -> LossRegions:
     """``record`` of the count chosen with every count tried and the floor; a row left as traced by the choice says
     so."""
-    rows = tuple((*row[:4], row[4] or (NOT_CHOSEN if not row[3] else None)) for row in record.loss_regions)
+    rows = tuple((*row[:4], row[4] or (NOT_CHOSEN if not row[3] else None), *row[5:]) for row in record.loss_regions)
     return dataclasses.replace(record, loss_regions=rows, loss_chunks_tried=tried_rows, **floor)
 
 
