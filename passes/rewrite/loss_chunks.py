@@ -115,9 +115,9 @@ def _rewrite(graph: fx.Graph, region: LossRegion, chunks: int) -> None:
         if form_of(region) == FORWARD:
             loss, grads = _chunked_forward(emitters[0], region, chunks)
         else:
-            loss, shared, lses = _chunked_loss(emitters[0], region, chunks)
+            loss, shared, lse = _chunked_loss(emitters[0], region, chunks)
             emitters.append(_Emitter(graph, _first_exit(graph, region), fake_mode))
-            grads = _chunked_backward(emitters[1], region, shared, lses)
+            grads = _chunked_backward(emitters[1], region, shared, lse, chunks)
     except Exception:
         for emit in reversed(emitters):  # the graph as it came: nothing reads the nodes made so far
             for node in reversed(emit.made):
@@ -151,17 +151,19 @@ def _denominator(emit: _Emitter, region: LossRegion, valid: fx.Node) -> fx.Node 
     return emit("sum", valid, dtype=region.compute_dtype)
 
 
-def _bounds(region: LossRegion, chunks: int) -> list[tuple[int, int]]:
-    size = -(-region.tokens // chunks)
-    return [(start, min(start + size, region.tokens)) for start in range(0, region.tokens, size)]
+def _bounds(total: int, chunks: int) -> list[tuple[int, int]]:
+    """``chunks`` slices of ``range(total)`` (the last one shorter where they do not divide it)."""
+    size = -(-total // chunks)
+    return [(start, min(start + size, total)) for start in range(0, total, size)]
 
 
-def _classes(emit: _Emitter, region: LossRegion) -> fx.Node:
-    """``[[0, 1, ..., vocab - 1]]``: the one-hot's columns."""
+def _classes(emit: _Emitter, region: LossRegion, start: int = 0, stop: int | None = None) -> fx.Node:
+    """``[[start, ..., stop - 1]]`` (by default every class): the one-hot's columns."""
     device = region.hidden.meta["val"].device
     dtype = region.target.meta["val"].dtype
-    classes = emit("iota", region.vocab, start=0, step=1, dtype=dtype, device=device, requires_grad=False)
-    return emit("view", classes, [1, region.vocab])
+    size = (region.vocab if stop is None else stop) - start
+    classes = emit("iota", size, start=start, step=1, dtype=dtype, device=device, requires_grad=False)
+    return emit("view", classes, [1, size])
 
 
 def _chunked_forward(emit: _Emitter, region: LossRegion, chunks: int):
@@ -172,7 +174,7 @@ def _chunked_forward(emit: _Emitter, region: LossRegion, chunks: int):
     head = emit("permute", region.weight, [1, 0])  # [vocab, hidden]
     classes = _classes(emit, region)
     total, hidden_grads, weight_grad, bias_grad = None, [], None, None
-    for start, stop in _bounds(region, chunks):
+    for start, stop in _bounds(region.tokens, chunks):
         after = None if weight_grad is None else (hidden_grads[-1], weight_grad)
         part = _chunk(emit, region, (head, classes, valid, denominator), start, stop, after)
         total = part["loss"] if total is None else emit("add", total, part["loss"])
@@ -293,47 +295,50 @@ def _chunk(emit: _Emitter, region: LossRegion, shared, start: int, stop: int, af
 
 
 def _chunked_loss(emit: _Emitter, region: LossRegion, chunks: int):
-    """BACKWARD's forward: (the loss, (valid, denominator), each chunk's log-sum-exp), the loss summed chunk by chunk
-    over slices of the returned logits (each chunk's upcast and softmax die inside it)."""
+    """BACKWARD's forward: (the loss, (valid, denominator), each token's log-sum-exp), the loss summed chunk by chunk
+    over row slices of the returned logits (each chunk's upcast and softmax die inside it)."""
     valid = emit("ne", region.target, region.ignore_index)
     denominator = _denominator(emit, region, valid)
     total, lses = None, []
-    for start, stop in _bounds(region, chunks):
+    for start, stop in _bounds(region.tokens, chunks):
         target, weight = _targets(emit, region, valid, start, stop)
         logits = _upcast(emit, region, emit("slice", region.projection, 0, start, stop))
         lse, loss = _chunk_loss(emit, logits, target, weight)
         total = loss if total is None else emit("add", total, loss)
         lses.append(lse)
-    return _mean(emit, region, total, denominator), (valid, denominator), lses
+    return _mean(emit, region, total, denominator), (valid, denominator), emit("cat", lses)
 
 
-def _chunked_backward(emit: _Emitter, region: LossRegion, shared, lses: list[fx.Node]) -> dict:
-    """BACKWARD's backward: per chunk, the logits' gradient from the returned logits and the chunk's log-sum-exp,
-    times the loss's incoming gradient, plus the tangent's slice (in the dtype the traced graph added them in), then
-    the chunk's parts of the head's gradients.  Each chunk's logits are read ``_after`` the incoming gradient and the
-    previous chunk's gradients: in backward (the cut never keeps a chunk's full-width value from forward), one chunk
-    at a time."""
+def _chunked_backward(emit: _Emitter, region: LossRegion, shared, lse: fx.Node, chunks: int) -> dict:
+    """BACKWARD's backward, in ``chunks`` column slices of the vocabulary: per slice, the logits' gradient from the
+    returned logits and each token's log-sum-exp, times the loss's incoming gradient, plus the tangent's slice (in the
+    dtype the traced graph added them in), then the slice's rows of the head weight's gradient (and bias's), joined,
+    and its part of the hidden states' gradient, summed (``tokens × hidden``: no running sum of the weight's size).
+    Each slice's logits are read ``_after`` the incoming gradient and the previous slice's gradients: all in backward
+    (the cut never keeps a slice's full-height values from forward), one slice at a time."""
     bw, (valid, denominator) = region.backward, shared
-    head, classes = emit("permute", region.weight, [1, 0]), _classes(emit, region)
+    head = emit("permute", region.weight, [1, 0])  # [vocab, hidden]
     scale = bw.scale if denominator is None else emit("div", bw.scale, denominator)
+    target, weight = _targets(emit, region, valid, 0, region.tokens)
+    weight = emit("mul", weight, scale)
     tangent = None if bw.tangent is None else emit("view", bw.tangent, [region.tokens, region.vocab])
     projected = region.projection.meta["val"].dtype
-    hidden_grads, weight_grad, bias_grad = [], None, None
-    for (start, stop), lse in zip(_bounds(region, len(lses)), lses):
-        after = (scale,) if weight_grad is None else (scale, hidden_grads[-1], weight_grad)
-        logits = _after(emit, _upcast(emit, region, emit("slice", region.projection, 0, start, stop)), after)
-        target, weight = _targets(emit, region, valid, start, stop)
-        grad = _logits_grad(emit, logits, lse, classes, target, emit("mul", weight, scale))
+    hidden_grad, weight_grads, bias_grads = None, [], []
+    for start, stop in _bounds(region.vocab, chunks):
+        after = (scale,) if hidden_grad is None else (scale, hidden_grad, weight_grads[-1])
+        logits = _after(emit, _upcast(emit, region, emit("slice", region.projection, 1, start, stop)), after)
+        grad = _logits_grad(emit, logits, lse, _classes(emit, region, start, stop), target, weight)
         if tangent is not None:
             grad = _narrowed(emit, grad, bw.added.meta["val"].dtype)
-            grad = emit("add", emit("slice", tangent, 0, start, stop), grad)
-        hidden = emit("slice", region.hidden, 0, start, stop)
-        part = _head_grads(emit, region, _narrowed(emit, grad, projected), head, hidden)
-        hidden_grads.append(part["hidden"])
-        weight_grad = _accumulate(emit, weight_grad, part["weight"], region.compute_dtype)
+            grad = emit("add", emit("slice", tangent, 1, start, stop), grad)
+        grad = _narrowed(emit, grad, projected)
+        part = emit("mm", grad, emit("slice", head, 0, start, stop))
+        hidden_grad = _accumulate(emit, hidden_grad, part, region.compute_dtype)
+        weight_grads.append(emit("mm", emit("permute", grad, [1, 0]), region.hidden))
         if region.bias is not None:
-            bias_grad = _accumulate(emit, bias_grad, part["bias"], region.compute_dtype)
-    return _gathered(emit, region, hidden_grads, weight_grad, bias_grad)
+            bias_grads.append(emit("sum_dims", grad, [0]))
+    bias_grad = emit("cat", bias_grads) if bias_grads else None
+    return {"hidden": _narrowed(emit, hidden_grad, projected), "weight": emit("cat", weight_grads), "bias": bias_grad}
 
 
 def _replace_exits(graph: fx.Graph, region: LossRegion, grads: dict, scale: fx.Node | None) -> None:

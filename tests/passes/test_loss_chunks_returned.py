@@ -77,13 +77,14 @@ def test_returned_logits_chunked_gradients_equal_eager(case, chunks, use):
 
 
 def test_chunks_of_the_backward_run_one_after_another():
-    """Chunk i+1's logits read an exact zero from chunk i's gradients and from the loss's incoming gradient
-    (``loss_chunks._after``): all in backward, one chunk at a time."""
-    _, _, (_, bw) = _chunked(LM(returns_logits=True), _inputs(), "loss", loss_chunks=4)
-    head = [n for n in bw.graph.nodes if n.target is torch.ops.aten.mm.default and n.meta["val"].shape[-1] == 24]
-    hidden_grads = [n for n in head if n.meta["val"].shape[0] == BATCH * SEQ // 4]
-    assert len(hidden_grads) == 4
-    for before, after in zip(hidden_grads, hidden_grads[1:]):
+    """The backward runs in column slices of the vocabulary, each slice's rows of the head weight's gradient joined:
+    slice i+1's logits read an exact zero from slice i's gradients and from the loss's incoming gradient
+    (``loss_chunks._after``): all in backward, one slice at a time."""
+    _, _, (_, bw) = _chunked(LM(returns_logits=True), _inputs(), "loss", loss_chunks=3)
+    mms = [n for n in bw.graph.nodes if n.target is torch.ops.aten.mm.default]
+    rows = [n for n in mms if tuple(n.args[0].meta["val"].shape) == (VOCAB // 3, BATCH * SEQ)]  # slice^T @ hidden
+    assert len(rows) == 3
+    for before, after in zip(rows, rows[1:]):
         assert before in _ancestors(after)
 
 
@@ -163,9 +164,9 @@ def test_a_broken_tangent_is_caught(monkeypatch):
     _, expected = eager_grads(model, inputs, loss=USES["logits"])
     real = loss_chunks._chunked_backward
 
-    def without_tangent(emit, region, shared, lses):
+    def without_tangent(emit, region, *args):
         backward = dataclasses.replace(region.backward, tangent=None)
-        return real(emit, dataclasses.replace(region, backward=backward), shared, lses)
+        return real(emit, dataclasses.replace(region, backward=backward), *args)
 
     monkeypatch.setattr(loss_chunks, "_chunked_backward", without_tangent)
     grads, _, _ = _chunked(model, inputs, "logits", loss_chunks=3)
