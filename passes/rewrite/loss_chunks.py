@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 FORWARD = "forward"  # the gradients computed in forward, chunk by chunk, scaled in backward
 BACKWARD = "backward"  # the logits returned: the loss chunked in forward, the gradients chunked in backward
+RECOMPUTED = "backward, logits recomputed"  # BACKWARD, each slice's logits recomputed in backward (budgets only)
 
 
 @dataclass(frozen=True)
@@ -93,22 +94,25 @@ def why_not_chunked(region: LossRegion) -> str | None:
     return None
 
 
-def chunk_loss_regions(joint: fx.GraphModule, chunks: int) -> list[ChunkedLoss]:
-    """Rewrite every loss region of ``joint`` that can be (``why_not_chunked``) into ``chunks`` chunks, in place."""
+def chunk_loss_regions(joint: fx.GraphModule, chunks: int, recompute: bool = False) -> list[ChunkedLoss]:
+    """Rewrite every loss region of ``joint`` that can be (``why_not_chunked``) into ``chunks`` chunks, in place;
+    ``recompute``: where the logits are returned, backward recomputes each slice's logits rather than reading the
+    returned ones (one more matmul of the head: for budgets, docs/DESIGN.md §14)."""
     done = []
     for region in find_loss_regions(joint.graph):
         why = why_not_chunked(region)
         tokens, vocab = hinted_shape(region.projection)
         k = min(chunks, tokens)
         form = None if why is not None else form_of(region)
+        form = RECOMPUTED if recompute and form == BACKWARD else form
         if why is None:
-            _rewrite(joint.graph, region, k)
+            _rewrite(joint.graph, region, k, form == RECOMPUTED)
         done.append(ChunkedLoss(region.projection.name, tokens, vocab, k, why is None, why, form))
         log.debug("loss region %s: %d tokens x %d, %s", region.projection.name, tokens, vocab, why or k)
     return done
 
 
-def _rewrite(graph: fx.Graph, region: LossRegion, chunks: int) -> None:
+def _rewrite(graph: fx.Graph, region: LossRegion, chunks: int, recompute: bool) -> None:
     fake_mode = region.hidden.meta["val"].fake_mode
     emitters = [_Emitter(graph, region.loss, fake_mode)]  # after every input
     try:
@@ -117,7 +121,7 @@ def _rewrite(graph: fx.Graph, region: LossRegion, chunks: int) -> None:
         else:
             loss, shared, lse = _chunked_loss(emitters[0], region, chunks)
             emitters.append(_Emitter(graph, _first_exit(graph, region), fake_mode))
-            grads = _chunked_backward(emitters[1], region, shared, lse, chunks)
+            grads = _chunked_backward(emitters[1], region, shared, lse, (chunks, recompute))
     except Exception:
         for emit in reversed(emitters):  # the graph as it came: nothing reads the nodes made so far
             for node in reversed(emit.made):
@@ -309,14 +313,16 @@ def _chunked_loss(emit: _Emitter, region: LossRegion, chunks: int):
     return _mean(emit, region, total, denominator), (valid, denominator), emit("cat", lses)
 
 
-def _chunked_backward(emit: _Emitter, region: LossRegion, shared, lse: fx.Node, chunks: int) -> dict:
-    """BACKWARD's backward, in ``chunks`` column slices of the vocabulary: per slice, the logits' gradient from the
+def _chunked_backward(emit: _Emitter, region: LossRegion, shared, lse: fx.Node, how: tuple[int, bool]) -> dict:
+    """BACKWARD's backward, in column slices of the vocabulary: per slice, the logits' gradient from the
     returned logits and each token's log-sum-exp, times the loss's incoming gradient, plus the tangent's slice (in the
     dtype the traced graph added them in), then the slice's rows of the head weight's gradient (and bias's), joined,
     and its part of the hidden states' gradient, summed (``tokens × hidden``: no running sum of the weight's size).
     Each slice's logits are read ``_after`` the incoming gradient and the previous slice's gradients: all in backward
-    (the cut never keeps a slice's full-height values from forward), one slice at a time."""
-    bw, (valid, denominator) = region.backward, shared
+    (the cut never keeps a slice's full-height values from forward), one slice at a time.  ``how``: (the slices,
+    whether each slice's logits are recomputed from the hidden states rather than read from the returned logits, which
+    then die with forward's other outputs)."""
+    bw, (valid, denominator), (chunks, recompute) = region.backward, shared, how
     head = emit("permute", region.weight, [1, 0])  # [vocab, hidden]
     scale = bw.scale if denominator is None else emit("div", bw.scale, denominator)
     target, weight = _targets(emit, region, valid, 0, region.tokens)
@@ -326,7 +332,10 @@ def _chunked_backward(emit: _Emitter, region: LossRegion, shared, lse: fx.Node, 
     hidden_grad, weight_grads, bias_grads = None, [], []
     for start, stop in _bounds(region.vocab, chunks):
         after = (scale,) if hidden_grad is None else (scale, hidden_grad, weight_grads[-1])
-        logits = _after(emit, _upcast(emit, region, emit("slice", region.projection, 1, start, stop)), after)
+        if recompute:
+            logits = _recomputed(emit, region, _after(emit, region.hidden, after), start, stop)
+        else:
+            logits = _after(emit, _upcast(emit, region, emit("slice", region.projection, 1, start, stop)), after)
         grad = _logits_grad(emit, logits, lse, _classes(emit, region, start, stop), target, weight)
         if tangent is not None:
             grad = _narrowed(emit, grad, bw.added.meta["val"].dtype)
@@ -339,6 +348,15 @@ def _chunked_backward(emit: _Emitter, region: LossRegion, shared, lse: fx.Node, 
             bias_grads.append(emit("sum_dims", grad, [0]))
     bias_grad = emit("cat", bias_grads) if bias_grads else None
     return {"hidden": _narrowed(emit, hidden_grad, projected), "weight": emit("cat", weight_grads), "bias": bias_grad}
+
+
+def _recomputed(emit: _Emitter, region: LossRegion, hidden: fx.Node, start: int, stop: int) -> fx.Node:
+    """The logits' columns ``start:stop`` recomputed from ``hidden``, in the compute dtype."""
+    weight = emit("slice", region.weight, 1, start, stop)
+    if region.bias is None:
+        return _upcast(emit, region, emit("mm", hidden, weight))
+    bias = emit("slice", region.bias, -1, start, stop)
+    return _upcast(emit, region, emit("addmm", bias, hidden, weight))
 
 
 def _replace_exits(graph: fx.Graph, region: LossRegion, grads: dict, scale: fx.Node | None) -> None:

@@ -225,6 +225,28 @@ def test_returned_logits_are_chunked_in_backward_where_chosen_with_their_floor(c
     assert min(tried.values()) <= 1.1 * floor
 
 
+@pytest.mark.parametrize("tangent", [False, True])
+def test_under_a_peak_budget_returned_logits_are_recomputed_slice_by_slice(tangent):
+    """Under ``peak_budget`` the logits-returned form recomputes each slice's logits in backward (budgets may
+    recompute a matmul): the returned logits die with forward's outputs, and the lowest peak goes below the floor's
+    logits term; the caller's own use of the logits still reaches the parameters."""
+    model, inputs = Returning(), _inputs()
+
+    def loss(out):
+        return out[0] + (out[1].pow(2).mean() * 1e-3 if tangent else 0)
+
+    _, expected = eager_grads(model, inputs, loss=loss)
+    partition_fn, reports, graphs = recording_partition_fn(peak_budget=0.0)
+    _, grads, _ = run_aot(model, inputs, partition_fn, loss=loss)
+    assert_grads_close(grads, expected)
+    ((_, _, _, chosen, why, form),) = reports[0].loss_regions
+    tried = {k: peak for k, peak, _ in reports[0].loss_chunks_tried}
+    assert chosen > 1 and why is None and form == "backward, logits recomputed"
+    assert tried[chosen] == min(tried.values()) < reports[0].loss_peak_floor_bytes - TOKENS[0] * TOKENS[1] * VOCAB * 4
+    saved = [n for n in graphs[0].graph.output_node().args[0][2:] if isinstance(n, torch.fx.Node)]
+    assert all(n.meta["val"].numel() < TOKENS[0] * TOKENS[1] * VOCAB for n in saved)  # the logits are not kept
+
+
 def test_the_text_report_names_the_region_its_chunks_and_the_floor():
     from fxremat.render import format_text
 
