@@ -70,9 +70,10 @@ def _tried(record: LossRegions, tried_rows: tuple, floor: dict) -> LossRegions:
 
 
 def floor_bytes(joint: fx.GraphModule, num_fwd_outputs: int, regions) -> int:
-    """What no chunking goes below (DESIGN §14): the gradients backward returns at once (the joint's outputs after
-    forward's, each storage once), plus, for each region whose logits are returned, the logits and the zero gradient
-    autograd hands backward for them (symbolic sizes at their hints)."""
+    """The loss's floor (DESIGN §14): the gradients backward returns at once (the joint's outputs after forward's,
+    each storage once), plus, for each region whose logits are returned, the logits and the zero gradient autograd
+    hands backward for them (symbolic sizes at their hints).  No chunking goes below it, except where the caller drops
+    the returned logits before backward."""
     grads = tp.extract_fwd_bwd_outputs(joint, num_fwd_outputs)[1]
     roots = {alias_root(n) for n in grads if isinstance(n, fx.Node)}
     logits = sum(2 * node_nbytes(r.projection) for r in regions if r.logits_returned)
