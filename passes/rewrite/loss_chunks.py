@@ -26,7 +26,9 @@ import torch.fx as fx
 from ..graph.costs import hinted_shape
 from ..graph.cse import plan_clean_up
 from ..graph.loss_region import LossRegion, find_loss_regions
-from ..graph.ops import CHUNK_OPS
+from ..graph.ops import ADD, CHUNK_OPS, FULL, LOGITS_PASSTHROUGH, TRANSPOSES
+
+MASKED_PUT = CHUNK_OPS["_unsafe_masked_index_put_accumulate"]  # Inductor's embedding_dense_backward
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +129,9 @@ def _rewrite(graph: fx.Graph, region: LossRegion, chunks: int, recompute: bool) 
             for node in reversed(emit.made):
                 graph.erase_node(node)
         raise
-    _replace_exits(graph, region, grads, region.backward.scale if form_of(region) == FORWARD else None)
+    weight_grad = _replace_exits(graph, region, grads, region.backward.scale if form_of(region) == FORWARD else None)
+    if weight_grad is not None:
+        _into_embedding_gradient(graph, weight_grad, fake_mode)
     region.loss.replace_all_uses_with(loss)
     # the old region, read by nothing now, and what only it read: dead code elimination as prepare_joint_graph does
     # it (random ops kept, so the step draws the same random numbers)
@@ -359,10 +363,10 @@ def _recomputed(emit: _Emitter, region: LossRegion, hidden: fx.Node, start: int,
     return _upcast(emit, region, emit("addmm", bias, hidden, weight))
 
 
-def _replace_exits(graph: fx.Graph, region: LossRegion, grads: dict, scale: fx.Node | None) -> None:
+def _replace_exits(graph: fx.Graph, region: LossRegion, grads: dict, scale: fx.Node | None) -> fx.Node | None:
     """Each exit of the region's backward replaced by its gradient in ``grads``, times ``scale`` where given (the
-    loss's incoming gradient, for gradients computed in forward)."""
-    bw = region.backward
+    loss's incoming gradient, for gradients computed in forward); the weight's replacement (None without one)."""
+    bw, weight = region.backward, None
     for exit_node, name in ((bw.grad_hidden, "hidden"), (bw.grad_weight, "weight"), (bw.grad_bias, "bias")):
         if exit_node is None:
             continue
@@ -375,3 +379,25 @@ def _replace_exits(graph: fx.Graph, region: LossRegion, grads: dict, scale: fx.N
         if tuple(value.meta["val"].shape) != tuple(exit_node.meta["val"].shape):
             value = emit("view", value, list(exit_node.meta["val"].shape))
         exit_node.replace_all_uses_with(value)
+        weight = value if name == "weight" else weight
+    return weight
+
+
+def _into_embedding_gradient(graph: fx.Graph, weight_grad: fx.Node, fake_mode) -> None:
+    """A tied head (docs/DESIGN.md §14): where its gradient is added to the embedding's, a scatter-add into zeros
+    (Inductor's decomposition of ``embedding_dense_backward``), the scatter adds into the head's gradient instead, so
+    that one weight-sized buffer holds both (Inductor clones the scatter's base in place where it dies)."""
+    node = weight_grad
+    while len(node.users) == 1 and next(iter(node.users)).target in LOGITS_PASSTHROUGH | TRANSPOSES:
+        node = next(iter(node.users))
+    value = node.meta["val"]
+    for add in [u for u in node.users if u.target is ADD and len(u.args) == 2 and not u.kwargs]:
+        scatter = add.args[1] if add.args[0] is node else add.args[0]
+        zeros = scatter.args[0] if isinstance(scatter, fx.Node) and scatter.target is MASKED_PUT else None
+        if zeros is None or len(scatter.users) != 1 or zeros.target is not FULL or zeros.args[1] != 0:
+            continue
+        same = scatter.meta["val"].shape == value.shape and scatter.meta["val"].dtype == value.dtype
+        if same and value.is_contiguous() and add.meta["val"].dtype == value.dtype:
+            emit = _Emitter(graph, add, fake_mode)
+            add.replace_all_uses_with(emit("_unsafe_masked_index_put_accumulate", node, *scatter.args[1:]))
+            return

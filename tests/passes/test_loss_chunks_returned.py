@@ -23,7 +23,11 @@ from fxremat_passes.rewrite import loss_chunks
 
 # what the caller does with the returned (loss, logits): the loss alone (the logits' gradient is autograd's zero
 # tensor), or a term of its own on the logits too (a nonzero gradient the compiled backward must add)
-USES = {"loss": lambda out: out[0], "logits": lambda out: out[0] + out[1].float().pow(2).mean() * 1e-3}
+USES = {
+    "loss": lambda out: out[0],
+    "logits": lambda out: out[0] + out[1].float().pow(2).mean() * 1e-3,
+    "alone": lambda out: out,  # a model returning the loss alone
+}
 
 
 def _chunked(model, inputs, use, **settings):
@@ -56,7 +60,7 @@ def _full_size(graph_module) -> list:
     ]
 
 
-@pytest.mark.parametrize("use", sorted(USES))
+@pytest.mark.parametrize("use", ["loss", "logits"])
 @pytest.mark.parametrize("chunks", [1, 3, 4])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_returned_logits_chunked_gradients_equal_eager(case, chunks, use):
@@ -114,14 +118,14 @@ VOCAB_BF16 = 2048  # test_loss_chunks_bf16's
 
 
 def _bf16_step(model, form, use, **settings):
-    """(gradients, the report) of one step through aot_module in ``form`` with fxremat's ``settings``; eager's
-    gradients (and None) without settings."""
+    """(gradients, the report, the graphs) of one step through aot_module in ``form`` with fxremat's ``settings``;
+    eager's gradients (and None, []) without settings."""
     model = copy.deepcopy(model)
     model.zero_grad(set_to_none=True)
     if not settings:
         USES[use](model(*bf16_inputs())).backward()
-        return {n: p.grad.detach().clone() for n, p in model.named_parameters()}, None
-    partition_fn, reports, _ = recording_partition_fn(**settings)
+        return {n: p.grad.detach().clone() for n, p in model.named_parameters()}, None, []
+    partition_fn, reports, graphs = recording_partition_fn(**settings)
     decompositions = tp.inductor_decompositions() if form != "aten" else None
     if form == "inductor_passes":
         partition_fn = tp.after_inductor_joint_passes(_Partitioner(partition_fn))
@@ -135,26 +139,57 @@ def _bf16_step(model, form, use, **settings):
     USES[use](compiled(*bf16_inputs())).backward()
     (report,) = reports
     assert report.fallback_reason is None
-    return {n: p.grad.detach().clone() for n, p in model.named_parameters()}, report
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters()}, report, graphs
 
 
-@pytest.mark.parametrize("use", sorted(USES))
+@pytest.mark.parametrize("use", ["loss", "logits"])
 @pytest.mark.parametrize(("loss", "bias"), [("upcast", False), ("hf", True)])
 @pytest.mark.parametrize("form", FORMS)
 def test_returned_bf16_logits_chunked_match_eager_to_bf16_rounding(form, loss, bias, use):
     """The bf16 gradients against an fp32 step from the same values, within twice the worse of eager bf16's and the
     graph as traced's error plus one bf16 rounding (test_loss_chunks_bf16's bound)."""
     model = ReturningUpcastLM(loss, bias).to(torch.bfloat16)
-    master, _ = _bf16_step(copy.deepcopy(model).float(), form, use)  # the same bf16 values, stepped in fp32
-    eager, _ = _bf16_step(model, form, use)
-    traced, _ = _bf16_step(model, form, use, loss_chunks=0)
-    grads, report = _bf16_step(model, form, use, loss_chunks=4)
+    master, _, _ = _bf16_step(copy.deepcopy(model).float(), form, use)  # the same bf16 values, stepped in fp32
+    eager, _, _ = _bf16_step(model, form, use)
+    traced, _, _ = _bf16_step(model, form, use, loss_chunks=0)
+    grads, report, _ = _bf16_step(model, form, use, loss_chunks=4)
     ((_, tokens, vocab, chosen, why, chunked_form),) = report.loss_regions
     assert (tokens, vocab, chosen, why, chunked_form) == (TOKENS[0] * TOKENS[1], VOCAB_BF16, 4, None, "backward")
     assert {n: g.dtype for n, g in grads.items()} == {n: p.dtype for n, p in model.named_parameters()}
     bound = 2 * max(max(_errors(eager, master).values()), max(_errors(traced, master).values())) + BF16_ROUNDING
     errors = _errors(grads, master)
     assert all(e <= bound for e in errors.values()), (errors, bound)
+
+
+class TiedLM(torch.nn.Module):
+    """fp32, the head tied to the embedding (GPT-2's), returning the loss alone or with the logits."""
+
+    def __init__(self, returns):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(VOCAB_BF16, 32)
+        self.body = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh())
+        self.returns = returns
+
+    def forward(self, ids, labels):
+        logits = torch.nn.functional.linear(self.body(self.embed(ids)), self.embed.weight)
+        loss = torch.nn.functional.cross_entropy(logits.view(-1, VOCAB_BF16), labels.view(-1))
+        return (loss, logits) if self.returns else loss
+
+
+@pytest.mark.parametrize("use", ["alone", "logits"])
+@pytest.mark.parametrize("form", ["inductor", "inductor_passes"])
+def test_a_tied_heads_gradient_is_summed_into_the_embeddings_scatter(form, use):
+    """Inductor's decomposed embedding backward scatters into zeros and the head's gradient is added after: chunked,
+    the scatter adds into the head's gradient (``loss_chunks._into_embedding_gradient``), one weight-sized buffer."""
+    model = TiedLM(returns=use != "alone")
+    expected, _, _ = _bf16_step(model, form, use)
+    grads, report, graphs = _bf16_step(model, form, use, loss_chunks=4)
+    assert_grads_close(grads, expected)
+    assert report.loss_regions[0][3] == 4
+    bw = graphs[1].graph
+    (scatter,) = bw.find_nodes(op="call_function", target=loss_chunks.MASKED_PUT)
+    assert scatter.args[0].target is not torch.ops.aten.full.default  # into the head's gradient, not zeros
 
 
 def test_a_broken_tangent_is_caught(monkeypatch):
