@@ -222,7 +222,8 @@ def loss_lines(report: CutReport) -> list[str]:
     lines = []
     for projection, tokens, vocab, chunks, why, form in report.loss_regions:
         done = f"{chunks} chunks" if chunks else f"left as traced ({why})" if why else "left as traced"
-        done += " (the logits returned: the gradients in backward)" if form == "backward" else ""
+        if form and form != "forward":  # loss_chunks.BACKWARD or RECOMPUTED
+            done += f" (the logits returned: the gradients in {form})"
         lines.append(f"loss region {projection} ({tokens:,} tokens x {vocab:,} vocabulary): {done}")
     if report.loss_chunks_tried:
         tried = ", ".join(

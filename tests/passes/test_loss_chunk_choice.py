@@ -242,6 +242,9 @@ def test_under_a_peak_budget_returned_logits_are_recomputed_slice_by_slice(tange
     ((_, _, _, chosen, why, form),) = reports[0].loss_regions
     tried = {k: peak for k, peak, _ in reports[0].loss_chunks_tried}
     assert chosen > 1 and why is None and form == "backward, logits recomputed"
+    from fxremat.render import format_text
+
+    assert "the logits returned: the gradients in backward, logits recomputed" in format_text(reports[0])
     assert tried[chosen] == min(tried.values()) < reports[0].loss_peak_floor_bytes - TOKENS[0] * TOKENS[1] * VOCAB * 4
     saved = [n for n in graphs[0].graph.output_node().args[0][2:] if isinstance(n, torch.fx.Node)]
     assert all(n.meta["val"].numel() < TOKENS[0] * TOKENS[1] * VOCAB for n in saved)  # the logits are not kept
