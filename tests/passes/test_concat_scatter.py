@@ -4,8 +4,9 @@ elements (issue #15, Mixtral and GPT-2).
 Each test fails without its rule: a ConcatKernel's buffer is stored whatever reads it, Inductor's own memory
 estimate counts a cat's bytes twice while its kernel group runs (only where its ConcatKernel node runs in that
 group), a scatter's result is never written over the values it scatters, and a reduction over fewer than 8
-elements is a pointwise value; a scatter into a value that fuses away is written over that value's input.  Found on Mixtral's expert backward, a Llama stack's SwiGLU backward and GPT-2's
-position-embedding gradient (benchmarks/RESULTS.md, "Issue #15, session 18" and "session 22")."""
+elements is a pointwise value; a scatter into a value that fuses away is written over that value's input.  Found on
+Mixtral's expert backward, a Llama stack's SwiGLU backward and GPT-2's position-embedding gradient
+(benchmarks/RESULTS.md, "Issue #15, session 18" and "session 22"), and on GPT-2's tied head (issue #55)."""
 
 from __future__ import annotations
 
