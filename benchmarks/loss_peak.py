@@ -2,13 +2,15 @@
 per process, under real Inductor on CPU.
 
     python benchmarks/loss_peak.py SETTING [--model llama|qwen3|gpt2] [--vocab V] [--hidden H] [--layers L]
-        [--tokens T] [--json PATH]
+        [--tokens T] [--logits] [--json PATH]
         # SETTING: eager, inductor (Inductor's default partitioner), default (fxremat: chunks under a budget only),
         #          auto (loss_chunks="auto": the chunks chosen), nochunk (fxremat, loss_chunks=0), kN (fxremat
         #          loss_chunks=N), pbX (fxremat peak_budget=X; X > 1: bytes)
 
 A transformers causal LM from its config (random weights, fp32, one thread), ``labels=`` given, the compiled function
-returning the loss alone: ``llama`` (``LlamaForCausalLM``; by default vocabulary 65,536, hidden 256, 2 layers, 1 x 1,024
+returning the loss alone (``--logits``: the loss and the logits, as ``model(x, labels=y)`` returns them; the step
+backpropagates the loss and drops the logits, as transformers' Trainer does, so the logits' gradient is autograd's
+zero tensor): ``llama`` (``LlamaForCausalLM``; by default vocabulary 65,536, hidden 256, 2 layers, 1 x 1,024
 tokens), ``qwen3`` (``Qwen3ForCausalLM``, vocabulary 151,936 unless ``--vocab``), ``gpt2`` (``GPT2LMHeadModel`` at
 124M, 1 x 512 tokens unless ``--tokens``; its head tied to the embedding).  Gradients of
 the first step against an eager copy (``grad_rule.relative_errors``), two warm-up steps, then one step's peak above
@@ -63,7 +65,20 @@ class LossOnly(torch.nn.Module):
         return self.model(input_ids=ids, labels=ids).loss
 
 
-def build(model: str, vocab: int, hidden: int, layers: int, tokens: int):
+class LossAndLogits(LossOnly):
+    """The model with ``labels=``, returning the loss and the logits (a graph output beside the loss)."""
+
+    def forward(self, ids):
+        out = self.model(input_ids=ids, labels=ids)
+        return out.loss, out.logits
+
+
+def _loss(out):
+    """The step's loss: the loss alone, or the loss of the (loss, logits) pair, the logits dropped."""
+    return out[0] if isinstance(out, tuple) else out
+
+
+def build(model: str, vocab: int, hidden: int, layers: int, tokens: int, logits: bool = False):
     import transformers as t
 
     torch.manual_seed(0)
@@ -77,6 +92,10 @@ def build(model: str, vocab: int, hidden: int, layers: int, tokens: int):
             use_cache=False,
         )
         net = t.GPT2LMHeadModel(config)
+        # transformers names a loss from the class name; GPT2LMHeadModel matches none, so its ``loss_function``
+        # logs a warning on every call, and Dynamo breaks the graph there: the logits and the loss land in two
+        # graphs and no loss region exists (docs/DESIGN.md §14).  Naming the loss keeps them in one graph.
+        net.loss_type = "ForCausalLM"
     else:
         kind = t.Qwen3Config if model == "qwen3" else t.LlamaConfig
         config = kind(
@@ -97,24 +116,24 @@ def build(model: str, vocab: int, hidden: int, layers: int, tokens: int):
         )
         net = (t.Qwen3ForCausalLM if model == "qwen3" else t.LlamaForCausalLM)(config)
     ids = torch.randint(0, vocab, (1, tokens))
-    return LossOnly(net), ids
+    return (LossAndLogits if logits else LossOnly)(net), ids
 
 
-def row(setting: str, model_name: str, vocab: int, hidden: int, layers: int, tokens: int) -> dict:
+def row(setting: str, model_name: str, vocab: int, hidden: int, layers: int, tokens: int, logits: bool = False) -> dict:
     import grad_rule
 
     from fxremat.measure import step_peak_bytes
 
     torch.set_num_threads(1)
-    model, ids = build(model_name, vocab, hidden, layers, tokens)
+    model, ids = build(model_name, vocab, hidden, layers, tokens, logits)
     reference = copy.deepcopy(model)
-    reference(ids).backward()
+    _loss(reference(ids)).backward()
     expected = {k: p.grad for k, p in reference.named_parameters() if p.grad is not None}
     backend = backend_of(setting)
     compiled = model if setting == "eager" else torch.compile(model, backend=backend)
 
     def step():
-        compiled(ids).backward()
+        _loss(compiled(ids)).backward()
 
     start = time.perf_counter()
     step()
@@ -131,6 +150,7 @@ def row(setting: str, model_name: str, vocab: int, hidden: int, layers: int, tok
         setting=setting,
         model=model_name,
         shape=dict(vocab=vocab, hidden=hidden, layers=layers, tokens=tokens),
+        logits_returned=logits,
         measured=peak,
         simulated=sum(r.simulated_peak_bytes or 0 for r in reports) if reports else None,
         loss_regions=[list(row) for r in reports for row in r.loss_regions],
@@ -152,13 +172,15 @@ def main(argv=None) -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--tokens", type=int)
+    parser.add_argument("--logits", action="store_true", help="the compiled function returns the loss and the logits")
     parser.add_argument("--json", type=Path, help="append the row to this file's rows")
     args = parser.parse_args(argv)
     vocab, tokens = DEFAULTS[args.model]
     from fxremat_passes import _torch_private as tp
 
     with tp.fresh_inductor_cache():  # the first step's compile, cold: no kernel another row compiled
-        result = row(args.setting, args.model, args.vocab or vocab, args.hidden, args.layers, args.tokens or tokens)
+        shape = (args.vocab or vocab, args.hidden, args.layers, args.tokens or tokens)
+        result = row(args.setting, args.model, *shape, logits=args.logits)
     print(json.dumps(result))
     if args.json is not None:
         data = json.loads(args.json.read_text()) if args.json.exists() else {"rows": []}

@@ -372,14 +372,18 @@ def zoo(data: dict[str, Any]) -> Record:
 
 def loss_peak(data: dict[str, Any]) -> Record:
     rows = data["rows"]
-    inductor = {(r["model"], json.dumps(r["shape"])): r["measured"] for r in rows if r["setting"] == "inductor"}
+    def key(r):
+        return r["model"], json.dumps(r["shape"]), bool(r.get("logits_returned"))
+
+    inductor = {key(r): r["measured"] for r in rows if r["setting"] == "inductor"}
     body = []
     for r in rows:
-        base = inductor.get((r["model"], json.dumps(r["shape"])))
+        base = inductor.get(key(r))
         sim = r.get("simulated")
         chunks = ", ".join(str(row[3]) for row in r.get("loss_regions") or []) or "-"
         body.append((
-            r["model"], f"{r['shape']['vocab']:,} x {r['shape']['tokens']:,}", r["setting"], _mib(r["measured"]),
+            r["model"], f"{r['shape']['vocab']:,} x {r['shape']['tokens']:,}",
+            r["setting"] + (" (logits returned)" if r.get("logits_returned") else ""), _mib(r["measured"]),
             _mib(sim), "" if not sim else f"{sim / r['measured'] - 1:+.1%}",
             "" if not base else _ratio(r["measured"] / base), chunks, _mib(r.get("floor") or None),
             f"{r['grad']:.1e}",
@@ -389,8 +393,10 @@ def loss_peak(data: dict[str, Any]) -> Record:
         about="Per model and setting, one step's measured peak in MiB (CPU profiler, above the bytes live at the "
         "step's start, the parameters' gradients allocated in the step), fxremat's simulated peak and its error, the "
         "measured peak against Inductor's default partitioner, the chunks the loss region ran in (0: as traced), and "
-        "the floor no chunking goes below (the gradients backward returns at once). The compiled function returns "
-        "the loss alone; each row a fresh process, one thread. Settings: inductor (its default partitioner), "
+        "the floor no chunking goes below (the gradients backward returns at once, and where the logits are returned "
+        "the logits and their gradient). The compiled function returns the loss alone, or with \"(logits returned)\" "
+        "the loss and the logits (the step drops the logits, as transformers' Trainer does); each row a fresh "
+        "process, one thread. Settings: inductor (its default partitioner), "
         "nochunk (fxremat, loss_chunks=0), default (fxremat: chunks only under a peak_budget), "
         "auto (loss_chunks=\"auto\"), kN (loss_chunks=N), pb0.0 "
         "(peak_budget=0.0).",

@@ -46,7 +46,9 @@ def loss_split(joint: fx.GraphModule, request, options, profile, cut: Callable):
     if options.loss_chunks is None and options.peak_budget is None:
         # choosing costs a cut per count tried and each chunk's compile: only where a peak budget or "auto" asks
         return cut(joint, dataclasses.replace(_rows(found, NOT_ASKED), **floor))
-    trial = _trials(joint, request, profile, cut)
+    # under a peak budget the logits-returned form recomputes each slice's logits in backward (budgets may recompute
+    # any matmul, docs/DESIGN.md §4.5 and §14); "auto" and the user's count never do
+    trial = _trials(joint, request, profile, cut, recompute=options.peak_budget is not None and not counted)
     if counted:  # the user's count, and the graph as traced beside it for the report
         chosen = trial(options.loss_chunks)
         tried = (trial(None), chosen)
@@ -63,14 +65,15 @@ def loss_split(joint: fx.GraphModule, request, options, profile, cut: Callable):
 def _tried(record: LossRegions, tried_rows: tuple, floor: dict) -> LossRegions:
     """``record`` of the count chosen with every count tried and the floor; a row left as traced by the choice says
     so."""
-    rows = tuple((*row[:4], row[4] or (NOT_CHOSEN if not row[3] else None)) for row in record.loss_regions)
+    rows = tuple((*row[:4], row[4] or (NOT_CHOSEN if not row[3] else None), *row[5:]) for row in record.loss_regions)
     return dataclasses.replace(record, loss_regions=rows, loss_chunks_tried=tried_rows, **floor)
 
 
 def floor_bytes(joint: fx.GraphModule, num_fwd_outputs: int, regions) -> int:
-    """What no chunking goes below (DESIGN §14): the gradients backward returns at once (the joint's outputs after
-    forward's, each storage once), plus, for each region whose logits are returned, the logits and the zero gradient
-    autograd hands backward for them (symbolic sizes at their hints)."""
+    """The loss's floor (DESIGN §14): the gradients backward returns at once (the joint's outputs after forward's,
+    each storage once), plus, for each region whose logits are returned, the logits and the zero gradient autograd
+    hands backward for them (symbolic sizes at their hints).  No chunking goes below it, except where the caller drops
+    the returned logits before backward."""
     grads = tp.extract_fwd_bwd_outputs(joint, num_fwd_outputs)[1]
     roots = {alias_root(n) for n in grads if isinstance(n, fx.Node)}
     logits = sum(2 * node_nbytes(r.projection) for r in regions if r.logits_returned)
@@ -114,8 +117,9 @@ def _rows(regions, why: str | None) -> LossRegions:
     return LossRegions(loss_regions=tuple(report_row(r, why_not_chunked(r) or why) for r in regions))
 
 
-def _trials(joint: fx.GraphModule, request, profile, cut: Callable) -> Callable[[int | None], ChunkTrial]:
-    """``trial(chunks)``: a copy of ``joint`` in ``chunks`` chunks (None: as traced), cut and simulated."""
+def _trials(joint: fx.GraphModule, request, profile, cut: Callable, recompute: bool) -> Callable:
+    """``trial(chunks)``: a copy of ``joint`` in ``chunks`` chunks (None: as traced), cut and simulated, a
+    ``ChunkTrial`` (``recompute``: ``chunk_loss_regions``')."""
 
     # the backward simulated in its own order: the reordering for fewer C++ units (``_fewer_cpp_units``) simulates
     # many orders, and moves the backward, not the loss region's forward
@@ -123,7 +127,7 @@ def _trials(joint: fx.GraphModule, request, profile, cut: Callable) -> Callable[
 
     def trial(chunks: int | None) -> ChunkTrial:
         graph = tp.copy_graph_module(joint)  # the passes after this one mark and rewrite the copy alone
-        done = chunk_loss_regions(graph, chunks) if chunks else []
+        done = chunk_loss_regions(graph, chunks, recompute) if chunks else []
         rows = tuple(d.row for d in done)
         record = LossRegions(loss_regions=rows) if done else _rows(find_loss_regions(graph.graph), None)
         with warnings.catch_warnings(record=True) as caught:  # said once, for the count chosen (``loss_split``)

@@ -78,12 +78,14 @@ class Classified:
 class LossRegions:
     """The loss regions ``loss_chunks`` looked at (``passes/rewrite/loss_chunks.py``, docs/DESIGN.md §14)."""
 
-    # (the LM head's projection node, tokens, vocabulary, chunks: 0 where left as traced, why it was left or None)
-    loss_regions: tuple[tuple[str, int, int, int, str | None], ...] = ()
+    # (the LM head's projection node, tokens, vocabulary, chunks: 0 where left as traced, why it was left or None,
+    # the chunked form: "forward" (gradients in forward), "backward" (the logits returned), None where left as traced)
+    loss_regions: tuple[tuple[str, int, int, int, str | None, str | None], ...] = ()
     # each count of chunks tried (0: as traced, as in ``loss_regions``; 1 is one chunk), its plan's simulated step
     # peak and estimated step seconds, in the order tried; empty where no region could be chunked
     loss_chunks_tried: tuple[tuple[int, int, float], ...] = ()
-    # what no count goes below: the gradients backward returns at once (the parameters'); None where nothing was tried
+    # what no count goes below: the gradients backward returns at once (the parameters') and, where the logits are
+    # returned, the logits and their gradient; None where nothing was tried
     loss_peak_floor_bytes: int | None = None
 
 

@@ -220,8 +220,10 @@ def loss_lines(report: CutReport) -> list[str]:
     """The loss regions (docs/DESIGN.md §14): each region, its chunks or why it was left as traced; each count of
     chunks tried with its simulated step peak and estimated step time; the floor no count goes below."""
     lines = []
-    for projection, tokens, vocab, chunks, why in report.loss_regions:
+    for projection, tokens, vocab, chunks, why, form in report.loss_regions:
         done = f"{chunks} chunks" if chunks else f"left as traced ({why})" if why else "left as traced"
+        if form and form != "forward":  # loss_chunks.BACKWARD or RECOMPUTED
+            done += f" (the logits returned: the gradients in {form})"
         lines.append(f"loss region {projection} ({tokens:,} tokens x {vocab:,} vocabulary): {done}")
     if report.loss_chunks_tried:
         tried = ", ".join(

@@ -12,12 +12,13 @@ read outside the region (then they must exist whole)."""
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.fx as fx
 
 from .ops import (
+    ADD,
     AMAX,
     DECOMPOSED_LOSS_BACKWARD,
     DIV,
@@ -69,6 +70,10 @@ class LossBackward:
     grad_weight_transposed: bool  # ... or, where True, its transpose [vocab, hidden] (the head's weight's layout)
     grad_bias: fx.Node | None  # a sum over the tokens, [vocab] or [1, vocab]
     nodes: tuple[fx.Node, ...]  # the region's backward nodes, the exits above excluded
+    # where the logits are returned: ``add(tangent, the loss's gradient of the logits)``, the gradient the caller's
+    # use of the returned logits sends back (autograd's zero tensor where it makes none), added in ``added``'s dtype
+    added: fx.Node | None = None
+    tangent: fx.Node | None = None
 
 
 @dataclass(frozen=True)
@@ -354,20 +359,26 @@ def _aliases(node: fx.Node) -> list[fx.Node]:
 def _backward_of(forward, starts, scale, hidden: fx.Node, logits_shape) -> LossBackward | None:
     """The cross-entropy's backward, from the readers of the forward's values (and ``starts``) through views, casts,
     transposes and the log-softmax's backward to the projection's gradients (two matmuls and, with a bias, a sum over
-    the tokens).  Any other reader of a value inside makes it None: only these exits can be replaced."""
+    the tokens), through one ``add`` of a gradient from outside where the logits are returned.  Any other reader of a
+    value inside makes it None: only these exits can be replaced."""
     if scale is None or not starts:
         return None
     known = set(forward)
-    inside, exits, todo = list(starts), [], list(starts)
+    inside, exits, todo, added = list(starts), [], list(starts), []
     todo += [n for n in forward if _shape(n) == logits_shape]
     while todo:
         node = todo.pop()
         for user in node.users:
-            if user in inside or user in exits or user in known:
+            if user in inside or user in exits or user in known or user.op == "output":  # returned: logits_returned
                 continue
             if node in known and user.target not in _ENTRIES:
                 return None  # a forward value read by something else: another loss term (label smoothing, ...)
-            if _is(user, SUM_DIMS) and list(user.args[1]) == [0]:
+            tangent = None if added else _tangent_added(user, node, known, inside)
+            if tangent is not None:
+                added += [user, tangent]
+                inside.append(user)
+                todo.append(user)
+            elif _is(user, SUM_DIMS) and list(user.args[1]) == [0]:
                 exits.append(user)
             elif user.target in _BACKWARD_OPS:
                 inside.append(user)
@@ -376,7 +387,24 @@ def _backward_of(forward, starts, scale, hidden: fx.Node, logits_shape) -> LossB
                 exits.append(user)
             else:
                 return None
-    return _classify_exits(scale, inside, exits, hidden, logits_shape)
+    found = _classify_exits(scale, inside, exits, hidden, logits_shape)
+    if found is None or not added:
+        return found
+    if added[1] in inside:  # both addends the region's own
+        return None
+    return replace(found, added=added[0], tangent=added[1])
+
+
+def _tangent_added(add, node, known, inside) -> fx.Node | None:
+    """Where ``add`` (a reader of ``node``, a value of the backward) is ``add(tangent, node)`` or ``add(node,
+    tangent)`` with ``tangent`` from outside the region and of the sum's shape: that tangent, else None."""
+    if not _is(add, ADD) or len(add.args) != 2 or add.kwargs:
+        return None
+    ours = [a for a in add.args if a is node or a in inside]
+    others = [a for a in add.args if isinstance(a, fx.Node) and a not in ours and a not in known]
+    if len(ours) != 1 or len(others) != 1 or _shape(others[0]) != _shape(add):
+        return None
+    return others[0]
 
 
 def _classify_exits(scale, inside, exits, hidden: fx.Node, logits_shape) -> LossBackward | None:

@@ -487,8 +487,8 @@ DECOMPOSED_LOSS_BACKWARD = frozenset({EXP, MUL, SUB, WHERE, DIV, SUM_DIMS})
 # loss_chunks.py: the ops of the chunked loss it writes, all of them ops Inductor lowers after its decompositions
 # (docs/DESIGN.md §14), by the name the rewrite calls them.
 CHUNK_OPS = {
-    **{name: getattr(aten, name).default for name in ("mm", "addmm", "unsqueeze", "gather", "exp", "log", "amax")},
-    **{name: getattr(aten, name).default for name in ("permute", "cat", "view")},
+    **{n: getattr(aten, n).default for n in ("mm", "addmm", "unsqueeze", "gather", "exp", "log", "amax", "permute")},
+    **{n: getattr(aten, n).default for n in ("cat", "view", "_unsafe_masked_index_put_accumulate")},
     **{name: getattr(aten, name).Tensor for name in ("slice", "mul", "sub", "add", "div", "eq")},
     "ne": aten.ne.Scalar,
     "where": aten.where.self,

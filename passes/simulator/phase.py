@@ -431,7 +431,16 @@ class _Phase:
         target = unit.args[0] if unit.args and isinstance(unit.args[0], fx.Node) else None
         root = self.roots.get(target) if target is not None else None
         stored = root is not None and (root in self.view.inputs or self.unit.get(root) is not None)
-        return root if stored else unit  # the unit itself: a read it never has
+        if stored or root is None:
+            return root if stored else unit  # the unit itself: a read it never has
+        # a target that fuses away into the clone's loop (a tied head's gradient scaled in backward, DESIGN §14): the
+        # clone is written over a stored input of its size, as any pointwise loop
+        same = (self.roots.get(a) for a in self.view.inputs_of[root])
+        return next((r for r in same if r is not None and self._stored_of_size(r, root)), unit)
+
+    def _stored_of_size(self, node: fx.Node, like: fx.Node) -> bool:
+        stored = node in self.view.inputs or self.unit.get(node) is not None
+        return stored and self.facts.nbytes(node) == self.facts.nbytes(like)
 
     def _ancestors_within(self, unit: fx.Node, kernel: list[fx.Node]) -> set[fx.Node]:
         """The units of ``kernel`` that ``unit`` depends on (a path between two members never leaves the kernel:

@@ -4,8 +4,9 @@ elements (issue #15, Mixtral and GPT-2).
 Each test fails without its rule: a ConcatKernel's buffer is stored whatever reads it, Inductor's own memory
 estimate counts a cat's bytes twice while its kernel group runs (only where its ConcatKernel node runs in that
 group), a scatter's result is never written over the values it scatters, and a reduction over fewer than 8
-elements is a pointwise value.  Found on Mixtral's expert backward, a Llama stack's SwiGLU backward and GPT-2's
-position-embedding gradient (benchmarks/RESULTS.md, "Issue #15, session 18" and "session 22")."""
+elements is a pointwise value; a scatter into a value that fuses away is written over that value's input.  Found on
+Mixtral's expert backward, a Llama stack's SwiGLU backward and GPT-2's position-embedding gradient
+(benchmarks/RESULTS.md, "Issue #15, session 18" and "session 22"), and on GPT-2's tied head (issue #55)."""
 
 from __future__ import annotations
 
@@ -128,3 +129,20 @@ def test_a_cat_is_counted_twice_only_where_its_concat_kernel_runs_in_the_slices_
     assert not _placed(flushed, {"n1", "n2", "n7"}, 2, "n6")
     assert _placed(flushed, {"n1", "n2", "n3", "n7"}, 2, "n6")  # were n3 generated code, nothing flushes
     assert _placed([["n1"], ["n2", "n5", "n6"], ["n7"]], {"n1", "n2", "n7"}, 1, "n6")
+
+
+def test_a_scatter_into_a_value_that_fuses_away_is_written_over_its_input():
+    """index_put accumulating v (4x8 fp32, 128 B) into 2s (16x8, 512 B): 2s fuses into the clone's loop, which
+    Inductor writes over s, dying there with the clone's size (a tied LM head's gradient scaled in backward, the
+    embedding's scatter added into it, docs/DESIGN.md §14): s and v, no fresh result."""
+
+    def backward(s, v, idx, tangents_1):
+        return (torch.ops.aten.index_put(s * 2, [idx], v, True),)
+
+    x, v, idx = torch.randn(16, 8), torch.randn(4, 8), torch.arange(4)
+
+    def forward(x, v, idx):
+        return x.sum(), x.sin() + 1, v * 1, idx
+
+    peak = _backward_peak(forward, backward, (x, v, idx), (x.clone(), v.clone(), idx, torch.tensor(1.0)))
+    assert peak == 512 + 128

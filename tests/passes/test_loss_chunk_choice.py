@@ -139,14 +139,14 @@ def _step(**settings):
 
 
 def _chunks(report) -> int:
-    ((_, tokens, vocab, chunks, why),) = report.loss_regions
-    assert (tokens, vocab, why) == (TOKENS[0] * TOKENS[1], VOCAB, None)
+    ((_, tokens, vocab, chunks, why, form),) = report.loss_regions
+    assert (tokens, vocab, why, form) == (TOKENS[0] * TOKENS[1], VOCAB, None, "forward" if chunks else None)
     return chunks
 
 
 def test_the_default_leaves_the_loss_as_traced_and_says_why_without_a_peak_budget():
     report, nodes = _step()
-    ((_, _, _, chunks, why),) = report.loss_regions
+    ((_, _, _, chunks, why, _),) = report.loss_regions
     assert chunks == 0 and "peak_budget" in why and report.loss_chunks_tried == ()
     assert any(n.target is LOG_SOFTMAX for n in nodes)
 
@@ -173,7 +173,7 @@ def test_a_peak_budget_in_bytes_takes_the_smallest_count_that_fits():
 
 def test_a_budget_the_graph_as_traced_meets_leaves_it_as_traced_and_says_why():
     report, nodes = _step(peak_budget=2**40)
-    ((_, _, _, chunks, why),) = report.loss_regions
+    ((_, _, _, chunks, why, _),) = report.loss_regions
     assert chunks == 0 and "simulated step peaks" in why and [k for k, _, _ in report.loss_chunks_tried] == [0]
     assert any(n.target is LOG_SOFTMAX for n in nodes)
 
@@ -193,26 +193,61 @@ def test_a_graph_without_a_loss_region_tries_nothing():
     assert reports[0].loss_peak_floor_bytes is None
 
 
-def test_returned_logits_are_left_as_traced_with_their_floor():
-    """The logits returned: nothing to chunk, and the floor counts them and their zero gradient (DESIGN §14)."""
+class Returning(BigVocabLM):
+    """The loss and the logits returned, as transformers' ``model(x, labels=y)`` does."""
 
-    class Returning(BigVocabLM):
-        def forward(self, ids, labels):
-            logits = self.head(self.body(self.embed(ids)))
-            return torch.nn.functional.cross_entropy(logits.view(-1, VOCAB), labels.view(-1)), logits
+    def forward(self, ids, labels):
+        logits = self.head(self.body(self.embed(ids)))
+        return torch.nn.functional.cross_entropy(logits.view(-1, VOCAB), labels.view(-1)), logits
 
+
+@pytest.mark.parametrize("chunks", [None, "auto"])
+def test_returned_logits_are_chunked_in_backward_where_chosen_with_their_floor(chunks):
+    """The logits returned: by default left as traced (no peak_budget), with "auto" chunked in the backward form
+    below the graph as traced; the floor counts the logits and their gradient (DESIGN §14)."""
     model, inputs = Returning(), _inputs()
     _, expected = eager_grads(model, inputs, loss=lambda out: out[0])
     reports = []
-    _, grads, _ = run_aot(
-        model, inputs, fxremat.make_partition_fn(Options.create(strict=True), reports), loss=lambda out: out[0]
-    )
+    partition_fn = fxremat.make_partition_fn(Options.create(strict=True, loss_chunks=chunks), reports)
+    _, grads, _ = run_aot(model, inputs, partition_fn, loss=lambda out: out[0])
     assert_grads_close(grads, expected)
-    ((_, _, _, chunks, why),) = reports[0].loss_regions
-    assert chunks == 0 and "returned" in why and reports[0].loss_chunks_tried == ()
+    ((_, _, _, chosen, why, form),) = reports[0].loss_regions
     parameters = sum(p.numel() * 4 for p in model.parameters())
     logits = TOKENS[0] * TOKENS[1] * VOCAB * 4
     assert reports[0].loss_peak_floor_bytes == parameters + 2 * logits
+    if chunks is None:
+        assert chosen == 0 and "peak_budget" in why and form is None and reports[0].loss_chunks_tried == ()
+        return
+    tried = {k: peak for k, peak, _ in reports[0].loss_chunks_tried}
+    assert chosen > 1 and why is None and form == "backward"
+    floor = reports[0].loss_peak_floor_bytes
+    assert floor <= tried[chosen] < 0.9 * tried[0]  # the floor is 0.75x of the graph as traced here
+    assert min(tried.values()) <= 1.1 * floor
+
+
+@pytest.mark.parametrize("tangent", [False, True])
+def test_under_a_peak_budget_returned_logits_are_recomputed_slice_by_slice(tangent):
+    """Under ``peak_budget`` the logits-returned form recomputes each slice's logits in backward (budgets may
+    recompute a matmul): the returned logits die with forward's outputs, and the lowest peak goes below the floor's
+    logits term; the caller's own use of the logits still reaches the parameters."""
+    model, inputs = Returning(), _inputs()
+
+    def loss(out):
+        return out[0] + (out[1].pow(2).mean() * 1e-3 if tangent else 0)
+
+    _, expected = eager_grads(model, inputs, loss=loss)
+    partition_fn, reports, graphs = recording_partition_fn(peak_budget=0.0)
+    _, grads, _ = run_aot(model, inputs, partition_fn, loss=loss)
+    assert_grads_close(grads, expected)
+    ((_, _, _, chosen, why, form),) = reports[0].loss_regions
+    tried = {k: peak for k, peak, _ in reports[0].loss_chunks_tried}
+    assert chosen > 1 and why is None and form == "backward, logits recomputed"
+    from fxremat.render import format_text
+
+    assert "the logits returned: the gradients in backward, logits recomputed" in format_text(reports[0])
+    assert tried[chosen] == min(tried.values()) < reports[0].loss_peak_floor_bytes - TOKENS[0] * TOKENS[1] * VOCAB * 4
+    saved = [n for n in graphs[0].graph.output_node().args[0][2:] if isinstance(n, torch.fx.Node)]
+    assert all(n.meta["val"].numel() < TOKENS[0] * TOKENS[1] * VOCAB for n in saved)  # the logits are not kept
 
 
 def test_the_text_report_names_the_region_its_chunks_and_the_floor():
@@ -242,7 +277,7 @@ def test_a_symbolic_token_count_is_left_as_traced_and_its_report_is_plain_data(c
         warnings.simplefilter("always")
         compiled(*inputs).backward()
     assert_grads_close({n: p.grad for n, p in model.named_parameters()}, expected)
-    ((_, tokens, vocab, chosen, why),) = reports[0].loss_regions
+    ((_, tokens, vocab, chosen, why, _),) = reports[0].loss_regions
     assert (type(tokens), tokens, vocab, chosen) == (int, TOKENS[0] * TOKENS[1], VOCAB, 0) and "symbolic" in why
     assert reports[0].fallback_reason is None and '"loss_regions"' in reports[0].to_json()
     assert any("symbolic" in str(w.message) for w in said) == (chunks == 4)

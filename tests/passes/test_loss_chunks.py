@@ -156,15 +156,6 @@ def test_each_chunk_waits_for_the_previous_chunks_gradients():
         assert before in _ancestors(after)
 
 
-def test_returned_logits_leave_the_graph_as_traced():
-    model, inputs = LM(returns_logits=True), _inputs()
-    _, expected = eager_grads(model, inputs, loss=_loss)
-    with pytest.warns(UserWarning, match="loss_chunks=4 left .* as traced"):  # the user's setting: said, not ignored
-        grads, graphs = _chunked_step(model, inputs, 4)
-    assert_grads_close(grads, expected)
-    assert any(n.target is LOG_SOFTMAX for g in graphs for n in g.graph.nodes)
-
-
 def test_a_fault_after_the_rewrite_falls_back_with_correct_gradients():
     """The rewrite works on the joint in place: a later pass's failure hands PyTorch's partitioner the chunked joint,
     which computes the same function."""

@@ -141,8 +141,8 @@ def test_chunked_bf16_gradients_match_eager_to_bf16_rounding(form, chunks, loss,
     assert traced_report.loss_chunks_tried == ()
     grads, report, nodes = _fxremat_step(model, form, loss_chunks=chunks)
     assert {n: g.dtype for n, g in grads.items()} == {n: p.dtype for n, p in model.named_parameters()}
-    ((_, tokens, vocab, chosen, why),) = report.loss_regions
-    assert (tokens, vocab, why) == (TOKENS[0] * TOKENS[1], VOCAB, None)
+    ((_, tokens, vocab, chosen, why, chunked_form),) = report.loss_regions
+    assert (tokens, vocab, why, chunked_form) == (TOKENS[0] * TOKENS[1], VOCAB, None, "forward")
     if chunks == "auto":
         tried = {k: peak for k, peak, _ in report.loss_chunks_tried}
         assert chosen > 1 and tried[chosen] < 0.8 * tried[0]
