@@ -40,9 +40,9 @@ def row(name: str, setting: str) -> dict:
     reports: list = []
     options = Options.create(compare_default=False, **setting_peak.options_of(setting))
     partitioner = FxrematPartitioner(options, lambda r, _key: reports.append(r), True)
-    # as fxremat's backend compiles a CPU graph (``FxrematBackend._layout_patches``): plans chosen under the contiguous
-    # layout, the layout decided after (passes/rewrite/layout_choice.py); left to Inductor's default, ViT's patch convolution
-    # made its budgets' plans differ from a real compile's
+    # as fxremat's backend compiles a CPU graph (``FxrematBackend._layout_patches``): plans chosen under the
+    # contiguous layout, the layout decided after (passes/rewrite/layout_choice.py); left to Inductor's default, ViT's
+    # patch convolution made its budgets' plans differ from a real compile's
     patches = {"layout_optimization": False} if tp.inductor_layout_switches_at_default() else {}
     partitioner.current_layout = LayoutChoice() if patches else None
     partition = tp.after_inductor_joint_passes(partitioner)
