@@ -45,7 +45,7 @@ SIZE = "small"  # bench_models' size for its models
 BENCH_MODELS = ("mlp", "block_sdpa", "stack", "convnet", "gpt2", "llama", "bert", "t5", "vit", "mixtral")
 MODELS = BENCH_MODELS + CONV_MODELS
 # setting -> fxremat.backend options (None: PyTorch's own partitioner, backend="inductor")
-SETTINGS: dict[str, dict[str, float] | None] = {
+SETTINGS: dict[str, dict[str, float | int] | None] = {
     "fxremat_default": {},
     "fxremat_budget_1.0": dict(memory_budget=1.0),
     "fxremat_budget_0.5": dict(memory_budget=0.5),
@@ -53,6 +53,8 @@ SETTINGS: dict[str, dict[str, float] | None] = {
     "fxremat_budget_0.0": dict(memory_budget=0.0),
     "fxremat_peak_0.5": dict(peak_budget=0.5),
     "fxremat_peak_0.0": dict(peak_budget=0.0),
+    # the loss region chunked without recomputing the head (the returned-logits form on the transformers models)
+    "fxremat_loss_chunks_4": dict(loss_chunks=4),
     "pytorch_default": None,
 }
 BASELINE = "pytorch_default"

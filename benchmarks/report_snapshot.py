@@ -19,6 +19,7 @@ checked this way on a machine without a GPU.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 from pathlib import Path
@@ -82,11 +83,20 @@ def reports_of(name: str, options: dict, gpu_shaped: bool = False) -> list[dict]
     device = {"device": "h100"} if gpu_shaped else {}
     partition_fn = fxremat.make_partition_fn(Options.create(compare_default=True, **device, **options), reports)
     if gpu_shaped:
-        cpu_partition_fn = partition_fn
+        cuda_partition_fn = partition_fn
 
         def partition_fn(gm, joint_inputs, **kwargs):
-            as_cuda_metadata(gm)
-            return cpu_partition_fn(gm, joint_inputs, **kwargs)
+            # reported on a copy with cuda metadata; the step runs on this CPU, so its graphs are PyTorch's split of
+            # the graph as traced (fxremat's may create tensors on the device the metadata names)
+            shaped = copy.deepcopy(gm)
+            as_cuda_metadata(shaped)
+            cuda_partition_fn(shaped, joint_inputs, **kwargs)
+            return tp.pytorch_default_partition(
+                gm,
+                joint_inputs,
+                num_fwd_outputs=kwargs["num_fwd_outputs"],
+                static_lifetime_input_indices=kwargs.get("static_lifetime_input_indices"),
+            )
 
     backend = tp.aot_autograd(fw_compiler=noop, bw_compiler=noop, partition_fn=partition_fn)
     work.loss(work.forward(torch.compile(work.model, backend=backend))).backward()

@@ -56,7 +56,7 @@ def test_verdict_judges_the_loss_too_and_gives_none_for_a_dropout_model():
 def test_defaults_are_every_model_and_setting_and_subsets_keep_their_order():
     args = gc.parse_args([])
     assert args.models == list(gc.MODELS) and args.settings == list(gc.SETTINGS) and args.out is None
-    assert len(gc.plan(args.models, args.settings)) == len(gc.MODELS) * len(gc.SETTINGS) == 20 * 8
+    assert len(gc.plan(args.models, args.settings)) == len(gc.MODELS) * len(gc.SETTINGS) == 20 * 9
     args = gc.parse_args(["--models", "unet", "mlp", "--settings", "pytorch_default", "fxremat_budget_0.5"])
     assert gc.plan(args.models, args.settings) == [
         ("unet", "fxremat_budget_0.5"), ("unet", "pytorch_default"),
@@ -64,10 +64,10 @@ def test_defaults_are_every_model_and_setting_and_subsets_keep_their_order():
     ]
 
 
-def test_seven_fxremat_settings_gate_and_pytorch_default_does_not():
+def test_eight_fxremat_settings_gate_and_pytorch_default_does_not():
     assert [s for s in gc.SETTINGS if gc.gates(s)] == [
         "fxremat_default", "fxremat_budget_1.0", "fxremat_budget_0.5", "fxremat_budget_0.2", "fxremat_budget_0.0",
-        "fxremat_peak_0.5", "fxremat_peak_0.0",
+        "fxremat_peak_0.5", "fxremat_peak_0.0", "fxremat_loss_chunks_4",
     ]
     assert gc.SETTINGS["pytorch_default"] is None and gc.SETTINGS["fxremat_peak_0.0"] == dict(peak_budget=0.0)
 
