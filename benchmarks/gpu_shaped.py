@@ -116,9 +116,7 @@ def _partition_fn(partitioner: str, options: dict, reports: list, seconds: list)
         raise ValueError(f"unknown partitioner {partitioner!r}; one of {PARTITIONERS}")
 
     def partition_fn(gm, joint_inputs, **kwargs):
-        import copy
-
-        shaped = copy.deepcopy(gm)
+        shaped = tp.copy_graph_module(gm)  # node metadata copied, tensors shared
         as_cuda_metadata(shaped)
         start = time.perf_counter()
         inner(shaped, joint_inputs, **kwargs)

@@ -19,7 +19,6 @@ checked this way on a machine without a GPU.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 from pathlib import Path
@@ -88,7 +87,7 @@ def reports_of(name: str, options: dict, gpu_shaped: bool = False) -> list[dict]
         def partition_fn(gm, joint_inputs, **kwargs):
             # reported on a copy with cuda metadata; the step runs on this CPU, so its graphs are PyTorch's split of
             # the graph as traced (fxremat's may create tensors on the device the metadata names)
-            shaped = copy.deepcopy(gm)
+            shaped = tp.copy_graph_module(gm)  # node metadata copied, tensors shared
             as_cuda_metadata(shaped)
             cuda_partition_fn(shaped, joint_inputs, **kwargs)
             return tp.pytorch_default_partition(
