@@ -3,7 +3,8 @@ per process, under real Inductor on CPU.
 
     python benchmarks/loss_peak.py SETTING [--model llama|qwen3|gpt2] [--vocab V] [--hidden H] [--layers L]
         [--tokens T] [--logits] [--json PATH]
-        # SETTING: eager, inductor (Inductor's default partitioner), default (fxremat: chunks under a budget only),
+        # SETTING: eager, inductor (Inductor's default partitioner), inductor_chunker (the same with Inductor's
+        #          auto-chunker on: ``auto_chunker.enable``), default (fxremat: chunks under a budget only),
         #          auto (loss_chunks="auto": the chunks chosen), nochunk (fxremat, loss_chunks=0), kN (fxremat
         #          loss_chunks=N), pbX (fxremat peak_budget=X; X > 1: bytes)
 
@@ -40,6 +41,11 @@ def backend_of(setting: str):
 
     if setting in ("eager", "inductor"):
         return setting
+    if setting == "inductor_chunker":  # Inductor's default partitioner with its own auto-chunker on (this process)
+        import torch._inductor.config as inductor_config
+
+        inductor_config.auto_chunker.enable = True
+        return "inductor"
     if setting == "default":
         return fxremat.backend(compare_default=False)
     if setting == "auto":
@@ -51,7 +57,7 @@ def backend_of(setting: str):
     if setting.startswith("pb"):
         value = float(setting[2:])
         return fxremat.backend(compare_default=False, peak_budget=value if value <= 1 else int(value))
-    raise SystemExit(f"unknown setting {setting!r}: eager, inductor, default, auto, nochunk, kN, pbX")
+    raise SystemExit(f"unknown setting {setting!r}: eager, inductor, inductor_chunker, default, auto, nochunk, kN, pbX")
 
 
 class LossOnly(torch.nn.Module):
