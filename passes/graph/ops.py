@@ -488,7 +488,7 @@ DECOMPOSED_LOSS_BACKWARD = frozenset({EXP, MUL, SUB, WHERE, DIV, SUM_DIMS})
 # (docs/DESIGN.md §14), by the name the rewrite calls them.
 CHUNK_OPS = {
     **{n: getattr(aten, n).default for n in ("mm", "addmm", "unsqueeze", "gather", "exp", "log", "amax", "permute")},
-    **{n: getattr(aten, n).default for n in ("cat", "view", "_unsafe_masked_index_put_accumulate")},
+    **{n: getattr(aten, n).default for n in ("cat", "view", "_unsafe_masked_index_put_accumulate", "index_put")},
     **{name: getattr(aten, name).Tensor for name in ("slice", "mul", "sub", "add", "div", "eq")},
     "ne": aten.ne.Scalar,
     "where": aten.where.self,

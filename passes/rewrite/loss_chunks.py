@@ -29,6 +29,9 @@ from ..graph.loss_region import LossRegion, find_loss_regions
 from ..graph.ops import ADD, CHUNK_OPS, FULL, LOGITS_PASSTHROUGH, TRANSPOSES
 
 MASKED_PUT = CHUNK_OPS["_unsafe_masked_index_put_accumulate"]  # Inductor's embedding_dense_backward
+# the scatter-adds Inductor decomposes embedding_dense_backward into (torch 2.11: ``index_put`` accumulating), by
+# their names among ``CHUNK_OPS``
+EMBEDDING_SCATTERS = {MASKED_PUT: "_unsafe_masked_index_put_accumulate", CHUNK_OPS["index_put"]: "index_put"}
 
 log = logging.getLogger(__name__)
 
@@ -393,11 +396,19 @@ def _into_embedding_gradient(graph: fx.Graph, weight_grad: fx.Node, fake_mode) -
     value = node.meta["val"]
     for add in [u for u in node.users if u.target is ADD and len(u.args) == 2 and not u.kwargs]:
         scatter = add.args[1] if add.args[0] is node else add.args[0]
-        zeros = scatter.args[0] if isinstance(scatter, fx.Node) and scatter.target is MASKED_PUT else None
+        op = EMBEDDING_SCATTERS.get(scatter.target) if isinstance(scatter, fx.Node) and _accumulates(scatter) else None
+        zeros = scatter.args[0] if op is not None else None
         if zeros is None or len(scatter.users) != 1 or zeros.target is not FULL or zeros.args[1] != 0:
             continue
         same = scatter.meta["val"].shape == value.shape and scatter.meta["val"].dtype == value.dtype
         if same and value.is_contiguous() and add.meta["val"].dtype == value.dtype:
             emit = _Emitter(graph, add, fake_mode)
-            add.replace_all_uses_with(emit("_unsafe_masked_index_put_accumulate", node, *scatter.args[1:]))
+            add.replace_all_uses_with(emit(op, node, *scatter.args[1:], **scatter.kwargs))
             return
+
+
+def _accumulates(scatter: fx.Node) -> bool:
+    """Whether ``scatter`` adds into its base (``index_put`` only with ``accumulate=True``)."""
+    if scatter.target is MASKED_PUT:
+        return True
+    return bool(scatter.args[3] if len(scatter.args) > 3 else scatter.kwargs.get("accumulate", False))

@@ -72,19 +72,25 @@ class _Partitioner(tp.CustomPartitionerFn):
         return None  # not cached
 
 
-def _step(model, form, partition_fn):
-    """The parameters' gradients of one step through aot_module in ``form``."""
+def compiled_in(model, form, partition_fn):
+    """``model`` through aot_module in ``form`` (the joint as traced, decomposed, or through Inductor's joint-graph
+    passes) with ``partition_fn`` and no-op compilers."""
     decompositions = tp.inductor_decompositions() if form != "aten" else None
     partition_fn = (
         tp.after_inductor_joint_passes(_Partitioner(partition_fn)) if form == "inductor_passes" else partition_fn
     )
-    compiled = aot_module(
+    return aot_module(
         model,
         fw_compiler=noop_compiler,
         bw_compiler=noop_compiler,
         partition_fn=partition_fn,
         decompositions=decompositions,
     )
+
+
+def _step(model, form, partition_fn):
+    """The parameters' gradients of one step through aot_module in ``form``."""
+    compiled = compiled_in(model, form, partition_fn)
     model.zero_grad(set_to_none=True)
     compiled(*_inputs()).backward()
     return {n: p.grad.detach().clone() for n, p in model.named_parameters()}

@@ -11,13 +11,11 @@ import dataclasses
 
 import pytest
 import torch
-from functorch.compile import aot_module
-from helpers import assert_grads_close, eager_grads, noop_compiler, recording_partition_fn, run_aot
-from test_loss_chunks import BATCH, CASES, LM, SEQ, VOCAB, _inputs, _regions
-from test_loss_chunks_bf16 import BF16_ROUNDING, FORMS, TOKENS, UpcastLM, _errors, _Partitioner
+from helpers import assert_grads_close, eager_grads, recording_partition_fn, run_aot
+from test_loss_chunks import BATCH, CASES, LM, SEQ, VOCAB, _ancestors, _inputs, _regions
+from test_loss_chunks_bf16 import BF16_ROUNDING, FORMS, TOKENS, UpcastLM, _errors, compiled_in
 from test_loss_chunks_bf16 import _inputs as bf16_inputs
 
-from fxremat_passes import _torch_private as tp
 from fxremat_passes.graph.ops import ADD, LOGITS_PASSTHROUGH, TRANSPOSES
 from fxremat_passes.rewrite import loss_chunks
 
@@ -92,16 +90,6 @@ def test_chunks_of_the_backward_run_one_after_another():
         assert before in _ancestors(after)
 
 
-def _ancestors(node) -> set:
-    seen, todo = set(), list(node.all_input_nodes)
-    while todo:
-        n = todo.pop()
-        if n not in seen:
-            seen.add(n)
-            todo += n.all_input_nodes
-    return seen
-
-
 class ReturningUpcastLM(UpcastLM):
     """The bf16 LM head, the loss in fp32, the bf16 logits returned beside it."""
 
@@ -126,17 +114,7 @@ def _bf16_step(model, form, use, **settings):
         USES[use](model(*bf16_inputs())).backward()
         return {n: p.grad.detach().clone() for n, p in model.named_parameters()}, None, []
     partition_fn, reports, graphs = recording_partition_fn(**settings)
-    decompositions = tp.inductor_decompositions() if form != "aten" else None
-    if form == "inductor_passes":
-        partition_fn = tp.after_inductor_joint_passes(_Partitioner(partition_fn))
-    compiled = aot_module(
-        model,
-        fw_compiler=noop_compiler,
-        bw_compiler=noop_compiler,
-        partition_fn=partition_fn,
-        decompositions=decompositions,
-    )
-    USES[use](compiled(*bf16_inputs())).backward()
+    USES[use](compiled_in(model, form, partition_fn)(*bf16_inputs())).backward()
     (report,) = reports
     assert report.fallback_reason is None
     return {n: p.grad.detach().clone() for n, p in model.named_parameters()}, report, graphs
@@ -188,7 +166,7 @@ def test_a_tied_heads_gradient_is_summed_into_the_embeddings_scatter(form, use):
     assert_grads_close(grads, expected)
     assert report.loss_regions[0][3] == 4
     bw = graphs[1].graph
-    (scatter,) = bw.find_nodes(op="call_function", target=loss_chunks.MASKED_PUT)
+    (scatter,) = [n for n in bw.nodes if n.target in loss_chunks.EMBEDDING_SCATTERS]  # torch 2.11's is index_put
     assert scatter.args[0].target is not torch.ops.aten.full.default  # into the head's gradient, not zeros
 
 
