@@ -115,13 +115,24 @@ def _partition_fn(partitioner: str, options: dict, reports: list, seconds: list)
     else:
         raise ValueError(f"unknown partitioner {partitioner!r}; one of {PARTITIONERS}")
 
-    def partition_fn(gm, joint_inputs, **kwargs):
+    def timed(gm, joint_inputs, **kwargs):
+        start = time.perf_counter()
+        inner(gm, joint_inputs, **kwargs)
+        seconds.append(time.perf_counter() - start)
+
+    return on_cuda_copy(timed)
+
+
+def on_cuda_copy(partition_fn):
+    """A partition function that hands ``partition_fn`` a copy of the joint graph with ``cuda`` metadata (what it
+    returns is dropped: its graphs may create tensors on the device the metadata names) and returns PyTorch's split
+    of the graph as traced, which runs on this CPU's tensors."""
+    from fxremat_passes import _torch_private as tp
+
+    def partition(gm, joint_inputs, **kwargs):
         shaped = tp.copy_graph_module(gm)  # node metadata copied, tensors shared
         as_cuda_metadata(shaped)
-        start = time.perf_counter()
-        inner(shaped, joint_inputs, **kwargs)
-        seconds.append(time.perf_counter() - start)
-        # the trace's forward runs on the CPU's fake tensors: PyTorch's split of the graph as traced
+        partition_fn(shaped, joint_inputs, **kwargs)
         return tp.pytorch_default_partition(
             gm,
             joint_inputs,
@@ -129,7 +140,7 @@ def _partition_fn(partitioner: str, options: dict, reports: list, seconds: list)
             static_lifetime_input_indices=kwargs.get("static_lifetime_input_indices"),
         )
 
-    return partition_fn
+    return partition
 
 
 def partition(

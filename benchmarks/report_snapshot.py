@@ -67,7 +67,7 @@ def _workload(name: str):
 
 def reports_of(name: str, options: dict, gpu_shaped: bool = False) -> list[dict]:
     from functorch.compile import make_boxed_func
-    from gpu_shaped import as_cuda_metadata
+    from gpu_shaped import on_cuda_copy
 
     import fxremat
     from fxremat.options import Options
@@ -81,21 +81,8 @@ def reports_of(name: str, options: dict, gpu_shaped: bool = False) -> list[dict]
     reports: list = []
     device = {"device": "h100"} if gpu_shaped else {}
     partition_fn = fxremat.make_partition_fn(Options.create(compare_default=True, **device, **options), reports)
-    if gpu_shaped:
-        cuda_partition_fn = partition_fn
-
-        def partition_fn(gm, joint_inputs, **kwargs):
-            # reported on a copy with cuda metadata; the step runs on this CPU, so its graphs are PyTorch's split of
-            # the graph as traced (fxremat's may create tensors on the device the metadata names)
-            shaped = tp.copy_graph_module(gm)  # node metadata copied, tensors shared
-            as_cuda_metadata(shaped)
-            cuda_partition_fn(shaped, joint_inputs, **kwargs)
-            return tp.pytorch_default_partition(
-                gm,
-                joint_inputs,
-                num_fwd_outputs=kwargs["num_fwd_outputs"],
-                static_lifetime_input_indices=kwargs.get("static_lifetime_input_indices"),
-            )
+    if gpu_shaped:  # reported on a cuda-metadata copy; the step runs PyTorch's split on this CPU
+        partition_fn = on_cuda_copy(partition_fn)
 
     backend = tp.aot_autograd(fw_compiler=noop, bw_compiler=noop, partition_fn=partition_fn)
     work.loss(work.forward(torch.compile(work.model, backend=backend))).backward()
